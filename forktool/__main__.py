@@ -1,0 +1,5 @@
+"""Entry point for `python -m forktool`."""
+
+from forktool.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,125 @@
+"""Exact-context hunk application in memory: a hunk applies at its place or at a reported offset, never fuzzily."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from forktool.errors import ApplyError
+from forktool.series import FileDiff, Hunk, Patch, split_lines
+
+
+@dataclass(frozen=True)
+class Drift:
+    patch: str
+    path: str
+    hunk: int
+    offset: int
+
+    def to_json(self) -> dict[str, object]:
+        return {"patch": self.patch, "file": self.path, "hunk": self.hunk, "offset": self.offset}
+
+
+@dataclass
+class Applied:
+    """Contents after applying patches: path -> bytes (None = deleted/absent), and the drift seen."""
+
+    files: dict[str, bytes | None] = field(default_factory=dict)
+    drift: dict[str, list[Drift]] = field(default_factory=dict)
+
+
+Reader = Callable[[str], bytes | None]
+
+
+def _find(lines: list[bytes], block: list[bytes], expected: int, lo: int) -> int | None:
+    """Position of block in lines at or after lo, nearest to expected; None when absent."""
+    n = len(block)
+    if 0 <= expected <= len(lines) - n and expected >= lo and lines[expected:expected + n] == block:
+        return expected
+    best: int | None = None
+    if n == 0:
+        return max(lo, min(expected, len(lines)))
+    first = block[0]
+    for i in range(lo, len(lines) - n + 1):
+        if lines[i] == first and lines[i:i + n] == block:
+            if best is None or abs(i - expected) < abs(best - expected):
+                best = i
+            elif i > expected:
+                break
+    return best
+
+
+def _first_difference(lines: list[bytes], block: list[bytes], at: int) -> str:
+    for k, want in enumerate(block):
+        got = lines[at + k] if 0 <= at + k < len(lines) else None
+        if got != want:
+            shown = "end of file" if got is None else repr(got.decode("utf-8", "replace").rstrip("\n"))
+            return (f"line {at + k + 1}: expected {want.decode('utf-8', 'replace').rstrip(chr(10))!r}, "
+                    f"found {shown}")
+    return f"line {at + 1}: block not found"
+
+
+def apply_file(patch: Patch, fd: FileDiff, content: bytes | None) -> tuple[bytes | None, list[Drift]]:
+    where = f"patch {patch.name}, file {fd.path}"
+    if fd.is_new:
+        if content is not None:
+            raise ApplyError(f"{fd.path} already exists but {patch.name} creates it", where=where,
+                             hint="the file was added upstream or by an earlier patch; refresh the patch")
+        return b"".join(t for h in fd.hunks for t in h.new_lines()), []
+    if content is None:
+        raise ApplyError(f"{fd.path} does not exist", where=where,
+                         hint="upstream removed or moved it, or an earlier patch deleted it")
+    lines = split_lines(content)
+    out: list[bytes] = []
+    pos = 0  # first line of `lines` not yet copied
+    shift = 0  # drift carried from earlier hunks of this file
+    drift: list[Drift] = []
+    for number, h in enumerate(fd.hunks, 1):
+        old = h.old_lines()
+        base = h.old_start - 1 if h.old_count else h.old_start
+        expected = base + shift
+        at = _find(lines, old, expected, pos)
+        if at is None:
+            raise ApplyError(
+                f"hunk #{number} of {fd.path} does not apply (exact context only, no fuzz)",
+                where=f"{where}, hunk #{number} (@@ -{h.old_start},{h.old_count})",
+                details=[_first_difference(lines, old, max(expected, pos))],
+                hint="the upstream text changed here: edit the tree at this place and run `forktool refresh "
+                     f"{patch.id}`, or let `forktool sync` report it")
+        shift = at - base
+        if shift:
+            drift.append(Drift(patch.id, fd.path, number, shift))
+        out.extend(lines[pos:at])
+        out.extend(h.new_lines())
+        pos = at + len(old)
+    out.extend(lines[pos:])
+    if fd.is_deleted:
+        if out:
+            raise ApplyError(f"{fd.path} is not empty after removing the patch's lines", where=where,
+                             hint="upstream added lines to a file the patch deletes; refresh the patch")
+        return None, drift
+    return b"".join(out), drift
+
+
+def apply_patch(patch: Patch, read: Reader, into: Applied) -> None:
+    """Apply one patch on top of `into` (falling back to `read` for untouched files)."""
+    results: dict[str, bytes | None] = {}
+    drift: list[Drift] = []
+    for fd in patch.files:
+        current = into.files[fd.path] if fd.path in into.files else read(fd.path)
+        results[fd.path], d = apply_file(patch, fd, current)
+        drift.extend(d)
+    into.files.update(results)
+    into.drift[patch.id] = drift
+
+
+def apply_series(patches: list[Patch], read: Reader) -> Applied:
+    state = Applied()
+    for p in patches:
+        apply_patch(p, read, state)
+    return state
+
+
+def reverse(h: Hunk) -> Hunk:
+    flip = {b"+": b"-", b"-": b"+", b" ": b" "}
+    return Hunk(h.new_start, h.new_count, h.old_start, h.old_count, [(flip[op], t) for op, t in h.lines])

@@ -1,0 +1,172 @@
+"""The typer app: options in, a command call, a report out, an exit code. No logic here."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Annotated
+
+import click
+import typer
+
+from forktool import output
+from forktool.errors import ForktoolError
+from forktool.output import Report
+from forktool.project import Project, find_project
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="Keep a soft fork of llama.cpp alive as a numbered patch series.")
+vendor_app = typer.Typer(no_args_is_help=True, help="The pinned upstream.")
+backup_app = typer.Typer(no_args_is_help=True, help="Vendor backups under .opencoti/vendor-backups/.")
+registry_app = typer.Typer(no_args_is_help=True, help="The UPSTREAM_SYNC registry.")
+app.add_typer(vendor_app, name="vendor")
+app.add_typer(backup_app, name="backup")
+app.add_typer(registry_app, name="registry")
+
+Json = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
+Force = Annotated[bool, typer.Option("--force", help="Back up local edits in the vendored tree, then overwrite them.")]
+
+
+class Exit(Exception):
+    def __init__(self, code: int):
+        self.code = code
+
+
+def _run(json_flag: bool, fn: Callable[[Project], Report]) -> None:
+    output.set_json(json_flag)
+    try:
+        code = output.emit(fn(find_project()))
+    except ForktoolError as e:
+        output.error(str(e), e.to_json())
+        code = e.exit_code
+    except KeyboardInterrupt:
+        output.error("interrupted")
+        code = 130
+    except Exception as e:  # a bug: say so, with the traceback, and exit 3
+        output.error(f"internal error: {type(e).__name__}: {e}\n{traceback.format_exc()}",
+                     {"error": f"internal error: {e}", "kind": "InternalError"})
+        code = 3
+    raise Exit(code)
+
+
+# ---------------------------------------------------------------- the tree
+
+
+@vendor_app.command("fetch")
+def vendor_fetch(sdist: Annotated[str | None, typer.Option(help="Use this local sdist file instead of pip "
+                                                            "(its sha256 is still checked).")] = None,
+                 json: Json = False) -> None:
+    """Download the pinned upstream with pip, check its sha256, fill the pristine cache, materialise the tree."""
+    from forktool.commands import tree_cmds
+    _run(json, lambda p: tree_cmds.vendor_fetch(p, sdist))
+
+
+@vendor_app.command("status")
+def vendor_status(json: Json = False) -> None:
+    """Show the pin, the lock and the pristine cache's health."""
+    from forktool.commands import tree_cmds
+    _run(json, tree_cmds.vendor_status)
+
+
+@app.command()
+def apply(upto: Annotated[str | None, typer.Option(help="Stop after this patch id (e.g. 0072).")] = None,
+          force: Force = False, json: Json = False) -> None:
+    """Apply the series (exact context, atomic, writing only changed files)."""
+    from forktool.commands import tree_cmds
+    _run(json, lambda p: tree_cmds.apply(p, upto, force))
+
+
+@app.command()
+def unapply(to: Annotated[str | None, typer.Option(help="Keep patches up to and including this id.")] = None,
+            force: Force = False, json: Json = False) -> None:
+    """Remove applied patches from the top (all of them without --to)."""
+    from forktool.commands import tree_cmds
+    _run(json, lambda p: tree_cmds.unapply(p, to, force))
+
+
+@app.command()
+def status(json: Json = False) -> None:
+    """Show the series (applied, drift, files) and the tree state."""
+    from forktool.commands import tree_cmds
+    _run(json, tree_cmds.status)
+
+
+@app.command()
+def verify(json: Json = False) -> None:
+    """Prove the tree: pristine cache = lock, patches re-export byte for byte, tree digest = lock, registry."""
+    from forktool.commands import tree_cmds
+    _run(json, tree_cmds.verify)
+
+
+@app.command()
+def refresh(patch_id: Annotated[str, typer.Argument(metavar="ID", help="The top applied patch.")],
+            json: Json = False) -> None:
+    """Rewrite one patch from the current tree (it must be the top applied patch)."""
+    from forktool.commands import tree_cmds
+    _run(json, lambda p: tree_cmds.refresh(p, patch_id))
+
+
+@app.command()
+def new(slug: Annotated[str, typer.Argument(help="Lowercase slug, e.g. kv-window-sizer.")],
+        title: Annotated[str, typer.Option(help="Patch title (Subject).")] = "",
+        author: Annotated[str, typer.Option(help="From: line.")] = "opencoti <fork@opencoti.invalid>",
+        json: Json = False) -> None:
+    """Insert an empty patch after the current top and register it in the series."""
+    from forktool.commands import tree_cmds
+    _run(json, lambda p: tree_cmds.new(p, slug, title or slug, author))
+
+
+# ---------------------------------------------------------------- backups
+
+
+@backup_app.command("create")
+def backup_create(slug: Annotated[str, typer.Argument(help="Name part after the timestamp.")] = "manual",
+                  json: Json = False) -> None:
+    """Back up the vendored tree (only files that differ from pristine are stored)."""
+    from forktool.commands import backup_cmds
+    _run(json, lambda p: backup_cmds.create(p, slug))
+
+
+@backup_app.command("list")
+def backup_list(json: Json = False) -> None:
+    """List backups, oldest first."""
+    from forktool.commands import backup_cmds
+    _run(json, backup_cmds.list_)
+
+
+@backup_app.command("restore")
+def backup_restore(name: Annotated[str, typer.Argument(help="Backup directory name.")], json: Json = False) -> None:
+    """Verify a backup's checksums and return the tree to it, byte for byte."""
+    from forktool.commands import backup_cmds
+    _run(json, lambda p: backup_cmds.restore(p, name))
+
+
+@backup_app.command("prune")
+def backup_prune(keep: Annotated[int, typer.Option(help="How many of the newest to keep.")] = 10,
+                 json: Json = False) -> None:
+    """Delete all but the newest N backups."""
+    from forktool.commands import backup_cmds
+    _run(json, lambda p: backup_cmds.prune(p, keep))
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        app(args=argv, standalone_mode=False)
+    except Exit as e:
+        return e.code
+    except click.exceptions.UsageError as e:
+        e.show(file=sys.stderr)
+        return 2
+    except click.exceptions.Abort:
+        return 130
+    except click.exceptions.Exit as e:
+        return int(e.exit_code or 0)
+    except Exception as e:  # a bug outside a command body (import, option parsing): exit 3
+        output.error(f"internal error: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""apply, unapply, status, verify, new, refresh: moving and checking the vendored tree."""
+
+from __future__ import annotations
+
+from forktool import vendor
+from forktool.output import Report
+from forktool.project import Project
+from forktool.workspace import Workspace, open_workspace
+
+
+def _moved(ws: Workspace, what: str, res: dict) -> Report:
+    lines = []
+    if res["forced"]:
+        lines.append(f"[yellow]--force:[/yellow] backed up and overwrote {len(res['forced'])} locally changed file(s)")
+    if res["written"]:
+        lines.append(f"{what}: wrote {len(res['written'])} file(s); backup [bold]{res['backup']}[/bold]")
+    else:
+        lines.append(f"{what}: nothing to do, the tree is already there")
+    for d in res["drift"]:
+        lines.append(f"[yellow]drift:[/yellow] {d['patch']} {d['file']} hunk #{d['hunk']} at offset {d['offset']:+d}")
+    top = ws.state.top
+    lines.append(f"top: {top or 'none (pristine)'} ({len(ws.state.applied)}/{len(ws.patches)} applied)")
+    res = dict(res, top=top, applied=[a["id"] for a in ws.state.applied], total=len(ws.patches))
+    return Report(res, lines)
+
+
+def apply(project: Project, upto: str | None, force: bool) -> Report:
+    with open_workspace(project) as ws:
+        end = ws.index(upto) + 1 if upto else len(ws.patches)
+        label = f"apply-{ws.patches[end - 1].id}" if end else "apply-none"
+        res = ws.goto(ws.patches[:end], force=force, label=label)
+        rep = _moved(ws, "apply", res)
+        if ws.record_patched():
+            rep.lines.append("recorded the patched tree digest of this series in vendor/vendor.lock")
+            rep.data["recorded_lock"] = True
+        else:
+            rep.data["recorded_lock"] = False
+        return rep
+
+
+def unapply(project: Project, to: str | None, force: bool) -> Report:
+    with open_workspace(project) as ws:
+        end = ws.index(to) + 1 if to else 0
+        label = f"unapply-to-{to}" if to else "unapply-all"
+        return _moved(ws, "unapply", ws.goto(ws.patches[:end], force=force, label=label))
+
+
+def status(project: Project) -> Report:
+    with open_workspace(project) as ws:
+        applied = {a["id"]: a for a in ws.state.applied}
+        stale = set(ws.applied_stale())
+        rows = []
+        lines = []
+        for p in ws.patches:
+            a = applied.get(p.id)
+            st = "applied" if a and p.id not in stale else ("changed" if a else "unapplied")
+            drift = a["drift"] if a else []
+            rows.append({"id": p.id, "name": p.name, "title": p.title, "state": st, "drift": drift,
+                         "files": p.paths})
+            mark = {"applied": "[green]+[/green]", "changed": "[yellow]~[/yellow]", "unapplied": "[dim]-[/dim]"}[st]
+            shown = ", ".join(f"{d['file']}#{d['hunk']}{d['offset']:+d}" for d in drift)
+            dr = f" [yellow]drift {shown}[/yellow]" if drift else ""
+            lines.append(f"{mark} {p.id} {p.title} ({len(p.paths)} files){dr}")
+        changes = ws.local_changes() if project.tree.exists() else []
+        tree = "absent" if not project.tree.exists() else ("dirty" if changes else "clean")
+        lines.append(f"tree: {tree}; top: {ws.state.top or 'none'}; "
+                     f"{len(ws.state.applied)}/{len(ws.patches)} applied")
+        for s, p in changes[:50]:
+            lines.append(f"  [yellow]{s}[/yellow] {p}")
+        return Report({"patches": rows, "tree": tree, "top": ws.state.top,
+                       "local_changes": [{"status": s, "path": p} for s, p in changes],
+                       "pristine_digest": ws.pristine_digest}, lines)
+
+
+def verify(project: Project) -> Report:
+    from forktool.commands import registry_cmds
+    with open_workspace(project) as ws:
+        res = ws.verify()
+    lines = [f"pristine cache matches vendor.lock ({ws.pristine_digest[:12]})",
+             f"{res['exported']} applied patch(es) re-exported byte for byte",
+             f"tree digest {res['tree_digest'][:12]}" + (" equals vendor.lock's record for this series"
+                                                         if res["full_series"] else " (series not fully applied)")]
+    reg = registry_cmds.check_if_present(project)
+    if reg is not None:
+        res["registry"] = reg.data
+        lines += reg.lines
+    return Report(res, lines + ["[green]verify: OK[/green]"])
+
+
+def refresh(project: Project, pid: str) -> Report:
+    with open_workspace(project) as ws:
+        res = ws.refresh(pid)
+    word = "rewrote" if res["changed"] else "unchanged:"
+    return Report(res, [f"{word} patches/{res['patch']} ({len(res['files'])} files; hooks: {res['hooks'] or 'none'}; "
+                        f"build impact: {res['build_impact'] or 'none'})"])
+
+
+def new(project: Project, slug: str, title: str, author: str) -> Report:
+    with open_workspace(project) as ws:
+        res = ws.new(slug, title, author)
+    return Report(res, [f"created patches/{res['patch']} after {res['after'] or 'the start'}; "
+                        f"edit the tree, then `forktool refresh {res['id']}`"])
+
+
+def vendor_fetch(project: Project, sdist: str | None) -> Report:
+    from pathlib import Path
+
+    from forktool import output
+    res = vendor.fetch_pristine(project, local_sdist=Path(sdist) if sdist else None, progress=output.info)
+    lines = [f"pristine {res.digest[:12]}: {res.files} files" + (" (from cache)" if res.from_cache else
+                                                                   f" ({res.skipped} filtered out)")]
+    materialised = False
+    if not project.tree.exists():
+        with open_workspace(project) as ws:
+            ws.goto([], force=False, label="fetch")
+        materialised = True
+        lines.append(f"materialised {project.tree}")
+    else:
+        lines.append(f"vendored tree already present at {project.tree} (use `forktool status`)")
+    return Report({"pristine_digest": res.digest, "files": res.files, "from_cache": res.from_cache,
+                   "materialised": materialised, "tree": str(project.tree)}, lines)
+
+
+def vendor_status(project: Project) -> Report:
+    lock = vendor.load_lock(project)
+    problems = vendor.verify_pristine_cache(project) if lock else ["no vendor.lock yet"]
+    comps = [{"name": c.name, "kind": c.kind, "spec": c.spec, "upstream_commit": c.upstream_commit}
+             for c in project.vendor.components]
+    lines = [f"{c['name']}: {c['spec']} (upstream {c['upstream_commit'][:12]})" for c in comps]
+    lines.append(f"pristine digest {lock.get('pristine_digest', '?')[:12]}, {lock.get('pristine_files', '?')} files; "
+                 f"tree {'present' if project.tree.exists() else 'absent'}")
+    lines += [f"[yellow]{p}[/yellow]" for p in problems]
+    return Report({"components": comps, "pristine_digest": lock.get("pristine_digest"),
+                   "pristine_files": lock.get("pristine_files"), "problems": problems,
+                   "tree_present": project.tree.exists()}, lines, exit_code=1 if problems else 0)

@@ -1,0 +1,71 @@
+"""The only place that prints: rich text on stderr, JSON on stdout."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+_err = Console(stderr=True, highlight=False, soft_wrap=True)
+_json_mode = False
+
+
+def set_json(flag: bool) -> None:
+    global _json_mode
+    _json_mode = flag
+
+
+def json_mode() -> bool:
+    return _json_mode
+
+
+@dataclass
+class Report:
+    """What a command returns: JSON data and the human lines that show the same facts."""
+
+    data: dict[str, Any]
+    lines: list[str] = field(default_factory=list)
+    exit_code: int = 0
+
+
+def emit(report: Report) -> int:
+    if _json_mode:
+        sys.stdout.write(json.dumps(report.data, indent=2, sort_keys=True) + "\n")
+        sys.stdout.flush()
+    else:
+        for line in report.lines:
+            _err.print(line)
+    return report.exit_code
+
+
+def info(message: str) -> None:
+    """Progress note on stderr (suppressed in --json mode)."""
+    if not _json_mode:
+        _err.print("[dim]" + escape(message) + "[/dim]")
+
+
+def warn(message: str) -> None:
+    _err.print("[yellow]warning:[/yellow] " + escape(message))
+
+
+def error(message: str, payload: dict[str, Any] | None = None) -> None:
+    if _json_mode and payload is not None:
+        sys.stdout.write(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    _err.print("[red]error:[/red] " + escape(message))
+
+
+@contextmanager
+def step(message: str) -> Iterator[None]:
+    """A quiet task line: shown while it runs, so a long step is visible."""
+    if _json_mode or not _err.is_terminal:
+        info(message)
+        yield
+        return
+    with _err.status(message):
+        yield

