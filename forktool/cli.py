@@ -7,8 +7,12 @@ import traceback
 from collections.abc import Callable
 from typing import Annotated
 
-import click
 import typer
+
+try:  # typer >= 0.16 vendors its own click
+    from typer._click import exceptions as click_exc  # type: ignore[import-not-found]
+except ImportError:  # pragma: no cover
+    from click import exceptions as click_exc
 
 from forktool import output
 from forktool.errors import ForktoolError
@@ -150,17 +154,97 @@ def backup_prune(keep: Annotated[int, typer.Option(help="How many of the newest 
     _run(json, lambda p: backup_cmds.prune(p, keep))
 
 
+# ---------------------------------------------------------------- build, package, gates, sync
+
+
+@app.command()
+def build(profile: Annotated[str, typer.Option(help="Build profile from registry/build.yaml (cpu, cuda).")] = "cpu",
+          plan: Annotated[bool, typer.Option("--plan", help="Only show what would be rebuilt and why.")] = False,
+          jobs: Annotated[int | None, typer.Option("-j", "--jobs", help="make -jN (default: CPU count).")] = None,
+          json: Json = False) -> None:
+    """Configure once, then make only the targets the applied patches impact; check the rest kept its bytes."""
+    from forktool.commands import build_cmds
+    _run(json, lambda p: build_cmds.build(p, profile, plan, jobs))
+
+
+package_app = typer.Typer(invoke_without_command=True, help="Deterministic release directory and archive.")
+app.add_typer(package_app, name="package")
+
+
+@package_app.callback()
+def package(ctx: typer.Context,
+            profile: Annotated[str, typer.Option(help="Build profile whose outputs are packaged.")] = "cpu",
+            out: Annotated[str | None, typer.Option(help="Output directory (default dist/).")] = None,
+            json: Json = False) -> None:
+    """Package the built binaries, manifest, SHA256SUMS, release notes and the patched source archive."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from forktool.commands import package_cmds
+    _run(json, lambda p: package_cmds.package(p, profile, out))
+
+
+@package_app.command("verify")
+def package_verify(directory: Annotated[str, typer.Argument(help="A release directory made by `forktool package`.")],
+                   json: Json = False) -> None:
+    """Re-check a release's sums and manifest; fails on any tampering."""
+    from forktool.commands import package_cmds
+    _run(json, lambda p: package_cmds.verify(p, directory))
+
+
+@app.command()
+def gates(patch_id: Annotated[str | None, typer.Argument(metavar="[ID]", help="Only this patch's gates.")] = None,
+          gate: Annotated[str | None, typer.Option(help="Only the gate with this name.")] = None,
+          list_only: Annotated[bool, typer.Option("--list", help="List the gates and what they need.")] = False,
+          json: Json = False) -> None:
+    """Run the gates the registry records (those needing a GPU are skipped, with the reason, elsewhere)."""
+    from forktool.commands import gates_cmds
+    _run(json, lambda p: gates_cmds.gates(p, patch_id, gate, list_only))
+
+
+@app.command()
+def sync(to: Annotated[str, typer.Option("--to", help="Another upstream, e.g. llama-cpp-python==0.3.35.")],
+         accept: Annotated[bool, typer.Option("--accept", help="Move the pin and the patches to SPEC when clean.")] = False,
+         build_flag: Annotated[bool, typer.Option("--build/--no-build", help="cpu build of the applied result.")] = False,
+         out: Annotated[str, typer.Option(help="Directory for the report and refreshed patches.")] = "dist/sync",
+         json: Json = False) -> None:
+    """Trial the whole series on another upstream, patch by patch, and write a report + refreshed patches."""
+    from forktool.commands import sync_cmds
+    _run(json, lambda p: sync_cmds.sync(p, to, accept, build_flag, out))
+
+
+@app.command()
+def markers(json: Json = False) -> None:
+    """List every opencoti-hook marker in the vendored tree as file:line:hook."""
+    from forktool.commands import registry_cmds
+    _run(json, registry_cmds.markers)
+
+
+@registry_app.command("check")
+def registry_check(json: Json = False) -> None:
+    """Registry, series and tree agree both ways (hooks, sites, files, build impact)."""
+    from forktool.commands import registry_cmds
+    _run(json, registry_cmds.check)
+
+
+@registry_app.command("render")
+def registry_render(check_only: Annotated[bool, typer.Option("--check", help="Fail if UPSTREAM_SYNC.md is stale.")] = False,
+                    json: Json = False) -> None:
+    """Render registry/UPSTREAM_SYNC.md from the YAML (jinja2)."""
+    from forktool.commands import registry_cmds
+    _run(json, lambda p: registry_cmds.render(p, check_only))
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         app(args=argv, standalone_mode=False)
     except Exit as e:
         return e.code
-    except click.exceptions.UsageError as e:
+    except click_exc.UsageError as e:
         e.show(file=sys.stderr)
         return 2
-    except click.exceptions.Abort:
+    except click_exc.Abort:
         return 130
-    except click.exceptions.Exit as e:
+    except click_exc.Exit as e:
         return int(e.exit_code or 0)
     except Exception as e:  # a bug outside a command body (import, option parsing): exit 3
         output.error(f"internal error: {type(e).__name__}: {e}\n{traceback.format_exc()}")

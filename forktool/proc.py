@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,6 +54,30 @@ def run(argv: Sequence[str | os.PathLike[str]], *, cwd: Path | None = None, chec
             where=str(cwd or Path.cwd()),
             details=[f"stdout: {_tail(res.stdout)}", f"stderr: {_tail(res.stderr)}"],
         )
+    return res
+
+
+def stream(argv: Sequence[str | os.PathLike[str]], *, cwd: Path | None = None, check: bool = True,
+           env: Mapping[str, str] | None = None, on_line: Callable[[str], None] | None = None) -> Result:
+    """Like run, but hands each output line (stdout and stderr merged) to on_line as it arrives."""
+    args = tuple(os.fspath(a) for a in argv)
+    lines: list[bytes] = []
+    try:
+        p = subprocess.Popen(args, cwd=cwd, env=_clean_env(env), stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    except FileNotFoundError as e:
+        raise ForktoolError(f"command not found: {args[0]}", where=" ".join(args),
+                            hint=f"install {args[0]} or put it on PATH") from e
+    assert p.stdout is not None
+    with p:
+        for raw in p.stdout:
+            lines.append(raw)
+            if on_line is not None:
+                on_line(raw.decode("utf-8", "replace").rstrip("\n"))
+    res = Result(args, p.returncode, b"".join(lines), b"")
+    if check and p.returncode != 0:
+        raise CalledProcessError(f"command failed with exit code {p.returncode}: {' '.join(args)}",
+                                 where=str(cwd or Path.cwd()), details=[f"output: {_tail(res.stdout)}"])
     return res
 
 

@@ -272,6 +272,7 @@ class Workspace:
         self.state.applied[-1] = {"id": pid, "name": patch.name, "sha256": self.patches[idx].sha256, "drift": []}
         self.state.files = files
         self._write_state()
+        self.record_patched()
         return {"patch": patch.name, "changed": new_bytes != old_bytes, "files": refreshed.paths,
                 "hooks": trailers["Opencoti-Hooks"], "build_impact": trailers["Build-Impact"]}
 
@@ -284,10 +285,11 @@ class Workspace:
         ids = {int(p.id) for p in self.patches}
         lo = int(top) if top else 0
         hi = int(self.patches[pos].id) if pos < len(self.patches) else 10000
-        free = [n for n in range(lo + 1, hi) if n not in ids]
-        if not free:
-            raise ForktoolError(f"no free id between {lo:04d} and {hi:04d}", where="patches/series",
-                                hint="renumber neighbouring patches to make room")
+        # the series, not the number, gives the order: with no room between the neighbours, take the
+        # next number after the highest one
+        free = [n for n in range(lo + 1, hi) if n not in ids] or [max(ids) + 1]
+        if free[0] > 9999:
+            raise ForktoolError("no free patch id left", where="patches/series", hint="renumber the series")
         pid = f"{free[0]:04d}"
         name = f"{pid}-{slug}.patch"
         header = make_header(title or slug, author=author,

@@ -1,0 +1,255 @@
+"""apply / unapply / status / verify / refresh / new on real throwaway projects (real git upstream)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from tests.conftest import UPSTREAM, Proj
+from tests.patchgen import make_patch
+
+A = UPSTREAM["src/a.c"]
+B = UPSTREAM["src/b.c"]
+A1 = A.replace("    return 1;\n", "    // opencoti-hook: one\n    return 2;\n")
+B1 = B.replace("line 10\n", "line 10\n// opencoti-hook: two\n")
+B2 = B1.replace("line 25\n", "line 25\n// opencoti-hook: three\nextra\n")
+
+
+def series(p: Proj) -> None:
+    p.write_patch("0070-one.patch", make_patch("0070-one.patch", {"up/src/a.c": (A, A1)}, "one", "one"))
+    p.write_patch("0071-two.patch", make_patch("0071-two.patch", {"up/src/b.c": (B, B1)}, "two", "two"))
+    p.write_patch("0089-three.patch", make_patch("0089-three.patch", {"up/src/b.c": (B1, B2),
+                                                                       "up/src/new.c": (None, "int n;\n")},
+                                                 "three", "three"))
+
+
+def test_apply_verify_status_noop(proj: Proj):
+    series(proj)
+    pristine = proj.digest()
+    res = proj.json("apply")
+    assert res["top"] == "0089" and sorted(res["written"]) == ["up/src/a.c", "up/src/b.c", "up/src/new.c"]
+    assert res["backup"] and res["recorded_lock"] is True
+    assert (proj.tree / "up/src/b.c").read_text() == B2
+    assert proj.digest() != pristine
+    assert proj.json("verify")["ok"] is True
+    st = proj.json("status")
+    assert [r["state"] for r in st["patches"]] == ["applied"] * 3 and st["tree"] == "clean"
+    before = proj.state_digest()
+    backups = len(os.listdir(proj.root / ".opencoti" / "vendor-backups"))
+    again = proj.json("apply")
+    assert again["written"] == [] and again["backup"] is None
+    assert proj.state_digest() == before
+    assert len(os.listdir(proj.root / ".opencoti" / "vendor-backups")) == backups
+
+
+def test_write_only_what_changed_keeps_mtimes(proj: Proj):
+    series(proj)
+    proj.run("apply")
+    old = time.time() - 1000
+    for rel in ("up/src/a.c", "up/src/b.c", "up/include/c.h"):
+        os.utime(proj.tree / rel, (old, old))
+    # edit patch 0070 on disk: only a.c may be rewritten
+    p = proj.root / "patches" / "0070-one.patch"
+    p.write_text(make_patch("0070-one.patch", {"up/src/a.c": (A, A1.replace("return 2", "return 3"))}, "one", "one"))
+    assert proj.json("status")["patches"][0]["state"] == "changed"
+    res = proj.json("apply")
+    assert res["written"] == ["up/src/a.c"]
+    assert os.stat(proj.tree / "up/src/b.c").st_mtime == old
+    assert os.stat(proj.tree / "up/include/c.h").st_mtime == old
+    assert os.stat(proj.tree / "up/src/a.c").st_mtime > old
+    assert "return 3" in (proj.tree / "up/src/a.c").read_text()
+
+
+def test_unapply_returns_pristine_bytes(proj: Proj):
+    series(proj)
+    pristine = proj.digest()
+    proj.run("apply")
+    res = proj.json("unapply", "--to", "0070")
+    assert res["top"] == "0070" and (proj.tree / "up/src/b.c").read_text() == B
+    assert not (proj.tree / "up/src/new.c").exists()
+    proj.run("unapply")
+    assert proj.digest() == pristine
+    proj.run("verify")
+
+
+def test_offset_is_applied_and_reported_as_drift(proj: Proj):
+    text = make_patch("0070-one.patch", {"up/src/a.c": (A, A1)}, "one", "one")
+    shifted = text.replace("@@ -1,6 +1,7 @@", "@@ -4,6 +4,7 @@")
+    assert shifted != text
+    proj.write_patch("0070-one.patch", shifted)
+    res = proj.json("apply")
+    assert res["drift"] == [{"file": "up/src/a.c", "hunk": 1, "offset": -3, "patch": "0070"}]
+    st = proj.json("status")
+    assert st["patches"][0]["drift"][0]["offset"] == -3
+    assert (proj.tree / "up/src/a.c").read_text() == A1
+
+
+def test_conflict_names_patch_file_hunk_line_and_changes_nothing(proj: Proj):
+    series(proj)
+    proj.run("apply", "--upto", "0070")
+    bad = make_patch("0071-two.patch", {"up/src/b.c": (B.replace("line 9\n", "line nine\n"), B1)}, "two", "two")
+    (proj.root / "patches" / "0071-two.patch").write_text(bad)
+    before = proj.state_digest()
+    code, out, err = proj.run("apply", expect=1)
+    assert "0071-two.patch" in err and "up/src/b.c" in err and "hunk #1" in err
+    assert "line 9" in err and "no fuzz" in err
+    assert proj.state_digest() == before
+
+
+def test_dirty_tree_refused_then_forced_with_backup(proj: Proj):
+    series(proj)
+    proj.run("apply", "--upto", "0071")
+    proj.edit("up/src/b.c", "line 3\n", "my local edit\n")
+    before = proj.state_digest()
+    code, out, err = proj.run("apply", expect=1)
+    assert "modified: up/src/b.c" in err and "--force" in err
+    assert proj.state_digest() == before
+    res = proj.json("apply", "--force")
+    assert res["forced"] == ["up/src/b.c"]
+    assert (proj.tree / "up/src/b.c").read_text() == B2
+    # the local edit is in the backup and comes back byte for byte
+    proj.run("backup", "restore", res["backup"])
+    assert "my local edit" in (proj.tree / "up/src/b.c").read_text()
+    assert proj.state_digest() == before
+
+
+def test_edit_loop_refresh_and_conflicting_later_patch(proj: Proj):
+    series(proj)
+    proj.run("apply", "--upto", "0071")
+    proj.edit("up/src/b.c", "line 10\n", "line 10\nanother line // opencoti-hook: two\n")
+    res = proj.json("refresh", "0071")
+    assert res["changed"] and res["hooks"] == "two"
+    text = (proj.root / "patches" / "0071-two.patch").read_text()
+    assert "+another line // opencoti-hook: two" in text and "Opencoti-Hooks: two" in text
+    proj.run("verify")
+    res = proj.json("apply")  # 0089's context (line 25) is untouched: still applies, one line lower
+    assert res["drift"] == [{"file": "up/src/b.c", "hunk": 1, "offset": 1, "patch": "0089"}]
+    code, out, err = proj.run("verify", expect=1)  # drifted: 0089 is no longer canonical
+    assert "0089" in err
+    proj.run("refresh", "0089")  # re-anchor it
+    proj.run("verify")
+    # now make 0089 conflict: refresh 0071 so that it rewrites line 25
+    proj.run("apply", "--upto", "0071")
+    proj.edit("up/src/b.c", "line 25\n", "line twenty-five // opencoti-hook: two\n")
+    proj.run("refresh", "0071")
+    before = proj.state_digest()
+    code, out, err = proj.run("apply", expect=1)
+    assert "0089-three.patch" in err and "hunk #1" in err
+    assert proj.state_digest() == before
+
+
+def test_refresh_refuses_when_not_top(proj: Proj):
+    series(proj)
+    proj.run("apply")
+    code, out, err = proj.run("refresh", "0070", expect=2)
+    assert "apply --upto 0070" in err
+
+
+def test_new_inserts_after_top_and_refresh_fills_it(proj: Proj):
+    series(proj)
+    proj.run("apply", "--upto", "0071")
+    res = proj.json("new", "fix-a", "--title", "fix a")
+    assert res["id"] == "0072" and res["after"] == "0071"
+    names = [ln for ln in (proj.root / "patches/series").read_text().splitlines() if ln and not ln.startswith("#")]
+    assert names == ["0070-one.patch", "0071-two.patch", "0072-fix-a.patch", "0089-three.patch"]
+    proj.edit("up/include/c.h", "int a(void);\n", "int a(void);\nint fixed; // opencoti-hook: fix-a\n")
+    out = proj.json("refresh", res["id"])
+    assert out["files"] == ["up/include/c.h"]
+    proj.run("verify")
+    proj.run("apply")
+    proj.run("verify")
+    # no room between 0070 and 0071: the next number after the highest
+    proj.run("apply", "--upto", "0070")
+    assert proj.json("new", "squeeze")["id"] == "0090"
+
+
+def test_verify_detects_non_canonical_patch(proj: Proj):
+    series(proj)
+    p = proj.root / "patches" / "0070-one.patch"
+    p.write_text(p.read_text().replace("index ", "index ").replace("@@ -1,6 +1,7 @@", "@@ -1,6 +1,7 @@ int a(void)"))
+    proj.run("apply")
+    code, out, err = proj.run("verify", expect=1)
+    assert "0070" in err and "byte for byte" in err
+
+
+def test_verify_detects_local_edit_and_tree_digest(proj: Proj):
+    series(proj)
+    proj.run("apply")
+    proj.edit("up/src/a.c", "int tail", "int tail2")
+    code, out, err = proj.run("verify", expect=1)
+    assert "modified up/src/a.c" in err
+
+
+def test_status_json_has_stable_keys(proj: Proj):
+    series(proj)
+    st = proj.json("status")
+    assert set(st) == {"patches", "tree", "top", "local_changes", "pristine_digest"}
+    assert set(st["patches"][0]) == {"id", "name", "title", "state", "drift", "files"}
+
+
+def test_missing_series_file_entry(proj: Proj):
+    with open(proj.root / "patches/series", "a") as f:
+        f.write("0001-missing.patch\n")
+    before = proj.state_digest()
+    code, out, err = proj.run("apply", expect=1)
+    assert "0001-missing.patch" in err and "patches/series:2" in err
+    assert proj.state_digest() == before
+
+
+def test_json_error_payload(proj: Proj):
+    with open(proj.root / "patches/series", "a") as f:
+        f.write("0001-missing.patch\n")
+    code, out, err = proj.run("apply", "--json", expect=1)
+    payload = json.loads(out)
+    assert payload["kind"] == "ConfigError" and payload["where"] == "patches/series:2"
+
+
+def test_usage_error_exit_2(proj: Proj):
+    code, out, err = proj.run("apply", "--upto", "9999", expect=2)
+    assert "9999" in err
+    code, out, err = proj.run("apply", "--no-such-option", expect=2)
+
+
+@pytest.mark.parametrize("bad", ["crlf", "truncated", "counts", "binary", "rename", "mode", "traversal", "absolute"])
+def test_bad_patch_inputs_leave_everything_unchanged(proj: Proj, bad: str):
+    series(proj)
+    proj.run("apply", "--upto", "0070")
+    good = make_patch("0071-two.patch", {"up/src/b.c": (B, B1)}, "two", "two")
+    mutate = {
+        "crlf": lambda t: t.replace("\n", "\r\n"),
+        "truncated": lambda t: t[: len(t) - 40],
+        "counts": lambda t: t.replace("@@ -8,6 +8,7 @@", "@@ -8,6 +8,9 @@"),
+        "binary": lambda t: t.split("--- a/")[0] + "Binary files a/up/src/b.c and b/up/src/b.c differ\n",
+        "rename": lambda t: t.replace("diff --git a/up/src/b.c b/up/src/b.c", "diff --git a/up/src/b.c b/up/src/z.c"),
+        "mode": lambda t: t.replace("index ", "old mode 100644\nnew mode 100755\nindex "),
+        "traversal": lambda t: t.replace("up/src/b.c", "../../outside.c"),
+        "absolute": lambda t: t.replace("a/up/src/b.c b/up/src/b.c", "a//tmp/x.c b//tmp/x.c"),
+    }[bad]
+    text = mutate(good)
+    assert text != good
+    (proj.root / "patches" / "0071-two.patch").write_text(text)
+    before = proj.state_digest()
+    code, out, err = proj.run("apply", expect=1)
+    assert "0071-two.patch" in err or "outside" in err
+    assert "next:" in err  # every error says what to do
+    assert proj.state_digest() == before
+    assert not (proj.root / "outside.c").exists() and not (proj.root.parent / "outside.c").exists()
+
+
+def test_symlink_escape_is_refused(proj: Proj, tmp_path):
+    series(proj)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    # a symlinked directory inside the tree pointing outside: patches must not write through it
+    target = proj.tree / "up" / "src"
+    moved = tmp_path / "src-real"
+    target.rename(moved)
+    target.symlink_to(outside, target_is_directory=True)
+    (outside / "a.c").write_text(A)
+    before = {p.name: p.read_bytes() for p in outside.iterdir()}
+    code, out, err = proj.run("apply", "--force", expect=1)
+    assert "symlink" in err
+    assert {p.name: p.read_bytes() for p in outside.iterdir()} == before

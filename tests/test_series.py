@@ -1,0 +1,87 @@
+"""Canonical patch form: parse, format, diff generation and the bad inputs the parser must refuse."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from forktool.errors import PatchFormatError, UnsafePathError
+from forktool.series import diff_file, format_patch, parse_patch
+from tests.conftest import git
+from tests.patchgen import make_patch
+
+OLD = "".join(f"line {i}\n" for i in range(1, 21))
+NEW = OLD.replace("line 5\n", "line 5\n// opencoti-hook: demo\nadded\n").replace("line 18\n", "")
+
+
+def test_round_trip_is_byte_identical():
+    text = make_patch("0001-demo.patch", {"up/src/b.c": (OLD, NEW)}, hooks="demo")
+    p = parse_patch(text.encode(), "0001-demo.patch")
+    assert format_patch(p) == text.encode()
+    assert p.title == "test patch"
+    assert p.trailers()["Opencoti-Hooks"] == "demo"
+    assert [h.old_start for h in p.files[0].hunks] == [3, 15]
+
+
+def test_diff_matches_git_apply(tmp_path):
+    """git itself accepts the patch and produces the same new text."""
+    text = make_patch("0001-demo.patch", {"f.txt": (OLD, NEW), "new.txt": (None, "hello\n")})
+    (tmp_path / "f.txt").write_text(OLD)
+    git(tmp_path, "init", "-q")
+    (tmp_path / "p.patch").write_text(text)
+    subprocess.run(["git", "apply", "--check", "p.patch"], cwd=tmp_path, check=True)
+    subprocess.run(["git", "apply", "p.patch"], cwd=tmp_path, check=True)
+    assert (tmp_path / "f.txt").read_text() == NEW
+    assert (tmp_path / "new.txt").read_text() == "hello\n"
+
+
+def test_git_am_accepts_canonical_patch(tmp_path):
+    text = make_patch("0001-demo.patch", {"f.txt": (OLD, NEW)})
+    (tmp_path / "f.txt").write_text(OLD)
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", "-A")
+    git(tmp_path, "commit", "-qm", "base")
+    (tmp_path / "p.patch").write_text(text)
+    git(tmp_path, "am", "-q", "p.patch")
+    assert git(tmp_path, "log", "-1", "--format=%s") == "test patch"
+    assert (tmp_path / "f.txt").read_text() == NEW
+
+
+def test_no_newline_at_end_of_file():
+    old, new = "a\nb", "a\nc"
+    fd = diff_file("x", old.encode(), new.encode())
+    assert fd is not None
+    text = make_patch("0001-x.patch", {"x": (old, new)})
+    assert "\\ No newline at end of file" in text
+    assert format_patch(parse_patch(text.encode(), "0001-x.patch")) == text.encode()
+
+
+def _good() -> str:
+    return make_patch("0001-demo.patch", {"up/src/b.c": (OLD, NEW)})
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda t: t.replace("\n", "\r\n"), "CRLF"),
+    (lambda t: t[: len(t) // 2], "truncated"),
+    (lambda t: t.replace("@@ -3,6 +3,8 @@", "@@ -3,6 +3,9 @@"), "header promises"),
+    (lambda t: t.replace("From 0000000000000000000000000000000000000000", "From 1234"), "canonical"),
+    (lambda t: t.replace("---\ndiff", "diff"), "---"),
+    (lambda t: t.replace("a/up/src/b.c b/up/src/b.c", "a/up/src/b.c b/up/src/c.c"), "rename"),
+    (lambda t: t.replace("index ", "old mode 100644\nnew mode 100755\nindex ", 1), "mode change"),
+    (lambda t: t.replace("--- a/up/src/b.c\n+++ b/up/src/b.c\n@@ -3,6 +3,8 @@",
+                         "Binary files a/up/src/b.c and b/up/src/b.c differ\n@@ -3,6 +3,8 @@"), "binary"),
+])
+def test_bad_patches_are_refused_with_a_place(mutate, message):
+    bad = mutate(_good())
+    with pytest.raises(PatchFormatError) as e:
+        parse_patch(bad.encode(), "0001-demo.patch")
+    assert message.lower() in str(e.value).lower()
+    assert "patches/0001-demo.patch:" in e.value.where
+
+
+@pytest.mark.parametrize("path", ["../escape.c", "/etc/passwd", "up/../../x"])
+def test_path_traversal_is_refused(path):
+    text = _good().replace("up/src/b.c", path)
+    with pytest.raises(UnsafePathError):
+        parse_patch(text.encode(), "0001-demo.patch")
