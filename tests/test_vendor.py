@@ -1,0 +1,123 @@
+"""vendor fetch: sha256 pin, safe filtered extraction, pristine cache, lock."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+
+
+def _tar(members: list[tuple[str, str, bytes | str]]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as t:
+        for kind, name, data in members:
+            info = tarfile.TarInfo(name)
+            if kind == "file":
+                assert isinstance(data, bytes)
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+            elif kind == "sym":
+                info.type, info.linkname = tarfile.SYMTYPE, str(data)
+                t.addfile(info)
+            elif kind == "lnk":
+                info.type, info.linkname = tarfile.LNKTYPE, str(data)
+                t.addfile(info)
+            elif kind == "dev":
+                info.type = tarfile.CHRTYPE
+                t.addfile(info)
+    return buf.getvalue()
+
+
+GOOD = [("file", "pkg-1.0/vendor/up/src/a.c", b"int a;\n"), ("file", "pkg-1.0/vendor/up/README.md", b"x\n"),
+        ("file", "pkg-1.0/vendor/up/models/big.bin", b"\0" * 10), ("file", "pkg-1.0/setup.py", b"")]
+
+
+def sdist_project(tmp_path: Path, archive: bytes, pin: str | None = None) -> tuple[Path, Path]:
+    sd = tmp_path / "pkg-1.0.tar.gz"
+    sd.write_bytes(archive)
+    sha = pin or hashlib.sha256(archive).hexdigest()
+    root = tmp_path / "proj"
+    (root / "vendor").mkdir(parents=True)
+    (root / "patches").mkdir()
+    (root / "patches/series").write_text("")
+    (root / "vendor/vendor.yaml").write_text(
+        f"components:\n  - name: up\n    kind: sdist\n    package: pkg\n    version: '1.0'\n    sha256: '{sha}'\n"
+        "    subdir: vendor/up\n    include: [src, '*.c']\n    exclude: ['*.md']\n")
+    return root, sd
+
+
+def _everything(root: Path, cache: Path) -> dict[str, bytes]:
+    out = {}
+    for base in (root, cache):
+        for p in sorted(base.rglob("*")):
+            if p.is_file():
+                out[str(p)] = p.read_bytes()
+    return out
+
+
+def test_fetch_filters_and_locks(tmp_path: Path, cache: Path):
+    root, sd = sdist_project(tmp_path, _tar(GOOD))
+    code, out, err = run_cli(root, ["vendor", "fetch", "--sdist", str(sd), "--json"])
+    res = json.loads(out)
+    assert res["files"] == 1 and res["materialised"]
+    assert (root / "vendor/llamafile/up/src/a.c").read_bytes() == b"int a;\n"
+    assert not (root / "vendor/llamafile/up/README.md").exists()
+    lock = json.loads((root / "vendor/vendor.lock").read_text())
+    assert lock["pristine_files"] == 1 and len(lock["pristine_digest"]) == 64
+    # second fetch: from the cache, nothing rewritten
+    before = _everything(root, cache)
+    code, out, err = run_cli(root, ["vendor", "fetch", "--json"])
+    assert json.loads(out)["from_cache"] is True
+    assert _everything(root, cache) == before
+    run_cli(root, ["vendor", "status"])
+
+
+def test_sha_mismatch_refused_nothing_written(tmp_path: Path, cache: Path):
+    root, sd = sdist_project(tmp_path, _tar(GOOD), pin="0" * 64)
+    before = _everything(root, cache)
+    code, out, err = run_cli(root, ["vendor", "fetch", "--sdist", str(sd)], expect=1)
+    assert "sha256 mismatch" in err and "nothing was written" in err
+    assert _everything(root, cache) == before
+    assert not (root / "vendor/llamafile").exists()
+
+
+@pytest.mark.parametrize("bad, message", [
+    (("file", "pkg-1.0/vendor/up/../../../evil.c", b"x"), "'..'"),
+    (("file", "/etc/evil.c", b"x"), "absolute"),
+    (("sym", "pkg-1.0/vendor/up/src/link.c", "../../../../etc/passwd"), "leaves the root"),
+    (("sym", "pkg-1.0/vendor/up/src/abs.c", "/etc/passwd"), "leaves the root"),
+    (("dev", "pkg-1.0/vendor/up/src/dev.c", b""), "device"),
+])
+def test_unsafe_archives_are_refused(tmp_path: Path, cache: Path, bad, message):
+    root, sd = sdist_project(tmp_path, _tar(GOOD + [bad]))
+    code, out, err = run_cli(root, ["vendor", "fetch", "--sdist", str(sd)], expect=1)
+    assert message in err and "unsafe" in err
+    assert not (root / "vendor/llamafile").exists()
+    assert not (root / "vendor/vendor.lock").exists()
+    assert not (tmp_path / "evil.c").exists()
+
+
+def test_internal_symlink_is_kept(tmp_path: Path, cache: Path):
+    root, sd = sdist_project(tmp_path, _tar(GOOD + [("sym", "pkg-1.0/vendor/up/src/b.c", "a.c")]))
+    run_cli(root, ["vendor", "fetch", "--sdist", str(sd)])
+    link = root / "vendor/llamafile/up/src/b.c"
+    assert link.is_symlink() and link.read_bytes() == b"int a;\n"
+
+
+def test_unknown_key_in_vendor_yaml(tmp_path: Path, cache: Path):
+    root, sd = sdist_project(tmp_path, _tar(GOOD))
+    y = root / "vendor/vendor.yaml"
+    y.write_text(y.read_text() + "    colour: blue\n")
+    code, out, err = run_cli(root, ["vendor", "fetch", "--sdist", str(sd)], expect=1)
+    assert "colour" in err and "vendor.yaml" in err
+
+
+def test_not_a_project(tmp_path: Path):
+    code, out, err = run_cli(tmp_path, ["status"], expect=2)
+    assert "not inside a forktool project" in err
