@@ -264,7 +264,8 @@ def patch_impact(cfg: BuildConfig, pid: str, name: str, title: str, raw: bytes, 
     arts, unmatched = cfg.feeding(files)
     by_name = {a.name: a for a in cfg.artifacts}
     found = {i for n in arts for i in by_name[n].impact}
-    return PatchImpact(pid, name, title, sha256_bytes(raw), files, arts, [i for i in IMPACTS if i in found], unmatched, declared)
+    return PatchImpact(pid, name, title, sha256_bytes(raw), files, arts, [i for i in IMPACTS if i in found],
+                       unmatched, declared)
 
 
 # ---------------------------------------------------------------- the stamp
@@ -330,7 +331,8 @@ def launcher() -> str | None:
     if want:
         found = shutil.which(want)
         if not found:
-            raise UsageError(f"FORKTOOL_LAUNCHER={want} is not installed", hint="install it or set FORKTOOL_LAUNCHER=none")
+            raise UsageError(f"FORKTOOL_LAUNCHER={want} is not installed",
+                             hint="install it or set FORKTOOL_LAUNCHER=none")
         return found
     return shutil.which("ccache") or shutil.which("sccache")
 
@@ -503,7 +505,7 @@ def run_build(project: Project, cfg: BuildConfig, plan: Plan, jobs: int) -> Buil
     in_profile = cfg.artifacts_in(plan.profile)
     before = _hash_outputs(bdir, in_profile)
     if plan.configure_reason:
-        argv = ["cmake", "-S", src, "-B", bdir, "-G", plan.profile.generator, *plan.flags,
+        argv: list[str | os.PathLike[str]] = ["cmake", "-S", src, "-B", bdir, "-G", plan.profile.generator, *plan.flags,
                 f"-DLLAMA_BUILD_COMMIT={plan.stamp}", f"-DLLAMA_BUILD_NUMBER={plan.build_number}"]
         if plan.configure_reason == "profile flags changed":
             # a flag dropped from the profile would otherwise live on in CMakeCache.txt

@@ -83,6 +83,11 @@ def verify(project: Project) -> Report:
     reg = registry_cmds.check_if_present(project)
     if reg is not None:
         res["registry"] = reg.data
+        if reg.exit_code:
+            from forktool.errors import VerifyError
+            raise VerifyError("verify: the registry check failed", where="registry/UPSTREAM_SYNC.yaml",
+                              details=[f"{p['where']}: {p['what']}" for p in reg.data["problems"]],
+                              hint="fix each item (`forktool registry check` shows them)")
         lines += reg.lines
     return Report(res, lines + ["[green]verify: OK[/green]"])
 

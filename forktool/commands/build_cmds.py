@@ -1,0 +1,51 @@
+"""build: configure once per profile, make only what the applied series impacts, check the rest kept its bytes."""
+
+from __future__ import annotations
+
+import os
+
+from forktool import build as b
+from forktool.errors import ForktoolError
+from forktool.output import Report
+from forktool.project import Project
+from forktool.workspace import open_workspace
+
+
+def build(project: Project, profile: str, plan: bool, jobs: int | None) -> Report:
+    cfg = b.load_config(project)
+    prof = cfg.profile(profile)
+    # the lock is held through make: the tree must not move under the compiler
+    with open_workspace(project) as ws:
+        stale = ws.applied_stale()
+        if stale:
+            raise ForktoolError(f"applied patch(es) {', '.join(stale)} changed on disk since they were applied",
+                                where="patches/", hint="run `forktool apply` first, so the tree holds what you build")
+        applied = ws.patches[:len(ws.state.applied)]
+        dirty = sorted({p for _, p in ws.local_changes()}) if project.tree.exists() else []
+        pl = b.make_plan(project, cfg, prof, applied, dirty)
+        lines = b.plan_lines(pl)
+        data = pl.to_json()
+        if plan:
+            return Report(dict(data, built=False), lines)
+        res = b.run_build(project, cfg, pl, jobs or os.cpu_count() or 1)
+    by_target = res.objects_by_target()
+    shown = ", ".join(f"{t}: {n}" for t, n in by_target.items())
+    lines.append(f"built in {res.seconds:.1f} s (make {res.make_seconds:.1f} s): {len(res.objects)} object(s) "
+                 f"recompiled{f' ({shown})' if shown else ''}, {len(res.linked)} relinked")
+    if res.changed_outputs:
+        lines.append(f"changed: {', '.join(res.changed_outputs)}")
+    code = 0
+    if res.unexpected:
+        lines.append(f"[red]bytes moved outside the impact: {', '.join(res.unexpected)}[/red] "
+                     "(a rule in registry/build.yaml misses a path, or the stamp reaches further than declared)")
+        code = 1
+    elif res.kept:
+        cuda = "ggml-cuda" in res.kept
+        verdict = "no CUDA DSO rebuild, no restamp" if cuda else (
+            "no CUDA DSO in this profile" if not prof.has_cuda else "CUDA DSO rebuilt")
+        lines.append(f"[green]kept their sha256: {', '.join(res.kept)} -> {verdict}[/green]")
+    data.update(built=True, objects=res.objects, objects_by_target=by_target, linked=res.linked,
+                seconds=round(res.seconds, 3), make_seconds=round(res.make_seconds, 3),
+                changed_outputs=res.changed_outputs, kept=res.kept, unexpected=res.unexpected, outputs=res.outputs,
+                cuda_dso_rebuilt=prof.has_cuda and "ggml-cuda" not in res.kept)
+    return Report(data, lines, exit_code=code)

@@ -1,0 +1,41 @@
+"""package and package verify: a release of the last build of the applied series, and its re-check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from forktool import build as b
+from forktool import package as pk
+from forktool.errors import ForktoolError
+from forktool.output import Report
+from forktool.project import Project
+from forktool.workspace import open_workspace
+
+
+def package(project: Project, profile: str, out: str | None) -> Report:
+    cfg = b.load_config(project)
+    prof = cfg.profile(profile)
+    with open_workspace(project) as ws:
+        if ws.applied_stale():
+            raise ForktoolError("applied patches changed on disk since they were applied", where="patches/",
+                                hint="run `forktool apply`, then `forktool build`, then package")
+        dirty = ws.local_changes()
+        if dirty:
+            raise ForktoolError(f"the vendored tree has {len(dirty)} change(s) that no patch explains",
+                                where=str(project.tree), details=[f"{s}: {p}" for s, p in dirty[:20]],
+                                hint="a release carries only reviewed patches: refresh them into a patch first")
+        applied = ws.patches[:len(ws.state.applied)]
+        spec = pk.spec_from_build(project, cfg, prof, applied, ws.pristine_digest)
+        dest = Path(out) if out else project.root / "dist"
+        res = pk.write_release(spec, dest if dest.is_absolute() else project.root / dest)
+    lines = [f"release {res['name']}: {res['files']} files",
+             f"  {res['dir']}",
+             f"  {res['archive']} (sha256 {res['archive_sha256']})",
+             f"check it with `forktool package verify {res['dir']}`"]
+    return Report(dict(res, profile=prof.name, stamp=spec.manifest["stamp"]), lines)
+
+
+def verify(project: Project, directory: str) -> Report:
+    res = pk.verify_release(Path(directory))
+    return Report(res, [f"{res['files']} file(s) match SHA256SUMS; manifest agrees (stamp {res['stamp']}, "
+                        f"series {str(res['series_digest'])[:12]})", "[green]package verify: OK[/green]"])
