@@ -1,0 +1,137 @@
+"""Release packaging: same inputs give the same bytes, and verify catches any tampering."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from forktool import cli
+from forktool import package as pk
+from forktool.errors import VerifyError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _inputs(root: Path) -> pk.ReleaseSpec:
+    tree = root / "tree"
+    (tree / "llama.cpp" / "src").mkdir(parents=True)
+    (tree / "llama.cpp" / "src" / "llama.cpp").write_text("int main() {}\n")
+    (tree / "llama.cpp" / "CMakeLists.txt").write_text("project(x)\n")
+    (tree / "llama.cpp" / "run.sh").write_text("#!/bin/sh\n")
+    os.chmod(tree / "llama.cpp" / "run.sh", 0o755)
+    bins = root / "build" / "bin"
+    bins.mkdir(parents=True)
+    (bins / "llama-cli").write_bytes(b"\x7fELF cli")
+    os.chmod(bins / "llama-cli", 0o755)
+    (bins / "libllama.so").write_bytes(b"\x7fELF lib")
+    manifest = {"profile": "cpu", "stamp": "0c1e5709+pristine", "build_number": 0, "top": None,
+                "series_digest": "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+                "patches": [], "registry_digest": None, "pristine_digest": "0" * 64,
+                "upstream": {"component": "llama.cpp", "package": "llama-cpp-python", "version": "0.3.36",
+                             "sdist_sha256": "1" * 64, "upstream_commit": "0c1e57098bba43ac29e6e3b677cdceebdd22334f"},
+                "build": {"generator": "Unix Makefiles", "targets": ["llama-cli"], "compilers": {"cxx": "GNU 12.2.0"},
+                          "flags": ["-DCMAKE_BUILD_TYPE=Release"]}}
+    return pk.ReleaseSpec("llama.cpp-0c1e5709+pristine-cpu",
+                          {"bin/llama-cli": bins / "llama-cli", "bin/libllama.so": bins / "libllama.so"},
+                          tree, manifest, {"registry": {}}, epoch=0)
+
+
+@pytest.fixture
+def release(tmp_path: Path) -> Path:
+    spec = _inputs(tmp_path / "in")
+    return Path(pk.write_release(spec, tmp_path / "dist")["dir"])
+
+
+def test_packaging_twice_gives_identical_bytes(tmp_path: Path) -> None:
+    spec = _inputs(tmp_path / "in")
+    a = pk.write_release(spec, tmp_path / "a")
+    # different mtimes and umask on the inputs must not leak into the archives
+    for p in (spec.source_tree / "llama.cpp").rglob("*"):
+        os.utime(p, (1_000_000, 1_000_000))
+    old = os.umask(0o077)
+    try:
+        b = pk.write_release(spec, tmp_path / "b")
+    finally:
+        os.umask(old)
+    assert Path(a["archive"]).read_bytes() == Path(b["archive"]).read_bytes()
+    src = f"{spec.name}/{spec.name}-source.tar.gz"
+    assert (tmp_path / "a" / src).read_bytes() == (tmp_path / "b" / src).read_bytes()
+
+
+def test_archives_have_no_timestamps_or_owners(release: Path) -> None:
+    archive = release.with_name(release.name + ".tar.gz")
+    head = archive.read_bytes()[:10]
+    assert head[3] & 0x08 == 0, "gzip header carries a file name"
+    assert head[4:8] == b"\0\0\0\0", "gzip header carries a time"
+    with tarfile.open(archive) as tar:
+        members = tar.getmembers()
+    names = [m.name for m in members]
+    assert names == sorted(names) and names[0] == release.name
+    assert all(m.mtime == 0 and m.uid == 0 and m.gid == 0 and m.uname == "" and m.gname == "" for m in members)
+    modes = {m.name.rsplit("/", 1)[-1]: m.mode for m in members}
+    assert modes["llama-cli"] == 0o755 and modes["RELEASE_NOTES.md"] == 0o644
+
+
+def test_release_holds_manifest_sums_notes_and_source(release: Path) -> None:
+    names = sorted(p.relative_to(release).as_posix() for p in release.rglob("*") if p.is_file())
+    assert names == ["RELEASE_NOTES.md", "SHA256SUMS", "bin/libllama.so", "bin/llama-cli",
+                     f"{release.name}-source.tar.gz", "manifest.json"]
+    notes = (release / "RELEASE_NOTES.md").read_text()
+    assert "0c1e5709+pristine" in notes and "No patch applied" in notes and "bin/llama-cli" in notes
+    with tarfile.open(release / f"{release.name}-source.tar.gz") as tar:
+        assert f"{release.name}-source/llama.cpp/src/llama.cpp" in tar.getnames()
+    res = pk.verify_release(release)
+    assert res["ok"] and res["files"] == 5
+
+
+def test_verify_catches_a_flipped_byte(release: Path) -> None:
+    p = release / "bin" / "llama-cli"
+    data = bytearray(p.read_bytes())
+    data[3] ^= 0x01
+    p.write_bytes(bytes(data))
+    with pytest.raises(VerifyError) as e:
+        pk.verify_release(release)
+    assert "bin/llama-cli: sha256 differs from SHA256SUMS" in e.value.details
+
+
+@pytest.mark.parametrize("tamper", ["extra", "missing", "manifest", "source"])
+def test_verify_catches_other_tampering(release: Path, tamper: str) -> None:
+    if tamper == "extra":
+        (release / "bin" / "evil.so").write_bytes(b"x")
+    elif tamper == "missing":
+        (release / "RELEASE_NOTES.md").unlink()
+    elif tamper == "manifest":
+        m = release / "manifest.json"
+        m.write_text(m.read_text().replace('"cpu"', '"cuda"'))
+    else:
+        src = release / f"{release.name}-source.tar.gz"
+        data = bytearray(src.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        src.write_bytes(bytes(data))
+    with pytest.raises(VerifyError):
+        pk.verify_release(release)
+
+
+def test_verify_reads_the_archive_too(release: Path) -> None:
+    assert pk.verify_release(release.with_name(release.name + ".tar.gz"))["ok"]
+
+
+def test_package_verify_cli_exits_1_on_tampering(release: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    proj = tmp_path / "proj"
+    (proj / "patches").mkdir(parents=True)
+    (proj / "vendor").mkdir()
+    (proj / "patches" / "series").write_text("")
+    shutil.copy(REPO / "vendor" / "vendor.yaml", proj / "vendor" / "vendor.yaml")
+    monkeypatch.setenv("FORKTOOL_ROOT", str(proj))
+    assert cli.main(["package", "verify", str(release)]) == 0
+    with gzip.open(release / f"{release.name}-source.tar.gz") as f:
+        assert f.read(1)
+    (release / "bin" / "libllama.so").write_bytes(b"\x7fELF liB")
+    assert cli.main(["package", "verify", str(release), "--json"]) == 1
+    assert "bin/libllama.so: sha256 differs" in capsys.readouterr().out

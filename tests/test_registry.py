@@ -1,0 +1,176 @@
+"""registry check: each way registry, series, patches and tree can disagree is caught and named."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from tests.conftest import Proj, make_project
+from tests.patchgen import make_patch
+
+CTX = ("struct ctx {\n    int a;\n};\n\n"
+       "int ctx_init(struct ctx * c)\n{\n    c->a = 0;\n    return 0;\n}\n\n"
+       "int ctx_run(struct ctx * c)\n{\n    return c->a;\n}\n")
+CTX1 = CTX.replace("    int a;\n", "    int a;\n    int window; // opencoti-hook: ctx-window\n").replace(
+    "    c->a = 0;\n", "    c->a = 0;\n    c->window = 0; // opencoti-hook: ctx-window\n")
+CUDA = "__global__ void k() {\n    int x = 0;\n}\n"
+
+REG = {
+    "schema": 1,
+    "patches": [{
+        "id": "0070", "file": "0070-ctx-window.patch", "title": "ctx window", "bug": "bug-1", "status": "shipped",
+        "shipped": "2026-07-01", "build_impact": ["host"], "files": ["up/src/ctx.c"], "hooks": ["ctx-window"],
+        "gates": [{"name": "smoke", "needs": ["cpu"], "command": ["true"], "proves": "nothing much"}],
+    }],
+    "hooks": {"ctx-window": {"patch": "0070", "description": "the window field", "sites": [
+        {"file": "up/src/ctx.c", "symbol": "ctx", "line": 1},
+        {"file": "up/src/ctx.c", "symbol": "ctx_init", "line": 5}]}},
+}
+
+
+@pytest.fixture
+def rp(tmp_path, cache) -> Proj:
+    p = make_project(tmp_path, {"src/ctx.c": CTX, "ggml/src/ggml-cuda/k.cu": CUDA})
+    y = p.root / "vendor" / "vendor.yaml"
+    y.write_text(y.read_text().replace("include: [src, include, tools]", "include: [src, ggml]"))
+    (p.root / "vendor" / "vendor.lock").unlink()
+    import shutil
+    shutil.rmtree(p.tree)
+    p.run("vendor", "fetch")
+    # impact rules for this tiny layout
+    (p.root / "registry" / "build.yaml").write_text(
+        "artifacts:\n  - name: cuda\n    impact: cuda-dso\n    paths: ['up/ggml/src/ggml-cuda']\n"
+        "  - name: lib\n    impact: host\n    paths: ['up/src']\n")
+    p.write_patch("0070-ctx-window.patch", make_patch("0070-ctx-window.patch", {"up/src/ctx.c": (CTX, CTX1)},
+                                                        "ctx window", "ctx-window"))
+    write_reg(p, REG)
+    return p
+
+
+def write_reg(p: Proj, reg: dict) -> None:
+    (p.root / "registry" / "UPSTREAM_SYNC.yaml").write_text(yaml.safe_dump(reg, sort_keys=False))
+    p.run("registry", "render")
+
+
+def problems(p: Proj) -> list[str]:
+    res = p.json("registry", "check", expect=None)
+    return [f"{x['where']}: {x['what']}" for x in res["problems"]]
+
+
+def mutated(**changes) -> dict:
+    import copy
+    r = copy.deepcopy(REG)
+    for path, value in changes.items():
+        obj = r
+        keys = path.split(".")
+        for k in keys[:-1]:
+            obj = obj[int(k)] if k.isdigit() else obj[k]
+        obj[keys[-1]] = value
+    return r
+
+
+def test_clean_registry_passes_and_verify_runs_it(rp: Proj):
+    assert problems(rp) == []
+    rp.run("apply")
+    rp.run("verify")
+    out = rp.json("markers")["markers"]
+    assert [(m["file"], m["hook"]) for m in out] == [("up/src/ctx.c", "ctx-window")] * 2
+
+
+def test_patch_missing_from_registry(rp: Proj):
+    write_reg(rp, mutated(patches=[]) | {"hooks": {}})
+    assert any("missing from registry" in x for x in problems(rp))
+
+
+def test_registered_patch_not_in_series(rp: Proj):
+    (rp.root / "patches" / "series").write_text("")
+    assert any("not in patches/series" in x for x in problems(rp))
+
+
+def test_undeclared_file(rp: Proj):
+    write_reg(rp, mutated(**{"patches.0.files": []}))
+    assert any("touches up/src/ctx.c, which its entry does not declare" in x for x in problems(rp))
+
+
+def test_build_impact_contradicted(rp: Proj):
+    cu = make_patch("0070-ctx-window.patch", {"up/src/ctx.c": (CTX, CTX1),
+                                              "up/ggml/src/ggml-cuda/k.cu": (CUDA, CUDA.replace("0", "1"))},
+                    "ctx window", "ctx-window")
+    (rp.root / "patches" / "0070-ctx-window.patch").write_text(cu)
+    write_reg(rp, mutated(**{"patches.0.files": ["up/ggml/src/ggml-cuda/k.cu", "up/src/ctx.c"]}))
+    assert any("declared build impact ['host']" in x and "ggml-cuda" in x for x in problems(rp))
+
+
+def test_registered_hook_without_marker_at_site(rp: Proj):
+    r = mutated()
+    r["hooks"]["ctx-window"]["sites"].append({"file": "up/src/ctx.c", "symbol": "ctx_run"})
+    write_reg(rp, r)
+    assert any("ctx_run" in x and "no marker inside the declared symbol" in x for x in problems(rp))
+
+
+def test_marker_outside_declared_symbol(rp: Proj):
+    r = mutated()
+    r["hooks"]["ctx-window"]["sites"] = [{"file": "up/src/ctx.c", "symbol": "ctx_init"}]
+    write_reg(rp, r)
+    assert any("up/src/ctx.c:3" in x and "outside its declared site" in x for x in problems(rp))
+
+
+def test_unregistered_marker_in_tree(rp: Proj):
+    rp.run("apply")
+    rp.edit("up/src/ctx.c", "    return c->a;\n", "    return c->a; // opencoti-hook: stray\n")
+    assert any("(tree)" in x and "'stray'" in x for x in problems(rp))
+
+
+def test_unregistered_marker_in_patch(rp: Proj):
+    extra = CTX1.replace("    return c->a;\n", "    return c->a;\n    // opencoti-hook: ghost\n")
+    (rp.root / "patches" / "0070-ctx-window.patch").write_text(
+        make_patch("0070-ctx-window.patch", {"up/src/ctx.c": (CTX, extra)}, "ctx window", "ctx-window"))
+    got = problems(rp)
+    assert any("'ghost'" in x and "nobody registered" in x for x in got)
+    assert any("does not list" in x for x in got)
+
+
+def test_marker_on_an_upstream_line(rp: Proj):
+    edited = CTX1.replace("    return c->a;\n", "    return c->a; // opencoti-hook: ctx-window\n")
+    (rp.root / "patches" / "0070-ctx-window.patch").write_text(
+        make_patch("0070-ctx-window.patch", {"up/src/ctx.c": (CTX, edited)}, "ctx window", "ctx-window"))
+    r = mutated()
+    r["hooks"]["ctx-window"]["sites"].append({"file": "up/src/ctx.c", "symbol": "ctx_run"})
+    write_reg(rp, r)
+    assert any("marker on an upstream line" in x for x in problems(rp))
+
+
+def test_hook_owned_by_other_patch_and_missing_hook_entry(rp: Proj):
+    r = mutated()
+    r["hooks"]["ctx-window"]["patch"] = "0099"
+    write_reg(rp, r)
+    got = problems(rp)
+    assert any("owned by patch 0099" in x for x in got)
+    assert any("owning patch 0099 is not registered" in x for x in got)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"patches.0.colour": "blue"}, "unknown key(s): colour"),
+    ({"patches.0.status": "maybe"}, "status must be one of"),
+    ({"patches.0.gates": [{"name": "g", "needs": ["tpu"], "command": ["true"], "proves": "x"}]}, "needs must be"),
+])
+def test_schema_rejects_with_file_and_key(rp: Proj, change, message):
+    (rp.root / "registry" / "UPSTREAM_SYNC.yaml").write_text(yaml.safe_dump(mutated(**change), sort_keys=False))
+    code, out, err = rp.run("registry", "check", expect=1)
+    assert message in err and "UPSTREAM_SYNC.yaml: patches[0]" in err
+
+
+def test_duplicate_ids(rp: Proj):
+    r = mutated()
+    r["patches"].append(dict(r["patches"][0]))
+    (rp.root / "registry" / "UPSTREAM_SYNC.yaml").write_text(yaml.safe_dump(r, sort_keys=False))
+    code, out, err = rp.run("registry", "check", expect=1)
+    assert "duplicate patch id 0070" in err
+
+
+def test_stale_markdown_view(rp: Proj):
+    (rp.root / "registry" / "UPSTREAM_SYNC.md").write_text("old\n")
+    assert any("UPSTREAM_SYNC.md" in x and "stale" in x for x in problems(rp))
+    rp.run("registry", "render", "--check", expect=1)
+    rp.run("registry", "render")
+    rp.run("registry", "render", "--check")
