@@ -1,0 +1,82 @@
+"""gates [ID]: run the gates the registry records; a gate needing a GPU is skipped elsewhere, saying why."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+
+from forktool import output, proc
+from forktool import registry as rg
+from forktool.errors import ForktoolError, UsageError
+from forktool.output import Report
+from forktool.project import Project
+
+
+def have_cuda() -> tuple[bool, str]:
+    if os.environ.get("FORKTOOL_NO_CUDA"):
+        return False, "FORKTOOL_NO_CUDA is set"
+    if not shutil.which("nvidia-smi"):
+        return False, "no nvidia-smi on PATH (no NVIDIA driver)"
+    r = proc.run(["nvidia-smi", "-L"], check=False)
+    if r.returncode != 0 or "GPU" not in r.out:
+        return False, "nvidia-smi lists no GPU"
+    return True, r.out.strip().splitlines()[0]
+
+
+def placeholders(project: Project, needs: tuple[str, ...]) -> dict[str, str]:
+    profile = "cuda" if "cuda" in needs else "cpu"
+    build = project.root / "build"
+    return {"root": str(project.root), "python": sys.executable, "profile": profile,
+            "bin": str(build / profile / "bin"), "upstream_bin": str(build / f"{profile}-upstream" / "bin"),
+            "base_bin": str(build / f"{profile}-base" / "bin"), "out": str(build / "gates")}
+
+
+def gates(project: Project, patch_id: str | None, name: str | None, list_only: bool) -> Report:
+    reg = rg.load(project.registry_dir / "UPSTREAM_SYNC.yaml")
+    selected = [(p.id, g) for p in reg.patches for g in p.gates
+                if (patch_id is None or p.id == patch_id) and (name is None or g.name == name)]
+    if patch_id and reg.patch(patch_id) is None:
+        raise UsageError(f"no patch {patch_id} in the registry", where="registry/UPSTREAM_SYNC.yaml")
+    if not selected:
+        raise UsageError("no gate matches", where="registry/UPSTREAM_SYNC.yaml",
+                         hint="`forktool gates --list` shows them")
+    cuda, why = have_cuda()
+    rows, lines = [], []
+    failed = 0
+    for pid, g in selected:
+        row = {"patch": pid, "gate": g.name, "needs": list(g.needs), "proves": g.proves}
+        missing = [n for n in g.needs if n == "cuda" and not cuda]
+        if list_only:
+            rows.append(row | {"command": list(g.command)})
+            lines.append(f"{pid} {g.name} (needs {', '.join(g.needs)}): {g.proves}")
+            continue
+        if missing:
+            rows.append(row | {"result": "skipped", "reason": f"needs cuda: {why}"})
+            lines.append(f"[yellow]skip[/yellow] {pid} {g.name}: needs a CUDA GPU ({why})")
+            continue
+        ph = placeholders(project, g.needs)
+        try:
+            argv = [a.format(**ph) for a in g.command]
+        except KeyError as e:
+            raise ForktoolError(f"gate {g.name}: unknown placeholder {e}", where="registry/UPSTREAM_SYNC.yaml",
+                                hint=f"known: {', '.join('{' + k + '}' for k in ph)}") from None
+        os.makedirs(ph["out"], exist_ok=True)
+        output.info(f"gate {pid} {g.name}: {' '.join(argv)}")
+        t0 = time.monotonic()
+        r = proc.run(argv, cwd=project.root, check=False, timeout=g.timeout)
+        dt = time.monotonic() - t0
+        log = os.path.join(ph["out"], f"{pid}-{g.name}.log")
+        with open(log, "wb") as f:
+            f.write(r.stdout + b"\n--- stderr ---\n" + r.stderr)
+        ok = r.returncode == 0
+        failed += not ok
+        tail = r.stderr.decode("utf-8", "replace").strip().splitlines()[-8:]
+        rows.append(row | {"result": "pass" if ok else "fail", "exit_code": r.returncode, "seconds": round(dt, 1),
+                           "log": log, "stdout": r.out[-4000:]})
+        lines.append(f"{'[green]pass[/green]' if ok else '[red]FAIL[/red]'} {pid} {g.name} ({dt:.0f} s): {g.proves}")
+        if not ok:
+            lines += [f"    {t}" for t in tail] + [f"    full log: {log}"]
+    return Report({"gates": rows, "cuda": cuda, "cuda_reason": why, "failed": failed}, lines,
+                  exit_code=1 if failed else 0)
