@@ -1,0 +1,41 @@
+# forktool: the two set-up commands are `make main` (the whole job on the built-in default) and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+FT := $(VENV)/bin/forktool
+export FORKTOOL_CACHE ?= $(HOME)/.cache/forktool
+
+.PHONY: main setup test test-slow lint bench demo clean-build
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+setup: $(PY)
+	$(PY) -m pip install -q -e '.[test,dev]'
+
+# fetch -> backup -> apply -> verify -> host-only build (cpu profile) -> the fixed binary runs
+main: setup
+	$(FT) vendor fetch
+	$(FT) apply
+	$(FT) verify
+	$(FT) build --plan
+	$(FT) build --profile cpu
+	$(PY) gates/demo.py --bin build/cpu/bin
+
+test: setup
+	$(PY) -m pytest -q
+
+test-slow: setup
+	$(PY) -m pytest -q -m slow
+
+lint: setup
+	$(VENV)/bin/ruff check forktool tests gates bench
+	$(VENV)/bin/mypy forktool
+
+bench: setup
+	$(PY) bench/bench_core.py
+	$(PY) bench/bench_build.py
+
+clean-build:
+	rm -rf build dist
