@@ -79,8 +79,10 @@ def main() -> None:
     patches = [str(root / "patches" / ln.strip()) for ln in (root / "patches" / "series").read_text().splitlines()
                if ln.strip() and not ln.startswith("#")]
 
+    base = subprocess.run(["git", "rev-parse", "HEAD"], cwd=gitdir, capture_output=True, text=True).stdout.strip()
+
     def reset() -> None:
-        sh(["git", "reset", "-q", "--hard", "HEAD"], gitdir, genv)
+        sh(["git", "reset", "-q", "--hard", base], gitdir, genv)
 
     def git_apply() -> None:
         for p in patches:
@@ -95,7 +97,6 @@ def main() -> None:
         ga += timed(git_apply, 1)
         reset()
         gm += timed(git_am, 1)
-        sh(["git", "reset", "-q", "--hard", "HEAD~%d" % len(patches)], gitdir, genv) if patches else None
     rows.append(("git apply, one call per patch (same tree, same series)", ga))
     rows.append(("git am, whole series (same tree, same series)", gm))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import tempfile
 from pathlib import Path
 
 import git
@@ -33,3 +34,33 @@ def archive_commit(url: str, commit: str, cache: Path) -> bytes:
 
 def init_repo(path: Path) -> git.Repo:
     return git.Repo.init(path)
+
+
+def merge_file(ours: bytes, base: bytes, theirs: bytes, labels: tuple[str, str, str]) -> tuple[bytes, int]:
+    """3-way merge of one file's bytes with `git merge-file -p --diff3`: (result, number of conflicts)."""
+    with tempfile.TemporaryDirectory(prefix="forktool-merge-") as tmp:
+        paths = []
+        for name, data in (("ours", ours), ("base", base), ("theirs", theirs)):
+            p = Path(tmp) / name
+            p.write_bytes(data)
+            paths.append(str(p))
+        argv = ["git", "merge-file", "-p", "--diff3",
+                "-L", labels[0], "-L", labels[1], "-L", labels[2], *paths]
+        # exit status is the conflict count (capped at 127); a negative status (255) is an error
+        status, out, err = git.Git(tmp).execute(argv, with_extended_output=True, with_exceptions=False,
+                                                stdout_as_string=False, strip_newline_in_stdout=False)
+    if status < 0 or status > 127:
+        raise ForktoolError(f"git merge-file failed: {err.decode('utf-8', 'replace').strip()}",
+                            where=labels[0], hint="check that git is installed and the inputs are text")
+    return out, status
+
+
+def gitlink_commit(git_dir: Path, path: str) -> str | None:
+    """The commit a submodule at `path` points to in HEAD of the repository at git_dir (None if unknown)."""
+    # a bare --git-dir call: the sdist's .git may carry worktree settings gitpython's Repo cannot open
+    status, line, _ = git.Git(git_dir).execute(["git", "--git-dir", str(git_dir), "ls-tree", "HEAD", "--", path],
+                                               with_extended_output=True, with_exceptions=False)
+    if status != 0:
+        return None
+    parts = line.split()
+    return parts[2] if len(parts) >= 3 and parts[1] == "commit" else None

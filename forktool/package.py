@@ -321,16 +321,15 @@ def registry_notes(project: Project) -> tuple[str | None, dict[str, dict[str, st
 
 
 def _release_files(bdir: Path, outputs: list[str]) -> dict[str, Path]:
-    """bin/NAME -> file for every output; a versioned library link also ships under the name binaries load."""
-    files: dict[str, Path] = {}
-    for rel in outputs:
-        p = bdir / rel
-        files[f"bin/{p.name}"] = p.resolve()
-        # libllama.so -> libllama.so.0 -> libllama.so.0.0.N: the binaries' NEEDED entry is the middle name
-        hop = p
-        while hop.is_symlink():
-            hop = hop.parent / os.readlink(hop)
-            files[f"bin/{hop.name}"] = hop.resolve()
+    """bin/NAME -> file: the profile's outputs plus every shared library in bin/, each once, under its SONAME."""
+    files: dict[str, Path] = {f"bin/{Path(o).name}": (bdir / o).resolve() for o in outputs if ".so" not in o}
+    names: dict[Path, list[str]] = {}
+    for p in sorted((bdir / "bin").glob("*.so*")):
+        names.setdefault(p.resolve(), []).append(p.name)
+    for real, aliases in sorted(names.items()):
+        # libllama.so -> libllama.so.0 -> libllama.so.0.0.N: binaries load the middle one, which is the SONAME
+        soname = sorted((a for a in aliases if re.search(r"\.so\.\d+$", a)), key=len)
+        files[f"bin/{soname[0] if soname else real.name}"] = real
     return files
 
 
