@@ -105,7 +105,8 @@ def main() -> None:
         print(f"{name:62} {statistics.median(ts):9.3f} {min(ts):7.3f} {max(ts):7.3f}  {len(ts)}")
     med = {name: statistics.median(ts) for name, ts in rows}
     fa = med[f"forktool apply, whole series ({n} patches) from pristine"]
-    print(f"\nratio forktool apply / git apply per patch: {fa / med['git apply, one call per patch (same tree, same series)']:.2f}")
+    per_patch = med["git apply, one call per patch (same tree, same series)"]
+    print(f"\nratio forktool apply / git apply per patch: {fa / per_patch:.2f}")
     print(f"ratio forktool apply / git am:              {fa / med['git am, whole series (same tree, same series)']:.2f}")
     print(f"ratio no-op apply / full apply:             {med['forktool apply, no-op (already applied)'] / fa:.2f}")
     shutil.rmtree(work)

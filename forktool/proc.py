@@ -71,9 +71,6 @@ def stream(argv: Sequence[str | os.PathLike[str]], *, cwd: Path | None = None, c
     except FileNotFoundError as e:
         raise ForktoolError(f"command not found: {args[0]}", where=" ".join(args),
                             hint=f"install {args[0]} or put it on PATH") from e
-    except subprocess.TimeoutExpired as e:
-        raise ForktoolError(f"command timed out after {timeout} s: {' '.join(args)}", where=str(cwd or Path.cwd()),
-                            details=[f"stderr: {_tail(e.stderr or b'')}"]) from e
     assert p.stdout is not None
     with p:
         for raw in p.stdout:

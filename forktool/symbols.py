@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 _CONTROL = {"if", "for", "while", "switch", "catch", "do", "else", "try", "return", "sizeof", "decltype",
             "static_assert", "alignas", "defined"}
+_CLASS_RE = re.compile(r"^(?:template\s*<.*>\s*)?(?:typedef\s+)?(struct|class|union)\s+(?:\w+\s+)*?"
+                       r"([A-Za-z_]\w*)\s*(?:final\s*)?(?::[^{]*)?$")
 _NAME_RE = re.compile(r"((?:[A-Za-z_~][A-Za-z0-9_]*\s*(?:<[^<>()]*>)?\s*::\s*)*~?[A-Za-z_][A-Za-z0-9_]*|operator\s*[^\s(]+)\s*$")
 
 
@@ -70,7 +72,7 @@ def _classify(header: str) -> tuple[str, str]:
     h = " ".join(header.split())
     if not h:
         return "block", ""
-    m = re.match(r"^(?:template\s*<.*>\s*)?(?:typedef\s+)?(struct|class|union)\s+(?:\w+\s+)*?([A-Za-z_]\w*)\s*(?:final\s*)?(?::[^{]*)?$", h)
+    m = _CLASS_RE.match(h)
     if m:
         return "class", m.group(2)
     m = re.match(r"^(?:inline\s+)?namespace\s*([A-Za-z_][\w:]*)?$", h)
@@ -96,13 +98,10 @@ def _classify(header: str) -> tuple[str, str]:
                 name = re.sub(r"\s+", "", nm.group(1))
                 if before[: nm.start()].rstrip().endswith((".", "->")):
                     return "block", ""  # a member call, e.g. v.push_back({...})
-                if name.split("::")[-1] in _CONTROL or not before.strip() or before.strip() == name and "::" not in name and not re.search(r"\w\s+[\w:~]+$", before.strip()):
-                    # a bare call-like header with no return type is a macro or control block,
-                    # unless it is a qualified constructor (Class::Class)
-                    if name.split("::")[-1] in _CONTROL:
-                        return "block", ""
-                    if before.strip() == name:
-                        return "block", ""
+                if name.split("::")[-1] in _CONTROL:
+                    return "block", ""
+                if before.strip() == name and "::" not in name:
+                    return "block", ""  # no return type and unqualified: a macro invocation
                 return "function", name
             depth += 1
         elif ch == ")":

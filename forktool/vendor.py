@@ -18,8 +18,20 @@ from forktool import proc
 from forktool.errors import ConfigError, ForktoolError, UnsafePathError
 from forktool.project import Component, Project
 from forktool.store import ObjectStore
-from forktool.tree import (EXECUTABLE, REGULAR, SYMLINK, Entry, Manifest, atomic_write, check_rel_path,
-                           digest, manifest_from_json, manifest_to_json, sha256_bytes, sha256_file)
+from forktool.tree import (
+    EXECUTABLE,
+    REGULAR,
+    SYMLINK,
+    Entry,
+    Manifest,
+    atomic_write,
+    check_rel_path,
+    digest,
+    manifest_from_json,
+    manifest_to_json,
+    sha256_bytes,
+    sha256_file,
+)
 
 
 def matches(rel: str, patterns: tuple[str, ...]) -> bool:

@@ -16,10 +16,30 @@ from forktool import output, txn, vendor
 from forktool.apply import Applied, Drift, apply_series
 from forktool.errors import ConfigError, DirtyTreeError, ForktoolError, UsageError, VerifyError
 from forktool.project import Project
-from forktool.series import (Patch, SeriesEntry, diff_file, format_patch, make_header, parse_patch, read_series,
-                             set_trailers, with_files)
-from forktool.tree import (REGULAR, SYMLINK, Entry, Manifest, diff_manifests, digest, manifest_from_json,
-                           manifest_to_json, resolve_inside, scan, sha256_bytes)
+from forktool.series import (
+    Patch,
+    SeriesEntry,
+    diff_file,
+    format_patch,
+    make_header,
+    parse_patch,
+    read_series,
+    set_trailers,
+    with_files,
+)
+from forktool.tree import (
+    REGULAR,
+    SYMLINK,
+    Entry,
+    Manifest,
+    diff_manifests,
+    digest,
+    manifest_from_json,
+    manifest_to_json,
+    resolve_inside,
+    scan,
+    sha256_bytes,
+)
 
 STATE_VERSION = 1
 
@@ -248,8 +268,8 @@ class Workspace:
                            new_mode if new is not None else None)
             if fd is not None:
                 probe_files.append(fd)
-        from forktool.markers import hooks_in_patch
         from forktool.impact import impact_label
+        from forktool.markers import hooks_in_patch
         refreshed = with_files(probe, probe_files)
         trailers = {"Opencoti-Hooks": ", ".join(hooks_in_patch(refreshed)),
                     "Build-Impact": impact_label(self.project, refreshed.paths) if refreshed.paths else ""}

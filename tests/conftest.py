@@ -18,7 +18,8 @@ from forktool.tree import digest, scan
 REPO = Path(__file__).resolve().parents[1]
 
 UPSTREAM = {
-    "src/a.c": "int a(void)\n{\n    return 1;\n}\n\n" + "".join(f"// filler {i}\n" for i in range(40)) + "int tail(void) { return 0; }\n",
+    "src/a.c": ("int a(void)\n{\n    return 1;\n}\n\n" + "".join(f"// filler {i}\n" for i in range(40))
+                + "int tail(void) { return 0; }\n"),
     "src/b.c": "".join(f"line {i}\n" for i in range(1, 31)),
     "include/c.h": "#pragma once\nint a(void);\n",
     "docs/skip.md": "not vendored\n",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from forktool.series import diff_file, format_patch, make_header, Patch
+from forktool.series import Patch, diff_file, format_patch, make_header
 
 
 def make_patch(name: str, changes: dict[str, tuple[str | None, str | None]], title: str = "test patch",
