@@ -59,7 +59,7 @@ def create(backups_dir: Path, tree: Path, slug: str, reason: str, current: Manif
                                     hint="stop whatever is writing to the vendored tree and retry")
             ObjectStore(tmp / "objects").put(data)
             stored.append(rel)
-        meta = {"name": name, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "reason": reason,
+        meta: dict = {"name": name, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "reason": reason,
                 "tree_digest": digest(current), "files": manifest_to_json(current), "stored": stored,
                 "state": state}
         atomic_write(tmp / "manifest.json", json.dumps(meta, indent=1, sort_keys=True).encode())
@@ -79,7 +79,7 @@ def _load(path: Path) -> dict:
 
 
 def list_backups(backups_dir: Path) -> list[Backup]:
-    out = []
+    out: list[Backup] = []
     if not backups_dir.is_dir():
         return out
     for p in sorted(backups_dir.iterdir()):

@@ -10,9 +10,9 @@ from typing import Annotated
 import typer
 
 try:  # typer >= 0.16 vendors its own click
-    from typer._click import exceptions as click_exc  # type: ignore[import-not-found]
+    from typer._click.exceptions import UsageError as ClickUsageError  # type: ignore[import-not-found]
 except ImportError:  # pragma: no cover
-    from click import exceptions as click_exc
+    from click.exceptions import UsageError as ClickUsageError  # type: ignore[assignment]
 
 from forktool import output
 from forktool.errors import ForktoolError
@@ -239,12 +239,12 @@ def main(argv: list[str] | None = None) -> int:
         app(args=argv, standalone_mode=False)
     except Exit as e:
         return e.code
-    except click_exc.UsageError as e:
+    except ClickUsageError as e:
         e.show(file=sys.stderr)
         return 2
-    except click_exc.Abort:
+    except typer.Abort:
         return 130
-    except click_exc.Exit as e:
+    except typer.Exit as e:
         return int(e.exit_code or 0)
     except Exception as e:  # a bug outside a command body (import, option parsing): exit 3
         output.error(f"internal error: {type(e).__name__}: {e}\n{traceback.format_exc()}")

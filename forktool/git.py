@@ -50,7 +50,8 @@ def merge_file(ours: bytes, base: bytes, theirs: bytes, labels: tuple[str, str, 
         status, out, err = git.Git(tmp).execute(argv, with_extended_output=True, with_exceptions=False,
                                                 stdout_as_string=False, strip_newline_in_stdout=False)
     if status < 0 or status > 127:
-        raise ForktoolError(f"git merge-file failed: {err.decode('utf-8', 'replace').strip()}",
+        msg = err.decode("utf-8", "replace") if isinstance(err, bytes) else str(err)
+        raise ForktoolError(f"git merge-file failed: {msg.strip()}",
                             where=labels[0], hint="check that git is installed and the inputs are text")
     return out, status
 

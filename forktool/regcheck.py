@@ -56,9 +56,9 @@ def check(ws: Workspace, reg: rg.Registry) -> tuple[list[Problem], list[str]]:
     for p in ws.patches:
         if reg.patch(p.id) is None:
             P.append(Problem(f"patches/series: {p.name}", f"patch {p.id} is missing from {regf}"))
-    for e in reg.patches:
-        if e.id not in series_ids:
-            P.append(Problem(f"{regf}: patch {e.id}", f"{e.file} is registered but not in patches/series"))
+    for entry in reg.patches:
+        if entry.id not in series_ids:
+            P.append(Problem(f"{regf}: patch {entry.id}", f"{entry.file} is registered but not in patches/series"))
     for p in ws.patches:
         e = reg.patch(p.id)
         if e is None:
@@ -136,8 +136,8 @@ def check(ws: Workspace, reg: rg.Registry) -> tuple[list[Problem], list[str]]:
                 P.append(Problem(f"{m.path}:{m.line}", f"marker for {hid!r} in a file none of its sites names"))
 
     # the tree: unregistered markers anywhere, and markers upstream itself would carry
-    for rel, e in ws.pristine.items():
-        data = ws.base_bytes(rel) if e.mode != "120000" else b""
+    for rel, pe in ws.pristine.items():
+        data = ws.base_bytes(rel) if pe.mode != "120000" else b""
         for m in scan_file(rel, data or b""):
             P.append(Problem(f"{rel}:{m.line} (pristine)", f"upstream line carries marker {m.hook!r}"))
     if project.tree.exists():

@@ -210,10 +210,9 @@ def fetch_pristine(project: Project, *, local_sdist: Path | None = None,
     if cached_digest and lock.get("components") == pinned:
         p = pristine_path(project, cached_digest)
         if p.is_file():
-            manifest = manifest_from_json(json.loads(p.read_text()))
-            store = objects(project)
-            if all(store.has(e.sha256) for e in manifest.values()):
-                return FetchResult(manifest, cached_digest, len(manifest), True, 0)
+            cached = manifest_from_json(json.loads(p.read_text()))
+            if all(objects(project).has(e.sha256) for e in cached.values()):
+                return FetchResult(cached, cached_digest, len(cached), True, 0)
     store = objects(project)
     manifest: Manifest = {}
     skipped = 0

@@ -352,20 +352,20 @@ class Workspace:
         acc = Applied()
         from forktool.apply import apply_patch
         exported = 0
-        for i, p in enumerate(self.patches[:n]):
+        for i, patch in enumerate(self.patches[:n]):
             before = Applied(dict(acc.files))
             try:
-                apply_patch(p, self.base_bytes, acc)
+                apply_patch(patch, self.base_bytes, acc)
             except ForktoolError as e:
-                problems.append(f"patch {p.id}: does not apply: {e.what}")
+                problems.append(f"patch {patch.id}: does not apply: {e.what}")
                 break
             last = i == n - 1
             read = self.disk_bytes if last else (lambda rel, a=acc: a.files[rel] if rel in a.files else self.base_bytes(rel))
-            again = format_patch(self.export(p, before, read))
+            again = format_patch(self.export(patch, before, read))
             exported += 1
-            if again != p.raw:
-                problems.append(f"patch {p.id}: exporting it from the tree does not reproduce patches/{p.name} "
-                                "byte for byte (run `forktool refresh " + p.id + "` to see the canonical form)")
+            if again != patch.raw:
+                problems.append(f"patch {patch.id}: exporting it from the tree does not reproduce patches/{patch.name} "
+                                f"byte for byte (run `forktool refresh {patch.id}` to see the canonical form)")
         tree_digest = digest(current)
         lock = vendor.load_lock(self.project)
         rec = lock.get("patched", {})

@@ -43,10 +43,11 @@ def gates(project: Project, patch_id: str | None, name: str | None, list_only: b
         raise UsageError("no gate matches", where="registry/UPSTREAM_SYNC.yaml",
                          hint="`forktool gates --list` shows them")
     cuda, why = have_cuda()
-    rows, lines = [], []
+    rows: list[dict] = []
+    lines: list[str] = []
     failed = 0
     for pid, g in selected:
-        row = {"patch": pid, "gate": g.name, "needs": list(g.needs), "proves": g.proves}
+        row: dict = {"patch": pid, "gate": g.name, "needs": list(g.needs), "proves": g.proves}
         missing = [n for n in g.needs if n == "cuda" and not cuda]
         if list_only:
             rows.append(row | {"command": list(g.command)})

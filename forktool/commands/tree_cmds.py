@@ -65,10 +65,10 @@ def status(project: Project) -> Report:
         tree = "absent" if not project.tree.exists() else ("dirty" if changes else "clean")
         lines.append(f"tree: {tree}; top: {ws.state.top or 'none'}; "
                      f"{len(ws.state.applied)}/{len(ws.patches)} applied")
-        for s, p in changes[:50]:
-            lines.append(f"  [yellow]{s}[/yellow] {p}")
+        for s, path in changes[:50]:
+            lines.append(f"  [yellow]{s}[/yellow] {path}")
         return Report({"patches": rows, "tree": tree, "top": ws.state.top,
-                       "local_changes": [{"status": s, "path": p} for s, p in changes],
+                       "local_changes": [{"status": s, "path": path} for s, path in changes],
                        "pristine_digest": ws.pristine_digest}, lines)
 
 
