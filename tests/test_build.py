@@ -107,7 +107,8 @@ def test_stamp_names_upstream_top_and_digest() -> None:
     assert b.stamp(up, [], False) == ("0c1e5709+pristine", 0)
     commit, n = b.stamp(up, [("0001", "0001-a.patch", "a" * 64), ("0089", "0089-b.patch", "b" * 64)], False)
     assert n == 2 and commit.startswith("0c1e5709+0089.") and len(commit) == len("0c1e5709+0089.") + 8
-    assert b.stamp(up, [("0001", "0001-a.patch", "c" * 64)], False)[0] != b.stamp(up, [("0001", "0001-a.patch", "a" * 64)], False)[0]
+    one = [("0001", "0001-a.patch", "a" * 64)]
+    assert b.stamp(up, [("0001", "0001-a.patch", "c" * 64)], False)[0] != b.stamp(up, one, False)[0]
     assert b.stamp(up, [], True)[0].endswith(".dirty")
 
 

@@ -52,7 +52,7 @@ def test_host_only_edit_rebuilds_only_its_objects(project: Path) -> None:
     assert again["kept"] == ["ggml-cpu", "ggml-base"] and again["unexpected"] == []
     for lib in ("bin/libggml-cpu.so", "bin/libggml-base.so", "bin/libggml.so"):
         assert again["outputs"][lib] == first["outputs"][lib]
-    assert again["outputs"]["bin/libllama.so"] != first["outputs"]["bin/libllama.so"]
+    # a comment-only edit may leave libllama's bytes as they were: only the kept ones are a promise
     out = subprocess.run([bdir / "bin" / "llama-cli", "--version"], capture_output=True, text=True)
     assert again["stamp"] in out.stdout + out.stderr and again["stamp"] != first["stamp"]
 
