@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# On a CUDA machine: build the cuda profile from the full-series source archive once, then switch the
+# sources to the other series positions writing only files whose bytes differ, so `make` rebuilds just
+# the host objects (the series is host-only: the CUDA DSO must come out byte-identical every time).
+# usage: gates/device_build.sh BUNDLE_DIR OUT_DIR [JOBS]
+set -euo pipefail
+bundle=$1; out=$2; jobs=${3:-16}
+work=build/device
+mkdir -p "$work" "$out"
+flags=(-G "Unix Makefiles" -DCMAKE_BUILD_TYPE=Release -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF
+       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON
+       -DGGML_CPU_ALL_VARIANTS=OFF -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON
+       -DGGML_CUDA=ON -DGGML_CUDA_NCCL=OFF -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_SERVER=OFF)
+targets=(llama-completion llama-perplexity llama-bench ggml-cuda)
+for v in full pre0089 upstream; do
+  mkdir -p "$work/$v"
+  tar xzf "$bundle/$v.tar.gz" -C "$work/$v"
+done
+src=$work/src
+[ -d "$src" ] || cp -a "$work/full/llama.cpp" "$src"
+export GIT_CEILING_DIRECTORIES=$PWD/$work
+t0=$(date +%s)
+cmake -S "$src" -B "$work/bld" "${flags[@]}" -DLLAMA_BUILD_COMMIT=series-full >"$out/configure.log" 2>&1
+t1=$(date +%s)
+make -C "$work/bld" -j"$jobs" "${targets[@]}" >"$out/make-full.log" 2>&1
+t2=$(date +%s)
+echo "full: configure $((t1-t0)) s, make $((t2-t1)) s, $(grep -c 'Building' "$out/make-full.log") objects"
+mkdir -p "$out/full" && cp -a "$work/bld/bin/." "$out/full/"
+for v in pre0089 upstream; do
+  python3 - "$work/$v/llama.cpp" "$src" <<'PY'
+import filecmp, os, shutil, sys
+new, dst = sys.argv[1], sys.argv[2]
+changed = 0
+for d, _, files in os.walk(new):
+    for f in files:
+        a = os.path.join(d, f); b = os.path.join(dst, os.path.relpath(a, new))
+        if not os.path.exists(b) or not filecmp.cmp(a, b, shallow=False):
+            shutil.copy2(a, b); os.utime(b); changed += 1
+for d, _, files in os.walk(dst):
+    for f in files:
+        b = os.path.join(d, f)
+        if not os.path.exists(os.path.join(new, os.path.relpath(b, dst))):
+            os.unlink(b); changed += 1
+print(f"switched {changed} files")
+PY
+  t0=$(date +%s)
+  make -C "$work/bld" -j"$jobs" "${targets[@]}" >"$out/make-$v.log" 2>&1
+  t1=$(date +%s)
+  echo "$v: make $((t1-t0)) s, $(grep -c 'Building' "$out/make-$v.log") objects: $(grep 'Building' "$out/make-$v.log" | sed 's/.*object //' | tr '\n' ' ' | cut -c1-400)"
+  mkdir -p "$out/$v" && cp -a "$work/bld/bin/." "$out/$v/"
+done
+sha256sum "$out"/*/libggml-cuda.so "$out"/*/libggml-base.so "$out"/*/libllama.so | tee "$out/artifact-sha256.txt"
