@@ -103,9 +103,9 @@ def _fetch_sdist(project: Project, comp: Component, progress: Callable[[str], No
         sha = known.read_text().strip() if known.is_file() else ""
         if sha:
             comp = dataclasses.replace(comp, sha256=sha)
-            cached = vendor.sdist_path(project, comp)
-            if cached.is_file() and sha256_file(cached) == sha:
-                return comp, cached, True
+            path = vendor.sdist_path(project, comp)
+            if path.is_file() and sha256_file(path) == sha:
+                return comp, path, True
     with tempfile.TemporaryDirectory(prefix="forktool-sync-dl-") as tmp:
         want = f"{comp.package}=={comp.version}" if comp.version else comp.package
         progress(f"downloading {want} with pip")
@@ -210,7 +210,7 @@ def fetch_target(project: Project, old: Component, new: Component, pinned: Manif
 class FileResult:
     path: str
     status: str  # clean, offset, merged, conflict, upstreamed
-    hunks: list[dict] = field(default_factory=list)  # {hunk, how: exact|offset|changed, offset}
+    hunks: list[dict[str, object]] = field(default_factory=list)  # {hunk, how: exact|offset|changed, offset}
     conflicts: list[dict] = field(default_factory=list)  # {line, text}
     reason: str = ""
 
@@ -245,7 +245,7 @@ Reader = Callable[[str], bytes | None]
 
 def _hunk_places(patch: Patch, fd: FileDiff, theirs: bytes | None) -> list[dict]:
     """Where each hunk's pre-image stands in the new text: exact, at an offset, or changed upstream."""
-    out = []
+    out: list[dict[str, object]] = []
     for n, h in enumerate(fd.hunks, 1):
         one = dataclasses.replace(fd, hunks=[h])
         try:
@@ -382,9 +382,9 @@ def trial(patches: list[Patch], old_read: Reader, new_read: Reader, mode_of: Cal
             fds = []
             for fd in p.files:
                 mode = mode_of(fd.path) if pre[fd.path] is not None else (fd.new_mode or REGULAR)
-                d = series.diff_file(fd.path, pre[fd.path], after[fd.path], mode, mode)
-                if d is not None:
-                    fds.append(d)
+                new_fd = series.diff_file(fd.path, pre[fd.path], after[fd.path], mode, mode)
+                if new_fd is not None:
+                    fds.append(new_fd)
             res.refreshed = series.with_files(p, fds)
             if status == "merged" and any(f.status == "upstreamed" for f in files):
                 res.note = "part of it is already upstream; the refreshed patch carries only the rest"
@@ -405,7 +405,11 @@ def relocate_hooks(project: Project, read: Reader, manifest: Manifest, prefix: s
     if not path.is_file():
         return {"registry": False, "sites": []}
     from forktool import registry, symbols
-    reg = registry.load(path)
+    try:
+        reg = registry.load(path)
+    except ConfigError as e:
+        # the trial is still worth reporting; the broken registry is one more thing for a human
+        return {"registry": True, "sites": [], "error": str(e)}
     candidates = _component_sources(manifest, prefix)
     sites = []
     for hid, hook in sorted(reg.hooks.items()):
@@ -577,17 +581,20 @@ def run_build(project: Project, scratch: Path, yaml_text: str, results: list[Pat
     (scratch / "patches").mkdir(parents=True)
     if project.registry_dir.is_dir():
         shutil.copytree(project.registry_dir, scratch / "registry")
-    # the scratch tree must be regenerated from its own pin and series
-    for stale in ("vendor/llamafile", ".opencoti/state.json"):
-        p = scratch / stale
-        if p.is_dir():
-            shutil.rmtree(p)
-        elif p.exists():
-            p.unlink()
+    # same pin as last time: keep the scratch tree, so apply writes only changed files and make stays
+    # incremental; another pin: start the tree afresh (the workspace refuses a tree from another upstream)
+    pin = scratch / "vendor" / "vendor.yaml"
+    if not pin.is_file() or pin.read_text(encoding="utf-8") != yaml_text:
+        for stale in ("vendor/llamafile", "vendor/vendor.lock", ".opencoti/state.json"):
+            p = scratch / stale
+            if p.is_dir():
+                shutil.rmtree(p)
+            elif p.exists():
+                p.unlink()
     atomic_write(scratch / "vendor" / "vendor.yaml", yaml_text.encode())
-    for r in results:
-        if r.refreshed is not None:
-            atomic_write(scratch / "patches" / r.patch.name, r.refreshed.raw)
+    for res in results:
+        if res.refreshed is not None:
+            atomic_write(scratch / "patches" / res.patch.name, res.refreshed.raw)
     atomic_write(scratch / "patches" / "series", series_text.encode())
     env = {"FORKTOOL_ROOT": str(scratch), "FORKTOOL_CACHE": str(project.cache_dir)}
     t0 = time.monotonic()
@@ -627,7 +634,8 @@ class SyncResult:
 
     @property
     def needs_human(self) -> bool:
-        moved = any(s["status"] in ("vanished", "moved_file") for s in self.hooks.get("sites", []))
+        moved = any(s["status"] in ("vanished", "moved_file") for s in self.hooks.get("sites", [])) \
+            or bool(self.hooks.get("error"))
         return any(r.status in NEEDS_HUMAN for r in self.results) or moved or self.build.get("status") == "failed"
 
     @property

@@ -20,7 +20,7 @@ src=$work/src
 [ -d "$src" ] || cp -a "$work/full/llama.cpp" "$src"
 export GIT_CEILING_DIRECTORIES=$PWD/$work
 t0=$(date +%s)
-cmake -S "$src" -B "$work/bld" "${flags[@]}" -DLLAMA_BUILD_COMMIT=series-full >"$out/configure.log" 2>&1
+cmake -S "$src" -B "$work/bld" "${flags[@]}" -DLLAMA_BUILD_COMMIT=device-gates >"$out/configure.log" 2>&1
 t1=$(date +%s)
 make -C "$work/bld" -j"$jobs" "${targets[@]}" >"$out/make-full.log" 2>&1
 t2=$(date +%s)

@@ -7,6 +7,7 @@ import json
 import os
 import random
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -53,6 +54,7 @@ class Server:
         env.update(env_extra)
         argv = [str(binary), "-m", str(model), "-c", str(a.ctx), "-t", str(a.threads), "-tb", str(a.threads),
                 "-fa", "on", "-np", "1", "-ngl", "0", "--host", "127.0.0.1", "--port", str(self.port),
+                "-lv", "4",  # llama's own INFO lines (the position-window line) print only at -lv 4
                 *argv_extra]
         self.argv, self.env_extra = argv, env_extra
         self.log_f = open(log, "wb")
@@ -176,6 +178,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C so the finally blocks stop the llama-server we started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     t0 = time.monotonic()
     binary = a.bin / "llama-server"
     if not binary.is_file():
