@@ -115,10 +115,11 @@ def refresh(patch_id: Annotated[str, typer.Argument(metavar="ID", help="The top 
 def new(slug: Annotated[str, typer.Argument(help="Lowercase slug, e.g. kv-window-sizer.")],
         title: Annotated[str, typer.Option(help="Patch title (Subject).")] = "",
         author: Annotated[str, typer.Option(help="From: line.")] = "opencoti <fork@opencoti.invalid>",
+        patch_id: Annotated[str | None, typer.Option("--id", help="Use this four-digit id (must be free).")] = None,
         json: Json = False) -> None:
     """Insert an empty patch after the current top and register it in the series."""
     from forktool.commands import tree_cmds
-    _run(json, lambda p: tree_cmds.new(p, slug, title or slug, author))
+    _run(json, lambda p: tree_cmds.new(p, slug, title or slug, author, patch_id))
 
 
 # ---------------------------------------------------------------- backups

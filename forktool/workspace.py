@@ -296,7 +296,7 @@ class Workspace:
         return {"patch": patch.name, "changed": new_bytes != old_bytes, "files": refreshed.paths,
                 "hooks": trailers["Opencoti-Hooks"], "build_impact": trailers["Build-Impact"]}
 
-    def new(self, slug: str, title: str, author: str) -> dict:
+    def new(self, slug: str, title: str, author: str, want: str | None = None) -> dict:
         import re
         if not re.match(r"^[a-z0-9][a-z0-9._-]*$", slug):
             raise UsageError(f"bad slug {slug!r}", hint="use lowercase letters, digits, '-', '.', '_'")
@@ -311,6 +311,11 @@ class Workspace:
         if free[0] > 9999:
             raise ForktoolError("no free patch id left", where="patches/series", hint="renumber the series")
         pid = f"{free[0]:04d}"
+        if want is not None:
+            if not re.match(r"^\d{4}$", want) or want in {p.id for p in self.patches}:
+                raise UsageError(f"--id {want} is not a free four-digit id", where="patches/series",
+                                 hint=f"the next free one after the top is {pid}")
+            pid = want
         name = f"{pid}-{slug}.patch"
         header = make_header(title or slug, author=author,
                              date=time.strftime("%a, %d %b %Y %H:%M:%S +0000", time.gmtime()))

@@ -253,3 +253,11 @@ def test_symlink_escape_is_refused(proj: Proj, tmp_path):
     code, out, err = proj.run("apply", "--force", expect=1)
     assert "symlink" in err
     assert {p.name: p.read_bytes() for p in outside.iterdir()} == before
+
+
+def test_new_with_explicit_id(proj: Proj):
+    series(proj)
+    proj.run("apply")
+    assert proj.json("new", "later", "--id", "0100")["patch"] == "0100-later.patch"
+    code, out, err = proj.run("new", "dup", "--id", "0070", expect=2)
+    assert "not a free" in err

@@ -100,9 +100,9 @@ def refresh(project: Project, pid: str) -> Report:
                         f"build impact: {res['build_impact'] or 'none'})"])
 
 
-def new(project: Project, slug: str, title: str, author: str) -> Report:
+def new(project: Project, slug: str, title: str, author: str, patch_id: str | None = None) -> Report:
     with open_workspace(project) as ws:
-        res = ws.new(slug, title, author)
+        res = ws.new(slug, title, author, patch_id)
     return Report(res, [f"created patches/{res['patch']} after {res['after'] or 'the start'}; "
                         f"edit the tree, then `forktool refresh {res['id']}`"])
 
