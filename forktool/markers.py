@@ -22,7 +22,17 @@ class Marker:
 
 
 def hooks_in_patch(patch: Patch) -> list[str]:
-    found = {m.group(1).decode() for f in patch.files for _, t in f.added_lines() for m in MARKER_RE.finditer(t)}
+    """Hooks whose markers this patch introduces.
+
+    A line that an earlier patch added (marker included) and this patch rewrites shows up as - and +
+    with the same marker: that marker is carried over, not introduced, and stays the earlier hook's.
+    """
+    found: set[str] = set()
+    for f in patch.files:
+        for h in f.hunks:
+            removed = {m.group(1).decode() for op, t in h.lines if op == b"-" for m in MARKER_RE.finditer(t)}
+            added = {m.group(1).decode() for op, t in h.lines if op == b"+" for m in MARKER_RE.finditer(t)}
+            found |= added - removed
     return sorted(found)
 
 

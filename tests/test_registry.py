@@ -174,3 +174,12 @@ def test_stale_markdown_view(rp: Proj):
     rp.run("registry", "render", "--check", expect=1)
     rp.run("registry", "render")
     rp.run("registry", "render", "--check")
+
+
+def test_rewriting_an_earlier_patch_line_carries_its_marker():
+    from forktool.markers import hooks_in_patch
+    from forktool.series import parse_patch
+    later = CTX1.replace("    int window; // opencoti-hook: ctx-window\n",
+                         "    int window, extra; // opencoti-hook: ctx-window\n    // opencoti-hook: extra\n")
+    p = parse_patch(make_patch("0071-x.patch", {"up/src/ctx.c": (CTX1, later)}).encode(), "0071-x.patch")
+    assert hooks_in_patch(p) == ["extra"]
