@@ -9,7 +9,7 @@ from forktool.impact import impacts_for
 from forktool.markers import MARKER_RE, Marker, hooks_in_patch, scan_file
 from forktool.project import Project
 from forktool.series import Patch
-from forktool.symbols import enclosing_symbol, find_symbol
+from forktool.symbols import find_symbol, site_symbol
 from forktool.workspace import Workspace
 
 
@@ -119,7 +119,7 @@ def check(ws: Workspace, reg: rg.Registry) -> tuple[list[Problem], list[str]]:
                 continue
             data = final.files.get(s.file)
             assert data is not None
-            syms = {m.line: enclosing_symbol(data, m.line) or "<file scope>" for m in here}
+            syms = {m.line: site_symbol(data, m.line) for m in here}
             if s.symbol not in syms.values():
                 P.append(Problem(w, "no marker inside the declared symbol (markers are in "
                                     f"{', '.join(sorted(set(syms.values())))})"))

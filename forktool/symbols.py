@@ -116,12 +116,16 @@ def scopes(text: bytes | str) -> list[Scope]:
     header_start = 0
     line = 1
     header_line = 1
-    i = 0
+    pdepth = 0  # braces and semicolons inside parentheses (lambdas in calls, init lists) are not boundaries
     for i, ch in enumerate(src):
         if ch == "\n":
             line += 1
             continue
-        if ch in ";}{":
+        if ch == "(":
+            pdepth += 1
+        elif ch == ")":
+            pdepth = max(0, pdepth - 1)
+        if ch in ";}{" and pdepth == 0:
             if ch == "{":
                 header = src[header_start:i]
                 kind, name = _classify(header)
@@ -141,6 +145,19 @@ def scopes(text: bytes | str) -> list[Scope]:
         elif src[header_start:i].strip() == "" and not ch.isspace():
             header_line = line
     return sorted(out, key=lambda s: (s.start, -s.end))
+
+
+FILE_SCOPE = "<file scope>"
+
+
+def site_symbol(text: bytes | str, line: int) -> str:
+    """The symbol a hook site names: the enclosing function or class, else a definition starting within
+    the next three lines (a marker comment placed above a new function), else FILE_SCOPE."""
+    sym = enclosing_symbol(text, line)
+    if sym is not None:
+        return sym
+    following = [s for s in scopes(text) if s.kind in ("function", "class") and line < s.start <= line + 3]
+    return min(following, key=lambda s: s.start).name if following else FILE_SCOPE
 
 
 def enclosing_symbol(text: bytes | str, line: int) -> str | None:

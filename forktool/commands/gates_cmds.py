@@ -6,6 +6,7 @@ import os
 import shutil
 import sys
 import time
+from pathlib import Path
 
 from forktool import output, proc
 from forktool import registry as rg
@@ -31,6 +32,43 @@ def placeholders(project: Project, needs: tuple[str, ...]) -> dict[str, str]:
     return {"root": str(project.root), "python": sys.executable, "profile": profile,
             "bin": str(build / profile / "bin"), "upstream_bin": str(build / f"{profile}-upstream" / "bin"),
             "base_bin": str(build / f"{profile}-base" / "bin"), "out": str(build / "gates")}
+
+
+def ensure_reference_build(project: Project, profile_name: str) -> Path:
+    """An unpatched build of the same upstream with the same profile, for the gates that compare against it.
+
+    The pristine tree is materialised from the cache into build/src-upstream (never the vendored tree) and
+    built into build/<profile>-upstream; later calls reuse both.
+    """
+    from forktool import build as fbuild
+    from forktool import vendor
+    cfg = fbuild.load_config(project)
+    profile = cfg.profile(profile_name)
+    src_root = project.root / "build" / "src-upstream"
+    bdir = project.root / "build" / f"{profile_name}-upstream"
+    manifest, digest_ = vendor.read_pristine(project)
+    stamp_file = src_root / ".forktool-pristine"
+    if not stamp_file.is_file() or stamp_file.read_text() != digest_:
+        if src_root.exists():
+            shutil.rmtree(src_root)
+        store = vendor.objects(project)
+        for rel, e in sorted(manifest.items()):
+            p = src_root / rel
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(store.get(e.sha256))
+            if e.mode == "100755":
+                p.chmod(0o755)
+        stamp_file.write_text(digest_)
+    src = src_root / "llama.cpp"
+    env = {"GIT_CEILING_DIRECTORIES": str(src_root)}
+    if not (bdir / "CMakeCache.txt").is_file():
+        with output.step(f"configuring the unpatched reference build ({profile_name})"):
+            proc.run(["cmake", "-S", src, "-B", bdir, "-G", profile.generator, *fbuild.configure_flags(profile),
+                      "-DLLAMA_BUILD_COMMIT=upstream"], env=env)
+    jobs = str(os.cpu_count() or 2)
+    with output.step(f"building the unpatched reference ({profile_name}) into {bdir}"):
+        proc.stream(["make", "-C", bdir, f"-j{jobs}", *profile.targets], env=env)
+    return bdir / "bin"
 
 
 def gates(project: Project, patch_id: str | None, name: str | None, list_only: bool) -> Report:
@@ -63,6 +101,11 @@ def gates(project: Project, patch_id: str | None, name: str | None, list_only: b
         except KeyError as e:
             raise ForktoolError(f"gate {g.name}: unknown placeholder {e}", where="registry/UPSTREAM_SYNC.yaml",
                                 hint=f"known: {', '.join('{' + k + '}' for k in ph)}") from None
+        if any("{upstream_bin}" in a for a in g.command):
+            ensure_reference_build(project, ph["profile"])
+        if any("{bin}" in a for a in g.command) and not os.path.isdir(ph["bin"]):
+            raise ForktoolError(f"gate {g.name} needs the {ph['profile']} build at {ph['bin']}",
+                                where="build/", hint=f"run `forktool build --profile {ph['profile']}` first")
         os.makedirs(ph["out"], exist_ok=True)
         output.info(f"gate {pid} {g.name}: {' '.join(argv)}")
         t0 = time.monotonic()
