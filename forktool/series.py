@@ -123,6 +123,11 @@ class Patch:
         return sha256_bytes(self.raw or format_patch(self))
 
     @property
+    def diff_sha256(self) -> str:
+        """Digest of the diff part alone: a message-only edit leaves it unchanged."""
+        return sha256_bytes(b"".join(format_file(f) for f in sorted(self.files, key=lambda f: f.path)))
+
+    @property
     def title(self) -> str:
         for line in self.header.split(b"\n"):
             if line.startswith(b"Subject: "):

@@ -399,17 +399,18 @@ def _component_sources(manifest: Manifest, prefix: str) -> list[str]:
     return sorted(p for p in manifest if p.startswith(prefix) and p.endswith(SOURCE_EXTS))
 
 
-def relocate_hooks(project: Project, read: Reader, manifest: Manifest, prefix: str) -> dict:
-    """Find every registered hook site's symbol again in the new tree (advisory line numbers)."""
+def relocate_hooks(project: Project, read: Reader, manifest: Manifest, prefix: str) -> tuple[dict, str | None]:
+    """Find every registered hook site's symbol again in the new tree (advisory line numbers); also the
+    registry text with the sites that were found moved to their new place (None without a registry)."""
     path = project.registry_dir / "UPSTREAM_SYNC.yaml"
     if not path.is_file():
-        return {"registry": False, "sites": []}
+        return {"registry": False, "sites": []}, None
     from forktool import registry, symbols
     try:
         reg = registry.load(path)
     except ConfigError as e:
         # the trial is still worth reporting; the broken registry is one more thing for a human
-        return {"registry": True, "sites": [], "error": str(e)}
+        return {"registry": True, "sites": [], "error": str(e)}, None
     candidates = _component_sources(manifest, prefix)
     sites = []
     for hid, hook in sorted(reg.hooks.items()):
@@ -435,7 +436,16 @@ def relocate_hooks(project: Project, read: Reader, manifest: Manifest, prefix: s
                         row.update(new_file=shown, new_line=hit, status="moved_file")
                         break
             sites.append(row)
-    return {"registry": True, "sites": sites}
+    moved = iter(sites)
+    for hid, hook in sorted(reg.hooks.items()):
+        new_sites = []
+        for site in hook.sites:
+            row = next(moved)
+            if row["new_line"] is not None:
+                site = dataclasses.replace(site, file=str(row["new_file"]), line=int(row["new_line"]))
+            new_sites.append(site)
+        reg.hooks[hid] = dataclasses.replace(hook, sites=tuple(new_sites))
+    return {"registry": True, "sites": sites}, registry.dump(reg)
 
 
 _COMMENT_RE = re.compile(rb"#[^\n]*")
@@ -627,6 +637,7 @@ class SyncResult:
     timings: dict
     series_text: str
     yaml_text: str
+    registry_yaml: str | None = None  # UPSTREAM_SYNC.yaml with relocated sites (a proposal, never applied)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -693,6 +704,11 @@ def write_outputs(out: Path, res: SyncResult) -> dict:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    proposal = out / "registry" / "UPSTREAM_SYNC.yaml"
+    if res.registry_yaml is not None:
+        atomic_write(proposal, res.registry_yaml.encode())
+    elif proposal.exists():
+        proposal.unlink()
     data = res.report()
     atomic_write(out / "report.json", (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
     atomic_write(out / "report.md", render_markdown(data).encode())
@@ -765,7 +781,7 @@ def sync(project: Project, spec: str, *, build: bool, out: Path,
 
     prefix = f"{old.name}/"
     progress("relocating hook sites")
-    hooks = relocate_hooks(project, result_read, target.manifest, prefix)
+    hooks, registry_yaml = relocate_hooks(project, result_read, target.manifest, prefix)
     t_hooks = time.monotonic()
     drift = build_file_drift(old_read, new_read, sorted(pinned), sorted(target.manifest), prefix)
     series_text = _series_text(results, project.series_file.read_text(encoding="utf-8"), target.new.spec)
@@ -780,7 +796,7 @@ def sync(project: Project, spec: str, *, build: bool, out: Path,
     timings = {"fetch_s": round(t_fetched - t_start, 3), "trial_s": round(t_trial - t_fetched, 3),
                "hooks_s": round(t_hooks - t_trial, 3), "analysis_s": round(t_analysis - t_fetched, 3),
                "build_s": build_res.get("seconds", 0.0), "fetch_from_cache": target.from_cache}
-    res = SyncResult(target, results, hooks, drift, build_res, timings, series_text, yaml_text)
+    res = SyncResult(target, results, hooks, drift, build_res, timings, series_text, yaml_text, registry_yaml)
     write_outputs(out, res)
     res.timings["total_s"] = round(time.monotonic() - t_start, 3)
     return res

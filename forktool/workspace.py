@@ -189,7 +189,7 @@ class Workspace:
             want_entry = Entry(sha256_bytes(want), mode) if want is not None else None
             if have != want_entry:
                 writes.append(txn.Write(rel, want, mode))
-        applied = [{"id": p.id, "name": p.name, "sha256": p.sha256,
+        applied = [{"id": p.id, "name": p.name, "sha256": p.sha256, "diff_sha256": p.diff_sha256,
                     "drift": [d.to_json() for d in result.drift.get(p.id, [])]} for p in target]
         new_state = State(self.pristine_digest, applied, new_files)
         backup_name = None
@@ -243,12 +243,14 @@ class Workspace:
         if self.state.top != pid:
             raise UsageError(f"patch {pid} is not the top applied patch (top: {self.state.top or 'none'})",
                              where=str(self.tree), hint=f"run `forktool apply --upto {pid}` first, edit, then refresh")
+        idx = self.index(pid)
+        patch = self.patches[idx]
         stale = self.applied_stale()
+        if pid in stale and self.state.applied[-1].get("diff_sha256") == patch.diff_sha256:
+            stale.remove(pid)  # only its message was edited: refresh keeps the new message
         if stale:
             raise ForktoolError(f"applied patch(es) {', '.join(stale)} changed on disk since they were applied",
                                 where="patches/", hint="run `forktool apply --upto ID` to re-apply them first")
-        idx = self.index(pid)
-        patch = self.patches[idx]
         before = self.compute(self.patches[:idx])
         current = scan(self.tree)
         changed = {p for _, p in self.local_changes(current)}
@@ -289,7 +291,8 @@ class Workspace:
                     rel in p.paths for p in self.patches[:idx]):
                 if self.pristine.get(rel) == files[rel]:
                     del files[rel]
-        self.state.applied[-1] = {"id": pid, "name": patch.name, "sha256": self.patches[idx].sha256, "drift": []}
+        self.state.applied[-1] = {"id": pid, "name": patch.name, "sha256": self.patches[idx].sha256,
+                                  "diff_sha256": self.patches[idx].diff_sha256, "drift": []}
         self.state.files = files
         self._write_state()
         self.record_patched()
@@ -335,7 +338,8 @@ class Workspace:
         lines.insert(insert_at, name + "\n")
         atomic_write(self.project.series_file, "".join(lines).encode())
         patch = parse_patch(data, name)
-        self.state.applied.append({"id": pid, "name": name, "sha256": patch.sha256, "drift": []})
+        self.state.applied.append({"id": pid, "name": name, "sha256": patch.sha256,
+                                   "diff_sha256": patch.diff_sha256, "drift": []})
         self._write_state()
         return {"patch": name, "id": pid, "after": top}
 

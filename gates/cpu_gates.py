@@ -35,18 +35,18 @@ RE_STAT = {
 
 # Tolerances for window vs resident (docs/gates.md has the reasoning and the measured numbers).
 # llama.cpp's CPU flash attention is not bit-stable across batch shapes: a ubatch below 64 rows takes
-# the f16-accumulator path instead of the f32 tiled one, moving logits by ~0.02 (measured, tiny llama).
+# the f16-accumulator path instead of the f32 tiled one, moving logits by 0.02-0.04 (measured).
 # A window that changes how the KV rows are grouped may legitimately land anywhere in that noise band,
-# so the bounds below sit at ~2x that measured noise; each run re-measures it (-ub 32 vs -ub N) and
+# so the bounds below sit at 1.3-2.5x that measured noise; each run re-measures it (-ub 32 vs -ub N) and
 # reports it, and a one-token change in the context must move logits >= 10x the bound (sensitivity).
-TOL_MAX_ABS_DLOGIT = 0.05    # full f32 logits (llama-results), logit std ~3
+TOL_MAX_ABS_DLOGIT = 0.08    # full f32 logits (llama-results), logit std ~3; ub noise 0.04
 TOL_MAX_ABS_DLOGP = 0.05     # log-probs from the 16-bit --kl-divergence-base files (step <= 16/65535)
 TOL_FILE_MAX_KLD = 2e-4      # KLD from those files; ubatch noise measured 8e-5
 TOL_TOOL_MAX_KLD = 2e-4      # llama-perplexity --kl-divergence: identical logits already read 3.8e-5
                              # (its base is 16-bit), ubatch noise more; the brief's 1e-6 is below that floor
 TOL_SAME_TOP_PCT = 99.0      # ubatch noise flipped 1 of 255 top tokens (99.6 %) via the tool
 SENSITIVITY_FACTOR = 10.0    # a one-token context change must exceed TOL_MAX_ABS_DLOGP by this factor
-TOOL_RETRIES = 2             # llama-perplexity can lose its last log lines at exit (leaked async logger)
+TOOL_RETRIES = 4             # llama-perplexity can lose its last log lines at exit (leaked async logger)
 
 
 class GateError(Exception):
@@ -359,7 +359,8 @@ class ArchGates:
             files = compare_logp(ref, read_kld_base(wfile)["logp"])
             files["identical"] = sha256(wfile) == sha256(ref_path)
             # The tool's own KLD against the resident base (full f32 logits vs 16-bit base).
-            tool_stats, _ = self.tool_kld(f"b.kld-w{win}", ref_path, wa, we)
+            tool_stats = ({"lost": "not run for this window (--tool-kld-windows)"} if win not in a.tool_kld_windows
+                          else self.tool_kld(f"b.kld-w{win}", ref_path, wa, we)[0])
             entry = {"tool": tool_stats, "files": files}
             if ref_res is not None:
                 rp = w / f"{self.arch}.results-w{win}.gguf"
@@ -454,6 +455,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--results-ctx", type=int, default=1024, help="context for the llama-results f32 dump")
     p.add_argument("--windows", default="32,128,200,384",
                    help="forced window sizes in cells; include one < --ubatch so a ubatch straddles window and tail")
+    p.add_argument("--tool-kld-windows", default="32",
+                   help="windows also checked with llama-perplexity --kl-divergence (its stats are often lost "
+                        "at exit, so it is a cross-check; the file comparison covers every window)")
     p.add_argument("--decode-windows", default="32,200",
                    help="forced windows also run with -ub 1 (one token per ubatch, like generation)")
     p.add_argument("--force-via", choices=("env", "flag"), default="env",
@@ -465,6 +469,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a = p.parse_args(argv)
     a.windows = [int(x) for x in a.windows.split(",") if x]
     a.decode_windows = [int(x) for x in a.decode_windows.split(",") if x]
+    a.tool_kld_windows = [int(x) for x in a.tool_kld_windows.split(",") if x]
     a.required = set(a.gates.split(","))
     if not a.required <= {"a", "b", "c"}:
         p.error("--gates takes a comma list of a, b, c")

@@ -113,7 +113,7 @@ def build_probes(srv: Server, lengths: list[int], depths: list[float], seed: int
         for depth in depths:
             key = rng.randrange(10000, 100000)
             at = round(n_fill * depth)
-            prompt = (FILLER * at + f"The pass key is {key}. Remember it. {key} is the pass key. "
+            prompt = (FILLER * at + f"The pass key is {key}. Remember it. "
                       + FILLER * (n_fill - at) + QUESTION)
             probes.append({"kind": "passkey", "target": length, "depth": depth, "key": str(key), "prompt": prompt})
     for i, story in enumerate(CONTINUATIONS):
@@ -123,11 +123,14 @@ def build_probes(srv: Server, lengths: list[int], depths: list[float], seed: int
     return probes
 
 
-def run_config(name: str, binary: Path, model: Path, extra: list[str], env: dict, probes: list[dict],
-               a, work: Path) -> dict:
+def run_config(name: str, binary: Path, model: Path, extra: list[str], env: dict, probes: list[dict] | None,
+               a, work: Path) -> tuple[dict, list[dict]]:
+    """Boot one server, run every probe (built here from its tokenizer when probes is None), stop it."""
     srv = Server(binary, model, extra, env, work / f"server-{name}.log", a)
     out = {"name": name, "argv": srv.argv, "env": env, "answers": [], "prefill_tps": []}
     try:
+        if probes is None:
+            probes = build_probes(srv, a.lengths, a.depths, a.seed)
         for p in probes:
             n_predict = a.n_predict if p["kind"] == "passkey" else a.n_continue
             r = srv.complete(p["prompt"], n_predict)
@@ -144,7 +147,7 @@ def run_config(name: str, binary: Path, model: Path, extra: list[str], env: dict
     out["position_window_lines"] = [{"window": int(m[1]), "kv_size": int(m[2]), "tail": int(m[3]),
                                      "host_mib": float(m[4])} for m in RE_WINDOW.finditer(log)]
     out["fully_resident_logged"] = "FULLY RESIDENT" in log
-    return out
+    return out, probes
 
 
 def supports_flag(binary: Path, flag: str) -> bool:
@@ -197,12 +200,10 @@ def main(argv: list[str] | None = None) -> int:
         configs.append(("window", ["--kv-residency-mode", "window"], {WINDOW_ENV: str(a.window)}))
 
     # Prompts are sized with the reference server's tokenizer, then reused verbatim for every config.
-    srv = Server(binary, model, ref_extra, {}, work / "server-tokenize.log", a)
-    try:
-        probes = build_probes(srv, a.lengths, a.depths, a.seed)
-    finally:
-        srv.stop()
-    runs = [run_config(n, binary, model, x, e, probes, a, work) for n, x, e in configs]
+    runs, probes = [], None
+    for n, x, e in configs:
+        r, probes = run_config(n, binary, model, x, e, probes, a, work)
+        runs.append(r)
 
     rows, ok = [], True
     for i, p in enumerate(probes):
@@ -218,7 +219,9 @@ def main(argv: list[str] | None = None) -> int:
             held = (not p["key"]) or (row["window_found"] or not row["resident_found"])
             ok = ok and row["equal"] and held
         rows.append(row)
-    result = {"ok": bool(ok) and len(runs) > 1, "model": str(model), "window": a.window,
+    # A window that never spilled to the host tail would make "equal" vacuous.
+    engaged = len(runs) > 1 and any(l["tail"] > 0 for l in runs[1]["position_window_lines"])
+    result = {"ok": bool(ok) and engaged, "window_engaged": engaged, "model": str(model), "window": a.window,
               "resident_mode": a.resident_mode, "rows": rows,
               "configs": [{k: v for k, v in r.items() if k != "answers"} for r in runs],
               "seconds": round(time.monotonic() - t0, 1), "work_dir": str(work)}

@@ -261,3 +261,19 @@ def test_new_with_explicit_id(proj: Proj):
     assert proj.json("new", "later", "--id", "0100")["patch"] == "0100-later.patch"
     code, out, err = proj.run("new", "dup", "--id", "0070", expect=2)
     assert "not a free" in err
+
+
+def test_refresh_keeps_an_edited_message_but_not_a_hand_edited_diff(proj: Proj):
+    series(proj)
+    proj.run("apply")
+    p = proj.root / "patches" / "0089-three.patch"
+    p.write_text(p.read_text().replace("Subject: [PATCH] three\n\n", "Subject: [PATCH] three\n\nWhy it exists.\n\n"))
+    assert proj.json("status")["patches"][2]["state"] == "changed"
+    proj.run("refresh", "0089")
+    assert "Why it exists." in p.read_text()
+    proj.run("verify")
+    p.write_text(p.read_text().replace("+extra\n", "+extra edited by hand\n"))
+    before = proj.state_digest()
+    code, out, err = proj.run("refresh", "0089", expect=1)
+    assert "changed on disk" in err
+    assert proj.state_digest() == before

