@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 FT := $(VENV)/bin/forktool
 export FORKTOOL_CACHE ?= $(HOME)/.cache/forktool
 
-.PHONY: main setup test test-slow lint bench demo clean-build
+.PHONY: main setup test test-slow lint bench gates-cpu clean-build
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,13 @@ main: setup
 	$(FT) build --plan
 	$(FT) build --profile cpu
 	$(PY) gates/demo.py --bin build/cpu/bin
+
+# the CPU gates: patched cpu build, an unpatched reference build (made by forktool), then 0072's gates
+gates-cpu: setup
+	$(FT) vendor fetch
+	$(FT) apply
+	$(FT) build --profile cpu
+	$(FT) gates 0072
 
 test: setup
 	$(PY) -m pytest -q
