@@ -115,7 +115,7 @@ def make_text(n_words: int, seed: int) -> str:
     rng = random.Random(seed)
     words = make_model.WORDS
     out: list[str] = []
-    for i in range(n_words):
+    for _ in range(n_words):
         w = rng.choice(words)
         if rng.random() < 0.1:
             w = w.capitalize()
@@ -374,7 +374,7 @@ class ArchGates:
             full = [int(m[2]) for m in RE_FULL_LINE.finditer(base_log)]
             c_res["forced"][str(win)] = {
                 "lines": lines, "fully_resident_kv_sizes": full,
-                "ok": bool(lines) and all(l["tail"] > 0 and l["window"] + l["tail"] == l["kv_size"] for l in lines)
+                "ok": bool(lines) and all(ln["tail"] > 0 and ln["window"] + ln["tail"] == ln["kv_size"] for ln in lines)
                 and all(kv <= win for kv in full),
             }
         # Decode-shaped: -ub 1 makes each token its own ubatch (what generation does), against the
@@ -427,10 +427,10 @@ def summarize(result: dict) -> None:
         n = b["noise_reference"]
         p(row(f"noise ub{n['ubatch']}", n))
         for win, e in b["windows"].items():
-            wl = ",".join(f"{l['window']}/{l['kv_size']}+{l['tail']}" for l in c["forced"][win]["lines"]) or "-"
+            wl = ",".join(f"{ln['window']}/{ln['kv_size']}+{ln['tail']}" for ln in c["forced"][win]["lines"]) or "-"
             p(row(f"W={win}", e, wl))
         for win, e in b["decode_windows_ub1"].items():
-            wl = ",".join(f"{l['window']}/{l['kv_size']}+{l['tail']}" for l in e["lines"]) or "-"
+            wl = ",".join(f"{ln['window']}/{ln['kv_size']}+{ln['tail']}" for ln in e["lines"]) or "-"
             p(row(f"W={win} ub1", {"tool": {"lost": 1}, "files": e["files"], "ok": e["ok"]}, wl))
         s = b["sensitivity_one_token_changed"]
         p(f"   sensitivity (1 context token changed): max|dlogp|={s['max_abs_dlogp']:.3g} max KLD={s['max_kld']:.3g}"

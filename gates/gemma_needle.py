@@ -68,7 +68,7 @@ class Server:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
                     if r.status == 200:
                         return
-            except (urllib.error.URLError, ConnectionError, socket.timeout):
+            except (TimeoutError, urllib.error.URLError, ConnectionError):
                 pass
             time.sleep(0.5)
         self.stop()
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             ok = ok and row["equal"] and held
         rows.append(row)
     # A window that never spilled to the host tail would make "equal" vacuous.
-    engaged = len(runs) > 1 and any(l["tail"] > 0 for l in runs[1]["position_window_lines"])
+    engaged = len(runs) > 1 and any(ln["tail"] > 0 for ln in runs[1]["position_window_lines"])
     result = {"ok": bool(ok) and engaged, "window_engaged": engaged, "model": str(model), "window": a.window,
               "resident_mode": a.resident_mode, "rows": rows,
               "configs": [{k: v for k, v in r.items() if k != "answers"} for r in runs],
@@ -235,13 +235,14 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         res = repr(r["resident"][:20])
         win = repr(r.get("window", "-")[:20])
-        mark = lambda k: "" if r["key"] is None else (" +" if r.get(k + "_found") else " -")  # noqa: E731
+        def mark(k: str, r: dict = r) -> str:
+            return "" if r["key"] is None else (" +" if r.get(k + "_found") else " -")
         pr(f"{r['kind']:<12} {r['prompt_tokens'] or 0:>6} {r['depth'] if r['depth'] is not None else '':>5} "
            f"{r['key'] or '':>6} | {res + mark('resident'):<22} | {win + mark('window'):<22} | {r.get('equal', '-')}")
     for c in result["configs"]:
         tps = c["prefill_tps"]
         pr(f"{c['name']}: prefill {min(tps):.0f}-{max(tps):.0f} tok/s; FULLY RESIDENT logged={c['fully_resident_logged']};"
-           f" position window lines={[(l['window'], l['kv_size'], l['tail']) for l in c['position_window_lines']][:4]}"
+           f" position window lines={[(ln['window'], ln['kv_size'], ln['tail']) for ln in c['position_window_lines']][:4]}"
            if tps else f"{c['name']}: no timings")
     pr(f"overall: {'PASS' if result['ok'] else 'FAIL'} in {result['seconds']:.0f}s (logs in {work})")
     return 0 if result["ok"] else 1

@@ -180,7 +180,7 @@ def gate_c(a: argparse.Namespace, model: Path, work: Path) -> dict:
     out = {"resident_rc": r0["rc"], "windows": []}
     ok = r0["rc"] == 0
     for w in a.windows:
-        for attempt in range(3):  # llama-perplexity can lose its last log lines at exit: retry
+        for _attempt in range(3):  # llama-perplexity can lose its last log lines at exit: retry
             r = run(f"c-window-{w}", [ppl, *common, "--kv-residency-mode", "window", "--kl-divergence-base",
                                       str(base), "--kl-divergence"], work, env={"OPENCOTI_KV_WINDOW_CELLS": str(w)})
             stats = cpu_gates.parse_stats(r["text"])

@@ -57,7 +57,7 @@ def build_vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
         tokens.append(f"<extra_{len(tokens)}>")
         types.append(TT_NORMAL)
     # Longer pieces score higher so SPM prefers whole words; bytes and specials score 0.
-    scores = [0.0 if t != TT_NORMAL else float(len(tok)) - i * 1e-4 for i, (tok, t) in enumerate(zip(tokens, types))]
+    scores = [0.0 if t != TT_NORMAL else float(len(tok)) - i * 1e-4 for i, (tok, t) in enumerate(zip(tokens, types, strict=True))]
     return tokens, scores, types
 
 

@@ -25,7 +25,7 @@ def main() -> None:
         xs = [float(r["host_tail_mib"]) for r in win]
         ys = [float(r[key]) for r in win]
         ax.plot(xs, ys, "o-", label="rolling KV window (--vram-target sweep)")
-        for r, x, y in zip(win, xs, ys):
+        for r, x, y in zip(win, xs, ys, strict=True):
             ax.annotate(f"{r['resident_cells']} cells" if r["vram_target_mib"] != "0" else "fully resident",
                         (x, y), textcoords="offset points", xytext=(4, 6), fontsize=7)
         for r in base:
