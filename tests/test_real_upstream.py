@@ -72,3 +72,16 @@ def test_real_patch_round_trip_and_git_am(real: Proj, tmp_path: Path):
     git(work, "commit", "-qm", "base")
     git(work, "am", "-q", str(real.root / "patches" / name))
     assert "opencoti-hook: demo-hook" in kv.read_text()
+
+
+@pytest.mark.skipif(shutil.which("quilt") is None, reason="quilt is not installed (.ci/run installs it)")
+def test_quilt_consumes_the_shipped_series(real: Proj, tmp_path: Path):
+    """quilt pushes patches/ as it is, onto a copy of the pristine tree, to the same bytes forktool applies."""
+    work = tmp_path / "quilt"
+    shutil.copytree(real.tree, work, symlinks=True)
+    env = dict(os.environ, QUILT_PATCHES=str(real.root / "patches"), QUILT_PC=str(tmp_path / "pc"))
+    r = subprocess.run(["quilt", "push", "-a", "-q"], cwd=work, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    real.run("apply")
+    from forktool.tree import digest, scan
+    assert digest(scan(work)) == real.digest()
