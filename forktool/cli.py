@@ -75,10 +75,13 @@ def vendor_status(json: Json = False) -> None:
 
 @app.command()
 def apply(upto: Annotated[str | None, typer.Option(help="Stop after this patch id (e.g. 0072).")] = None,
-          force: Force = False, json: Json = False) -> None:
+          force: Force = False,
+          reanchor: Annotated[bool, typer.Option("--reanchor", help="Rewrite patches that now apply at an offset or "
+                                                 "over changed blobs into canonical form (same changes).")] = False,
+          json: Json = False) -> None:
     """Apply the series (exact context, atomic, writing only changed files)."""
     from forktool.commands import tree_cmds
-    _run(json, lambda p: tree_cmds.apply(p, upto, force))
+    _run(json, lambda p: tree_cmds.apply(p, upto, force, reanchor))
 
 
 @app.command()

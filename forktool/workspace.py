@@ -394,6 +394,32 @@ class Workspace:
                               details=problems, hint="fix each item, then run `forktool verify` again")
         return result
 
+    def reanchor(self, end: int) -> list[str]:
+        """Canonical re-exports of patches[:end] on the base they now apply to, in memory.
+
+        After a lower patch changes, a later one may apply only at an offset, or its index lines name
+        blobs that no longer exist: its content is the same, its canonical bytes are not. This rewrites
+        the in-memory patches (message kept, diff re-exported) and returns the ids that changed; the
+        caller moves the tree first and writes the files after, so a failed apply writes nothing.
+        """
+        from forktool.apply import apply_patch
+        acc = Applied()
+        changed = []
+        for k, patch in enumerate(self.patches[:end]):
+            before = Applied(dict(acc.files))
+            apply_patch(patch, self.base_bytes, acc)
+            again = self.export(patch, before, lambda rel, a=acc: a.files[rel] if rel in a.files else self.base_bytes(rel))
+            if again.raw != patch.raw:
+                self.patches[k] = parse_patch(again.raw, patch.name)
+                changed.append(patch.id)
+        return changed
+
+    def write_patches(self, ids: list[str]) -> None:
+        from forktool.tree import atomic_write
+        for p in self.patches:
+            if p.id in ids:
+                atomic_write(self.project.patches_dir / p.name, p.raw)
+
     def record_patched(self) -> bool:
         """Write the full series' tree digest to vendor.lock when the series changed; True when written."""
         if len(self.state.applied) != len(self.patches) or not self.patches:

@@ -277,3 +277,20 @@ def test_refresh_keeps_an_edited_message_but_not_a_hand_edited_diff(proj: Proj):
     code, out, err = proj.run("refresh", "0089", expect=1)
     assert "changed on disk" in err
     assert proj.state_digest() == before
+
+
+def test_reanchor_after_a_lower_patch_changes(proj: Proj):
+    series(proj)
+    proj.run("apply", "--upto", "0071")
+    proj.edit("up/src/b.c", "line 3\n", "line 3\nline 3b // opencoti-hook: two\n")
+    proj.run("refresh", "0071")
+    old = (proj.root / "patches" / "0089-three.patch").read_text()
+    proj.run("apply")
+    proj.run("verify", expect=1)  # 0089 applies one line lower and over another blob: not canonical
+    before = (proj.tree / "up/src/b.c").read_bytes()
+    res = proj.json("apply", "--reanchor")
+    assert res["reanchored"] == ["0089"] and res["written"] == []
+    new = (proj.root / "patches" / "0089-three.patch").read_text()
+    assert new != old and "+// opencoti-hook: three" in new
+    assert (proj.tree / "up/src/b.c").read_bytes() == before
+    proj.run("verify")

@@ -24,12 +24,17 @@ def _moved(ws: Workspace, what: str, res: dict) -> Report:
     return Report(res, lines)
 
 
-def apply(project: Project, upto: str | None, force: bool) -> Report:
+def apply(project: Project, upto: str | None, force: bool, reanchor: bool = False) -> Report:
     with open_workspace(project) as ws:
         end = ws.index(upto) + 1 if upto else len(ws.patches)
         label = f"apply-{ws.patches[end - 1].id}" if end else "apply-none"
+        reanchored = ws.reanchor(end) if reanchor else []
         res = ws.goto(ws.patches[:end], force=force, label=label)
+        ws.write_patches(reanchored)
         rep = _moved(ws, "apply", res)
+        rep.data["reanchored"] = reanchored
+        if reanchored:
+            rep.lines.append(f"re-anchored {', '.join(reanchored)}: same changes, canonical bytes on the current base")
         if ws.record_patched():
             rep.lines.append("recorded the patched tree digest of this series in vendor/vendor.lock")
             rep.data["recorded_lock"] = True
