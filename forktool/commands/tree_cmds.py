@@ -65,7 +65,7 @@ def status(project: Project) -> Report:
             mark = {"applied": "[green]+[/green]", "changed": "[yellow]~[/yellow]", "unapplied": "[dim]-[/dim]"}[st]
             shown = ", ".join(f"{d['file']}#{d['hunk']}{d['offset']:+d}" for d in drift)
             dr = f" [yellow]drift {shown}[/yellow]" if drift else ""
-            lines.append(f"{mark} {p.id} {p.title} ({len(p.paths)} files){dr}")
+            lines.append(f"{mark} {p.id} {p.title} ({len(p.paths)} file(s)){dr}")
         changes = ws.local_changes() if project.tree.exists() else []
         tree = "absent" if not project.tree.exists() else ("dirty" if changes else "clean")
         lines.append(f"tree: {tree}; top: {ws.state.top or 'none'}; "
@@ -101,7 +101,7 @@ def refresh(project: Project, pid: str) -> Report:
     with open_workspace(project) as ws:
         res = ws.refresh(pid)
     word = "rewrote" if res["changed"] else "unchanged:"
-    return Report(res, [f"{word} patches/{res['patch']} ({len(res['files'])} files; hooks: {res['hooks'] or 'none'}; "
+    return Report(res, [f"{word} patches/{res['patch']} ({len(res["files"])} file(s); hooks: {res['hooks'] or 'none'}; "
                         f"build impact: {res['build_impact'] or 'none'})"])
 
 
