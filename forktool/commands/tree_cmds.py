@@ -101,7 +101,7 @@ def refresh(project: Project, pid: str) -> Report:
     with open_workspace(project) as ws:
         res = ws.refresh(pid)
     word = "rewrote" if res["changed"] else "unchanged:"
-    return Report(res, [f"{word} patches/{res['patch']} ({len(res["files"])} file(s); hooks: {res['hooks'] or 'none'}; "
+    return Report(res, [f"{word} patches/{res['patch']} ({len(res['files'])} file(s); hooks: {res['hooks'] or 'none'}; "
                         f"build impact: {res['build_impact'] or 'none'})"])
 
 
