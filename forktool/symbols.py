@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -110,12 +111,19 @@ def _classify(header: str) -> tuple[str, str]:
 
 
 def scopes(text: bytes | str) -> list[Scope]:
-    src = _strip(text.decode("utf-8", "replace") if isinstance(text, bytes) else text)
+    # a registry check asks about many lines of the same few files: parse each text once
+    return list(_scopes(text.decode("utf-8", "replace") if isinstance(text, bytes) else text))
+
+
+@functools.lru_cache(maxsize=64)
+def _scopes(text: str) -> tuple[Scope, ...]:
+    src = _strip(text)
     out: list[Scope] = []
     stack: list[tuple[str, str, int]] = []
     header_start = 0
     line = 1
     header_line = 1
+    header_seen = False  # has the current header a non-space character yet?
     pdepth = 0  # braces and semicolons inside parentheses (lambdas in calls, init lists) are not boundaries
     for i, ch in enumerate(src):
         if ch == "\n":
@@ -142,9 +150,11 @@ def scopes(text: bytes | str) -> list[Scope]:
                     out.append(Scope(kind, name, start, line))
             header_start = i + 1
             header_line = line
-        elif src[header_start:i].strip() == "" and not ch.isspace():
+            header_seen = False
+        elif not header_seen and not ch.isspace():
             header_line = line
-    return sorted(out, key=lambda s: (s.start, -s.end))
+            header_seen = True
+    return tuple(sorted(out, key=lambda s: (s.start, -s.end)))
 
 
 FILE_SCOPE = "<file scope>"
