@@ -29,7 +29,7 @@ def main() -> int:
     prompt = "once upon a time the sky was blue and the grass was green. " * 40
     argv = [str(exe), "-m", str(model), "-p", prompt, "-n", "16", "-c", "2048", "-b", "512", "-ub", "512",
             "-fa", "on", "--kv-residency-mode", "window", "--kv-window-cells", str(a.window),
-            "--temp", "0", "--seed", "1", "-t", "2", "-no-cnv"]
+            "--temp", "0", "--seed", "1", "-t", "2", "-no-cnv", "-lv", "4"]
     r = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, LLAMA_LOG_COLORS="0"))
     log = r.stdout + r.stderr
     (a.work / "demo.log").write_text(log)
