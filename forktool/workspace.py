@@ -8,13 +8,15 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from forktool import backup as bk
 from forktool import output, txn, vendor
 from forktool.apply import Applied, Drift, apply_series
 from forktool.errors import ConfigError, DirtyTreeError, ForktoolError, UsageError, VerifyError
+from forktool.impact import impact_label
+from forktool.markers import hooks_in_patch
 from forktool.project import Project
 from forktool.series import (
     Patch,
@@ -32,6 +34,7 @@ from forktool.tree import (
     SYMLINK,
     Entry,
     Manifest,
+    atomic_write,
     diff_manifests,
     digest,
     manifest_from_json,
@@ -204,7 +207,6 @@ class Workspace:
                 "drift": [d.to_json() for p in target for d in result.drift.get(p.id, [])]}
 
     def _write_state(self) -> None:
-        from forktool.tree import atomic_write
         atomic_write(self.state_dir / "state.json", json.dumps(self.state.to_json(), indent=1, sort_keys=True).encode())
 
     def restore(self, name: str) -> dict:
@@ -259,8 +261,7 @@ class Workspace:
             if e is not None and e.mode == SYMLINK:
                 raise ForktoolError(f"{rel} is a symlink; patches carry regular files only", where=rel)
         rels = sorted(set(patch.paths) | changed)
-        probe = with_files(patch, [])
-        probe_files = []
+        files_diff = []
         for rel in rels:
             old = before.files[rel] if rel in before.files else self.base_bytes(rel)
             new = self.disk_bytes(rel)
@@ -269,28 +270,18 @@ class Workspace:
             fd = diff_file(rel, old, new, old_mode if old is not None else None,
                            new_mode if new is not None else None)
             if fd is not None:
-                probe_files.append(fd)
-        from forktool.impact import impact_label
-        from forktool.markers import hooks_in_patch
-        refreshed = with_files(probe, probe_files)
-        trailers = {"Opencoti-Hooks": ", ".join(hooks_in_patch(refreshed)),
-                    "Build-Impact": impact_label(self.project, refreshed.paths) if refreshed.paths else ""}
-        refreshed.header = set_trailers(patch.header, trailers)
-        refreshed = with_files(refreshed, refreshed.files)
+                files_diff.append(fd)
+        diff_only = with_files(patch, files_diff)
+        trailers = {"Opencoti-Hooks": ", ".join(hooks_in_patch(diff_only)),
+                    "Build-Impact": impact_label(self.project, diff_only.paths) if diff_only.paths else ""}
+        refreshed = with_files(replace(diff_only, header=set_trailers(patch.header, trailers)), files_diff)
         old_bytes = patch.raw
-        new_bytes = format_patch(refreshed)
-        target = self.project.patches_dir / patch.name
-        from forktool.tree import atomic_write
+        new_bytes = refreshed.raw
         if new_bytes != old_bytes:
-            atomic_write(target, new_bytes)
+            atomic_write(self.project.patches_dir / patch.name, new_bytes)
         self.patches[idx] = parse_patch(new_bytes, patch.name)
         # the tree already holds the refreshed result: record it as applied
-        files = {rel: (current[rel] if rel in current else None) for rel in set(self.state.files) | set(rels)}
-        for rel in list(files):
-            if rel not in before.files and rel not in refreshed.paths and not any(
-                    rel in p.paths for p in self.patches[:idx]):
-                if self.pristine.get(rel) == files[rel]:
-                    del files[rel]
+        files = {rel: current.get(rel) for rel in set(self.state.files) | set(rels)}
         self.state.applied[-1] = {"id": pid, "name": patch.name, "sha256": self.patches[idx].sha256,
                                   "diff_sha256": self.patches[idx].diff_sha256, "drift": []}
         self.state.files = files
@@ -323,7 +314,6 @@ class Workspace:
         header = make_header(title or slug, author=author,
                              date=time.strftime("%a, %d %b %Y %H:%M:%S +0000", time.gmtime()))
         data = header + b"---\n"
-        from forktool.tree import atomic_write
         atomic_write(self.project.patches_dir / name, data)
         lines = self.project.series_file.read_text().splitlines(keepends=True)
         insert_after = self.entries[pos - 1].line if pos else 0
@@ -415,7 +405,6 @@ class Workspace:
         return changed
 
     def write_patches(self, ids: list[str]) -> None:
-        from forktool.tree import atomic_write
         for p in self.patches:
             if p.id in ids:
                 atomic_write(self.project.patches_dir / p.name, p.raw)
