@@ -183,3 +183,25 @@ def test_rewriting_an_earlier_patch_line_carries_its_marker():
                          "    int window, extra; // opencoti-hook: ctx-window\n    // opencoti-hook: extra\n")
     p = parse_patch(make_patch("0071-x.patch", {"up/src/ctx.c": (CTX1, later)}).encode(), "0071-x.patch")
     assert hooks_in_patch(p) == ["extra"]
+
+
+def test_gates_run_skip_and_fail(rp: Proj, monkeypatch):
+    monkeypatch.setenv("FORKTOOL_NO_CUDA", "1")
+    r = mutated()
+    r["patches"][0]["gates"] = [
+        {"name": "ok", "needs": ["cpu"], "command": ["{python}", "-c", "print('gate ran')"], "proves": "runs"},
+        {"name": "gpu", "needs": ["cuda"], "command": ["false"], "proves": "needs a GPU"},
+        {"name": "bad", "needs": ["cpu"], "command": ["{python}", "-c", "import sys; sys.exit('broken')"],
+         "proves": "fails"},
+    ]
+    write_reg(rp, r)
+    listed = rp.json("gates", "--list")["gates"]
+    assert [(g["gate"], g["needs"]) for g in listed] == [("ok", ["cpu"]), ("gpu", ["cuda"]), ("bad", ["cpu"])]
+    res = rp.json("gates", "0070", expect=1)
+    by = {g["gate"]: g for g in res["gates"]}
+    assert by["ok"]["result"] == "pass" and "gate ran" in by["ok"]["stdout"]
+    assert by["gpu"]["result"] == "skipped" and "FORKTOOL_NO_CUDA" in by["gpu"]["reason"]
+    assert by["bad"]["result"] == "fail" and by["bad"]["exit_code"] == 1
+    assert rp.json("gates", "--gate", "ok")["failed"] == 0
+    code, out, err = rp.run("gates", "--gate", "nope", expect=2)
+    assert "gates --list" in err
