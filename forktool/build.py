@@ -12,14 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
 
 from forktool import output, proc
 from forktool.errors import ConfigError, ForktoolError, UsageError
 from forktool.impact import IMPACTS
-from forktool.project import Project
+from forktool.project import Project, read_yaml_mapping
 from forktool.tree import atomic_write, sha256_bytes, sha256_file
 from forktool.vendor import matches
 
@@ -176,17 +175,7 @@ def _parse_profiles(raw: Any, where: str) -> dict[str, Profile]:
 
 def load_config(project: Project) -> BuildConfig:
     path = project.registry_dir / "build.yaml"
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as e:
-        raise ConfigError(f"{path} not found", where=str(path), hint="the build profiles live there") from e
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path} is not valid YAML: {e}", where=str(path)) from e
-    if not isinstance(raw, dict):
-        raise ConfigError("build.yaml must be a mapping", where=str(path))
-    unknown = sorted(set(raw) - {"artifacts", "links", "stamped", "profiles"})
-    if unknown:
-        raise ConfigError(f"unknown top-level key(s) {', '.join(unknown)}", where=str(path))
+    raw = read_yaml_mapping(path, {"artifacts", "links", "stamped", "profiles"}, "the build profiles live there")
     profiles = _parse_profiles(raw.get("profiles"), f"{path}: profiles")
     arts = raw.get("artifacts")
     if not isinstance(arts, list) or not arts:

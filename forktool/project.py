@@ -109,18 +109,25 @@ def parse_component(raw: Any, where: str) -> Component:
     )
 
 
-def load_vendor_config(path: Path) -> VendorConfig:
+def read_yaml_mapping(path: Path, keys: set[str], missing_hint: str = "") -> dict[str, Any]:
+    """A YAML file whose top level is a mapping with only the given keys; errors name the file and key."""
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError as e:
-        raise ConfigError(f"{path} not found", where=str(path), hint="is this a forktool project?") from e
+        raise ConfigError(f"{path} not found", where=str(path), hint=missing_hint) from e
     except yaml.YAMLError as e:
         raise ConfigError(f"{path} is not valid YAML: {e}", where=str(path)) from e
     if not isinstance(raw, dict):
-        raise ConfigError("vendor.yaml must be a mapping", where=str(path))
-    unknown = sorted(set(raw) - {"components"})
+        raise ConfigError(f"{path.name} must be a mapping", where=str(path))
+    unknown = sorted(set(raw) - keys)
     if unknown:
-        raise ConfigError(f"unknown top-level key(s) {', '.join(unknown)}", where=str(path))
+        raise ConfigError(f"unknown top-level key(s) {', '.join(unknown)}", where=f"{path}: {unknown[0]}",
+                          hint=f"allowed: {', '.join(sorted(keys))}")
+    return raw
+
+
+def load_vendor_config(path: Path) -> VendorConfig:
+    raw = read_yaml_mapping(path, {"components"}, "is this a forktool project?")
     comps = raw.get("components")
     if not isinstance(comps, list) or not comps:
         raise ConfigError("components must be a non-empty list", where=f"{path}: components")

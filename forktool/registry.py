@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 
 from forktool.errors import ConfigError
+from forktool.project import read_yaml_mapping
 
 STATUSES = ("dev", "shipped", "upstreamed", "dropped")
 NEEDS = ("cpu", "cuda")
@@ -91,12 +92,7 @@ def _str(raw: Any, where: str) -> str:
 
 
 def load(path: Path) -> Registry:
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as e:
-        raise ConfigError(f"{path.name} not found", where=str(path)) from e
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path.name} is not valid YAML: {e}", where=str(path)) from e
+    raw = read_yaml_mapping(path, {"schema", "patches", "hooks"}, "the registry lives there")
     top = _keys(raw, str(path), {"schema", "patches", "hooks"}, set())
     if top["schema"] != 1:
         raise ConfigError(f"unsupported schema {top['schema']!r} (expected 1)", where=f"{path}: schema")

@@ -40,7 +40,8 @@ def rp(tmp_path, cache) -> Proj:
     # impact rules for this tiny layout
     (p.root / "registry" / "build.yaml").write_text(
         "artifacts:\n  - name: cuda\n    impact: cuda-dso\n    paths: ['up/ggml/src/ggml-cuda']\n"
-        "  - name: lib\n    impact: host\n    paths: ['up/src']\n")
+        "  - name: lib\n    impact: host\n    paths: ['up/src']\n"
+        "profiles:\n  cpu:\n    targets: [lib]\n")
     p.write_patch("0070-ctx-window.patch", make_patch("0070-ctx-window.patch", {"up/src/ctx.c": (CTX, CTX1)},
                                                         "ctx window", "ctx-window"))
     write_reg(p, REG)
