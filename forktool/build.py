@@ -17,7 +17,6 @@ from unidiff.errors import UnidiffParseError
 
 from forktool import output, proc
 from forktool.errors import ConfigError, ForktoolError, UsageError
-from forktool.impact import IMPACTS
 from forktool.project import Project, read_yaml_mapping
 from forktool.tree import atomic_write, sha256_bytes, sha256_file
 from forktool.vendor import matches
@@ -26,6 +25,7 @@ RECORD = "forktool-build.json"
 CONFIGURE_RECORD = "forktool-configure.json"
 _ARTIFACT_KEYS = {"name", "impact", "paths", "targets", "outputs", "profiles"}
 _PROFILE_KEYS = {"generator", "flags", "targets", "inherits", "cuda_architectures"}
+IMPACTS = ("host", "cuda-dso")
 _OBJECT_RE = re.compile(r"Building (?:C|CXX|CUDA|ASM) object (\S+)")
 _LINK_RE = re.compile(r"Linking \S+ (?:shared library|shared module|executable|static library) (\S+)")
 

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
+from forktool.build import IMPACTS, load_config
 from forktool.project import Project
-
-IMPACTS = ("host", "cuda-dso")
 
 
 def artifacts_for(project: Project, paths: list[str]) -> dict[str, list[str]]:
     """artifact name -> touched paths that feed it (first matching rule wins; unmatched paths feed none)."""
-    from forktool.build import load_config  # build.py imports IMPACTS from here
     return load_config(project).feeding(paths)[0]
 
 
 def impacts_for(project: Project, paths: list[str]) -> list[str]:
-    from forktool.build import load_config
     cfg = load_config(project)
     by_name = {a.name: a for a in cfg.artifacts}
     found = {i for name in cfg.feeding(paths)[0] for i in by_name[name].impact}

@@ -29,7 +29,6 @@ from forktool.tree import (
     digest,
     manifest_from_json,
     manifest_to_json,
-    sha256_bytes,
     sha256_file,
 )
 
@@ -316,7 +315,3 @@ def verify_pristine_cache(project: Project) -> list[str]:
 def pristine_bytes(project: Project, manifest: Manifest, rel: str) -> bytes | None:
     e = manifest.get(rel)
     return None if e is None else objects(project).get(e.sha256)
-
-
-__all__ = ["fetch_pristine", "read_pristine", "materialise", "verify_pristine_cache", "keep", "extract",
-           "sha256_bytes"]

@@ -5,16 +5,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from forktool import backup as bk
 from forktool import output, txn, vendor
-from forktool.apply import Applied, Drift, apply_series
-from forktool.errors import ConfigError, DirtyTreeError, ForktoolError, UsageError, VerifyError
+from forktool.apply import Applied, apply_patch, apply_series
+from forktool.errors import ApplyError, ConfigError, DirtyTreeError, ForktoolError, UsageError, VerifyError
 from forktool.impact import impact_label
 from forktool.markers import hooks_in_patch
 from forktool.project import Project
@@ -22,7 +22,6 @@ from forktool.series import (
     Patch,
     SeriesEntry,
     diff_file,
-    format_patch,
     make_header,
     parse_patch,
     read_series,
@@ -37,8 +36,6 @@ from forktool.tree import (
     atomic_write,
     diff_manifests,
     digest,
-    manifest_from_json,
-    manifest_to_json,
     resolve_inside,
     scan,
     sha256_bytes,
@@ -291,7 +288,6 @@ class Workspace:
                 "hooks": trailers["Opencoti-Hooks"], "build_impact": trailers["Build-Impact"]}
 
     def new(self, slug: str, title: str, author: str, want: str | None = None) -> dict:
-        import re
         if not re.match(r"^[a-z0-9][a-z0-9._-]*$", slug):
             raise UsageError(f"bad slug {slug!r}", hint="use lowercase letters, digits, '-', '.', '_'")
         top = self.state.top
@@ -348,23 +344,17 @@ class Workspace:
         if applied_ids != prefix_ids:
             problems.append(f"applied patches {applied_ids} are not a prefix of the series")
         n = len(applied_ids)
-        acc = Applied()
-        from forktool.apply import apply_patch
         exported = 0
-        for i, patch in enumerate(self.patches[:n]):
-            before = Applied(dict(acc.files))
-            try:
-                apply_patch(patch, self.base_bytes, acc)
-            except ForktoolError as e:
-                problems.append(f"patch {patch.id}: does not apply: {e.what}")
-                break
-            last = i == n - 1
-            read = self.disk_bytes if last else (lambda rel, a=acc: a.files[rel] if rel in a.files else self.base_bytes(rel))
-            again = format_patch(self.export(patch, before, read))
-            exported += 1
-            if again != patch.raw:
+        try:
+            # the top patch is exported from the tree on disk, the ones below it from the computed series
+            for _, patch, again in self._reexports(n, top_from_disk=True):
+                exported += 1
+                if again.raw == patch.raw:
+                    continue
                 problems.append(f"patch {patch.id}: exporting it from the tree does not reproduce patches/{patch.name} "
                                 f"byte for byte (run `forktool refresh {patch.id}` to see the canonical form)")
+        except ApplyError as e:
+            problems.append(f"{e.where}: does not apply: {e.what}")
         tree_digest = digest(current)
         lock = vendor.load_lock(self.project)
         rec = lock.get("patched", {})
@@ -392,17 +382,25 @@ class Workspace:
         the in-memory patches (message kept, diff re-exported) and returns the ids that changed; the
         caller moves the tree first and writes the files after, so a failed apply writes nothing.
         """
-        from forktool.apply import apply_patch
-        acc = Applied()
         changed = []
-        for k, patch in enumerate(self.patches[:end]):
-            before = Applied(dict(acc.files))
-            apply_patch(patch, self.base_bytes, acc)
-            again = self.export(patch, before, lambda rel, a=acc: a.files[rel] if rel in a.files else self.base_bytes(rel))
+        for k, patch, again in list(self._reexports(end)):
             if again.raw != patch.raw:
                 self.patches[k] = parse_patch(again.raw, patch.name)
                 changed.append(patch.id)
         return changed
+
+    def _reexports(self, end: int, top_from_disk: bool = False) -> Iterator[tuple[int, Patch, Patch]]:
+        """(index, patch, the patch exported again) for patches[:end], applied one by one from pristine."""
+        acc = Applied()
+        for k, patch in enumerate(self.patches[:end]):
+            before = Applied(dict(acc.files))
+            apply_patch(patch, self.base_bytes, acc)
+            if top_from_disk and k == end - 1:
+                read = self.disk_bytes
+            else:
+                def read(rel: str, a: Applied = acc) -> bytes | None:
+                    return a.files[rel] if rel in a.files else self.base_bytes(rel)
+            yield k, patch, self.export(patch, before, read)
 
     def write_patches(self, ids: list[str]) -> None:
         for p in self.patches:
@@ -430,7 +428,3 @@ def open_workspace(project: Project) -> Iterator[Workspace]:
         if note:
             output.warn(note)
         yield Workspace(project)
-
-
-__all__ = ["Workspace", "open_workspace", "State", "series_digest", "load_patches", "Drift", "manifest_to_json",
-           "manifest_from_json", "Path"]

@@ -294,3 +294,12 @@ def test_reanchor_after_a_lower_patch_changes(proj: Proj):
     assert new != old and "+// opencoti-hook: three" in new
     assert (proj.tree / "up/src/b.c").read_bytes() == before
     proj.run("verify")
+
+
+def test_verify_names_a_patch_that_no_longer_applies(proj: Proj):
+    series(proj)
+    proj.run("apply")
+    p = proj.root / "patches" / "0071-two.patch"
+    p.write_text(make_patch("0071-two.patch", {"up/src/b.c": (B.replace("line 9\n", "line nine\n"), B1)}, "two", "two"))
+    code, out, err = proj.run("verify", expect=1)
+    assert "0071-two.patch" in err and "does not apply" in err
