@@ -12,12 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from unidiff import PatchSet
-from unidiff.errors import UnidiffParseError
-
 from forktool import output, proc
 from forktool.errors import ConfigError, ForktoolError, UsageError
 from forktool.project import Project, read_yaml_mapping
+from forktool.series import parse_patch, series_digest
 from forktool.tree import atomic_write, sha256_bytes, sha256_file
 from forktool.vendor import matches
 
@@ -198,13 +196,9 @@ def load_config(project: Project) -> BuildConfig:
 # ---------------------------------------------------------------- impact of one patch
 
 
-def touched_paths(raw: bytes) -> list[str]:
+def touched_paths(raw: bytes, name: str = "0000-patch.patch") -> list[str]:
     """The vendored paths a patch touches, read from its diff (new, changed and deleted files)."""
-    try:
-        ps = PatchSet(raw.decode("utf-8"))
-    except (UnicodeDecodeError, UnidiffParseError) as e:
-        raise ForktoolError(f"cannot read the diff: {e}", hint="run `forktool refresh ID` to rewrite it") from e
-    return sorted({f.path for f in ps})
+    return sorted(parse_patch(raw, name).paths)
 
 
 @dataclass
@@ -249,7 +243,7 @@ class PatchImpact:
 
 
 def patch_impact(cfg: BuildConfig, pid: str, name: str, title: str, raw: bytes, declared: str = "") -> PatchImpact:
-    files = touched_paths(raw)
+    files = touched_paths(raw, name)
     arts, unmatched = cfg.feeding(files)
     by_name = {a.name: a for a in cfg.artifacts}
     found = {i for n in arts for i in by_name[n].impact}
@@ -262,11 +256,9 @@ def patch_impact(cfg: BuildConfig, pid: str, name: str, title: str, raw: bytes, 
 
 def stamp(upstream_commit: str, applied: list[tuple[str, str, str]], dirty: bool) -> tuple[str, int]:
     """(LLAMA_BUILD_COMMIT, LLAMA_BUILD_NUMBER) for the applied (id, name, sha256) prefix of the series."""
-    h = hashlib.sha256()
-    for _pid, name, sha in applied:
-        h.update(f"{name} {sha}\n".encode())  # the same recipe as workspace.series_digest
+    sd = series_digest((name, sha) for _pid, name, sha in applied)
     base = upstream_commit[:8] or "unknown"
-    commit = f"{base}+{applied[-1][0]}.{h.hexdigest()[:8]}" if applied else f"{base}+pristine"
+    commit = f"{base}+{applied[-1][0]}.{sd[:8]}" if applied else f"{base}+pristine"
     return (commit + ".dirty" if dirty else commit), len(applied)
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
+from rich.markup import escape as _escape
 
 _err = Console(stderr=True, highlight=False, soft_wrap=True)
 _json_mode = False
@@ -21,8 +21,9 @@ def set_json(flag: bool) -> None:
     _json_mode = flag
 
 
-def json_mode() -> bool:
-    return _json_mode
+def escape(text: str) -> str:
+    """Text shown as is, not read as rich markup."""
+    return _escape(text)
 
 
 @dataclass
@@ -47,17 +48,17 @@ def emit(report: Report) -> int:
 def info(message: str) -> None:
     """Progress note on stderr (suppressed in --json mode)."""
     if not _json_mode:
-        _err.print("[dim]" + escape(message) + "[/dim]")
+        _err.print("[dim]" + _escape(message) + "[/dim]")
 
 
 def warn(message: str) -> None:
-    _err.print("[yellow]warning:[/yellow] " + escape(message))
+    _err.print("[yellow]warning:[/yellow] " + _escape(message))
 
 
 def error(message: str, payload: dict[str, Any] | None = None) -> None:
     if _json_mode and payload is not None:
         sys.stdout.write(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-    _err.print("[red]error:[/red] " + escape(message))
+    _err.print("[red]error:[/red] " + _escape(message))
 
 
 @contextmanager

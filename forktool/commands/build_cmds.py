@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 
 from forktool import build as b
+from forktool.commands import open_workspace
 from forktool.errors import ForktoolError
 from forktool.output import Report
 from forktool.project import Project
-from forktool.workspace import open_workspace
 
 
 def build(project: Project, profile: str, plan: bool, jobs: int | None) -> Report:
