@@ -7,13 +7,36 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.markup import escape as _escape
+if TYPE_CHECKING:
+    from rich.console import Console
 
-_err = Console(stderr=True, highlight=False, soft_wrap=True)
+_err: Console | None = None  # rich loads on the first line shown: --json runs and fast starts skip it
 _json_mode = False
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Console":
+        from rich.console import Console
+
+        return Console
+    raise AttributeError(name)
+
+
+def _console() -> Console:
+    global _err
+    if _err is None:
+        from rich.console import Console
+
+        _err = Console(stderr=True, highlight=False, soft_wrap=True)
+    return _err
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
 
 
 def set_json(flag: bool) -> None:
@@ -41,32 +64,32 @@ def emit(report: Report) -> int:
         sys.stdout.flush()
     else:
         for line in report.lines:
-            _err.print(line)
+            _console().print(line)
     return report.exit_code
 
 
 def info(message: str) -> None:
     """Progress note on stderr (suppressed in --json mode)."""
     if not _json_mode:
-        _err.print("[dim]" + _escape(message) + "[/dim]")
+        _console().print("[dim]" + _escape(message) + "[/dim]")
 
 
 def warn(message: str) -> None:
-    _err.print("[yellow]warning:[/yellow] " + _escape(message))
+    _console().print("[yellow]warning:[/yellow] " + _escape(message))
 
 
 def error(message: str, payload: dict[str, Any] | None = None) -> None:
     if _json_mode and payload is not None:
         sys.stdout.write(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-    _err.print("[red]error:[/red] " + _escape(message))
+    _console().print("[red]error:[/red] " + _escape(message))
 
 
 @contextmanager
 def step(message: str) -> Iterator[None]:
     """A quiet task line: shown while it runs, so a long step is visible."""
-    if _json_mode or not _err.is_terminal:
+    if _json_mode or not _console().is_terminal:
         info(message)
         yield
         return
-    with _err.status(message):
+    with _console().status(message):
         yield

@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from forktool.errors import ForktoolError
 from forktool.tree import Entry, atomic_write
+
+if TYPE_CHECKING:
+    from forktool.project import Project
 
 STATE_VERSION = 1
 STATE_FILE = "state.json"
@@ -52,3 +56,18 @@ def load_state(state_dir: Path, pristine_digest: str, tree: Path) -> State:
 
 def save_state(state_dir: Path, state: State) -> None:
     atomic_write(state_dir / STATE_FILE, json.dumps(state.to_json(), indent=1, sort_keys=True).encode())
+
+
+def applied_stamp(project: Project) -> str:
+    """The build stamp (LLAMA_BUILD_COMMIT) of the series prefix the state records as applied."""
+    from forktool.build import stamp
+
+    try:
+        st = State.from_json(json.loads((project.state_dir / STATE_FILE).read_text()))
+    except FileNotFoundError:
+        st = State()
+    except (json.JSONDecodeError, KeyError, TypeError, IndexError, AttributeError) as e:
+        raise ForktoolError(f"{project.state_dir / STATE_FILE} is unreadable: {e}") from e
+    comps = project.vendor.components
+    commit = comps[0].upstream_commit if comps else ""
+    return stamp(commit, [(a["id"], a["name"], a["sha256"]) for a in st.applied], False)[0]

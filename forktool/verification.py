@@ -54,9 +54,10 @@ def _file_digest(path: Path) -> str | None:
 def _store_signature(ws: Workspace) -> str:
     """The stat fields of every pristine object in the cache: a changed object changes this key."""
     parts = []
+    root = str(ws.store.root)
     for e in ws.pristine.values():
         try:
-            st = os.stat(ws.store.path(e.sha256))
+            st = os.stat(f"{root}/{e.sha256[:2]}/{e.sha256[2:]}")
             parts.append((e.sha256, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
         except OSError:
             parts.append((e.sha256, -1, 0, 0, 0))
