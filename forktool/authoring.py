@@ -9,7 +9,6 @@ from dataclasses import replace
 
 from forktool.apply import Applied, apply_patch
 from forktool.errors import ForktoolError, UsageError
-from forktool.impact import impact_label
 from forktool.markers import hooks_in_patch
 from forktool.series import Patch, diff_file, make_header, parse_patch, set_trailers, with_files
 from forktool.tree import REGULAR, SYMLINK, atomic_write
@@ -61,6 +60,8 @@ def refresh(ws: Workspace, pid: str) -> dict:
                        new_mode if new is not None else None)
         if fd is not None:
             files_diff.append(fd)
+    from forktool.impact import impact_label  # the build config, read only when a patch is rewritten
+
     diff_only = with_files(patch, files_diff)
     trailers = {"Opencoti-Hooks": ", ".join(hooks_in_patch(diff_only)),
                 "Build-Impact": impact_label(ws.project, diff_only.paths) if diff_only.paths else ""}

@@ -43,46 +43,91 @@ def run(json_flag: bool, fn: Callable[[Project], Report]) -> None:
     raise Exit(code)
 
 
-def _status(p: Project, flags: set[str]) -> Report:
+Opts = dict[str, str | bool]
+
+
+def _status(p: Project, o: Opts) -> Report:
     from forktool.commands import tree_cmds
     return tree_cmds.status(p)
 
 
-def _verify(p: Project, flags: set[str]) -> Report:
+def _verify(p: Project, o: Opts) -> Report:
     from forktool.commands import tree_cmds
-    return tree_cmds.verify(p, "--no-cache" not in flags)
+    return tree_cmds.verify(p, "--no-cache" not in o)
 
 
-def _markers(p: Project, flags: set[str]) -> Report:
+def _apply(p: Project, o: Opts) -> Report:
+    from forktool.commands import tree_cmds
+    return tree_cmds.apply(p, _value(o, "--upto"), "--force" in o, "--reanchor" in o)
+
+
+def _unapply(p: Project, o: Opts) -> Report:
+    from forktool.commands import tree_cmds
+    return tree_cmds.unapply(p, _value(o, "--to"), "--force" in o)
+
+
+def _markers(p: Project, o: Opts) -> Report:
     from forktool.commands import registry_cmds
     return registry_cmds.markers(p)
 
 
-def _registry_check(p: Project, flags: set[str]) -> Report:
+def _registry_check(p: Project, o: Opts) -> Report:
     from forktool.commands import registry_cmds
     return registry_cmds.check(p)
 
 
-def _vendor_status(p: Project, flags: set[str]) -> Report:
+def _vendor_status(p: Project, o: Opts) -> Report:
     from forktool.commands import tree_cmds
     return tree_cmds.vendor_status(p)
 
 
-def _backup_list(p: Project, flags: set[str]) -> Report:
+def _backup_list(p: Project, o: Opts) -> Report:
     from forktool.commands import backup_cmds
     return backup_cmds.list_(p)
 
 
-# commands whose whole command line is flags: (words, allowed flags, call); the typer app defines the same
-# commands with the same flags (a test holds the two to the same results)
-PLAIN: list[tuple[tuple[str, ...], frozenset[str], Callable[[Project, set[str]], Report]]] = [
-    (("status",), frozenset({"--json"}), _status),
-    (("verify",), frozenset({"--json", "--no-cache"}), _verify),
-    (("markers",), frozenset({"--json"}), _markers),
-    (("registry", "check"), frozenset({"--json"}), _registry_check),
-    (("vendor", "status"), frozenset({"--json"}), _vendor_status),
-    (("backup", "list"), frozenset({"--json"}), _backup_list),
+def _value(o: Opts, name: str) -> str | None:
+    v = o.get(name)
+    return v if isinstance(v, str) else None
+
+
+# the everyday commands whose command line is options only: (words, flags, options taking a value, call).
+# The typer app defines the same commands with the same options (a test holds the two to the same results);
+# anything else on the line (--help, a typo, a missing value) goes to typer, which owns the usage errors.
+PLAIN: list[tuple[tuple[str, ...], frozenset[str], frozenset[str], Callable[[Project, Opts], Report]]] = [
+    (("status",), frozenset({"--json"}), frozenset(), _status),
+    (("verify",), frozenset({"--json", "--no-cache"}), frozenset(), _verify),
+    (("apply",), frozenset({"--json", "--force", "--reanchor"}), frozenset({"--upto"}), _apply),
+    (("unapply",), frozenset({"--json", "--force"}), frozenset({"--to"}), _unapply),
+    (("markers",), frozenset({"--json"}), frozenset(), _markers),
+    (("registry", "check"), frozenset({"--json"}), frozenset(), _registry_check),
+    (("vendor", "status"), frozenset({"--json"}), frozenset(), _vendor_status),
+    (("backup", "list"), frozenset({"--json"}), frozenset(), _backup_list),
 ]
+
+
+def _options(args: list[str], flags: frozenset[str], valued: frozenset[str]) -> Opts | None:
+    """The options on the line, or None when anything is not a known flag or a valued option with its value."""
+    out: Opts = {}
+    i = 0
+    while i < len(args):
+        a = args[i]
+        name, eq, value = a.partition("=")
+        if name in valued:
+            if not eq:
+                if i + 1 >= len(args) or args[i + 1].startswith("-"):
+                    return None
+                i += 1
+                value = args[i]
+            if name in out or not value:
+                return None
+            out[name] = value
+        elif a in flags and a not in out:
+            out[a] = True
+        else:
+            return None
+        i += 1
+    return out
 
 
 def version_text() -> str:
@@ -104,14 +149,17 @@ def _fast(argv: list[str]) -> int | None:
     if argv == ["--version"]:
         sys.stdout.write(version_text() + "\n")
         return 0
-    for words, allowed, call in PLAIN:
+    for words, flags, valued, call in PLAIN:
         n = len(words)
-        flags = argv[n:]
-        if tuple(argv[:n]) == words and set(flags) <= allowed and len(set(flags)) == len(flags):
-            try:
-                run("--json" in flags, lambda p, f=set(flags), c=call: c(p, f))  # type: ignore[misc]
-            except Exit as e:
-                return e.code
+        if tuple(argv[:n]) != words:
+            continue
+        opts = _options(argv[n:], flags, valued)
+        if opts is None:
+            return None
+        try:
+            run("--json" in opts, lambda p, o=opts, c=call: c(p, o))  # type: ignore[misc]
+        except Exit as e:
+            return e.code
     return None
 
 
