@@ -84,6 +84,12 @@ class BuildConfig:
                 unmatched.append(rel)
         return out, unmatched
 
+    def impacts(self, artifact_names: list[str] | dict[str, list[str]]) -> list[str]:
+        """The impacts (in IMPACTS order) of the named artifacts: the one place impact is computed."""
+        by_name = {a.name: a for a in self.artifacts}
+        found = {i for n in artifact_names for i in by_name[n].impact}
+        return [i for i in IMPACTS if i in found]
+
     def may_change(self, names: set[str]) -> set[str]:
         """names plus every artifact that links one of them, transitively: their bytes may move on a relink."""
         out = set(names)
@@ -245,10 +251,7 @@ class PatchImpact:
 def patch_impact(cfg: BuildConfig, pid: str, name: str, title: str, raw: bytes, declared: str = "") -> PatchImpact:
     files = touched_paths(raw, name)
     arts, unmatched = cfg.feeding(files)
-    by_name = {a.name: a for a in cfg.artifacts}
-    found = {i for n in arts for i in by_name[n].impact}
-    return PatchImpact(pid, name, title, sha256_bytes(raw), files, arts, [i for i in IMPACTS if i in found],
-                       unmatched, declared)
+    return PatchImpact(pid, name, title, sha256_bytes(raw), files, arts, cfg.impacts(arts), unmatched, declared)
 
 
 # ---------------------------------------------------------------- the stamp
