@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 from forktool import backup as bk
-from forktool import output, txn, vendor
+from forktool import output, schema, txn, vendor
 from forktool.apply import Applied, apply_patch, apply_series
 from forktool.errors import ApplyError, ConfigError, DirtyTreeError, ForktoolError, UsageError, VerifyError
 from forktool.impact import impact_label
@@ -101,13 +101,10 @@ class Workspace:
 
     def _load_state(self) -> State:
         p = self.state_dir / "state.json"
-        if not p.is_file():
+        raw = schema.load_state(p, self.state_dir)
+        if raw is None:
             return State(self.pristine_digest)
-        try:
-            st = State.from_json(json.loads(p.read_text()))
-        except (json.JSONDecodeError, KeyError, TypeError, IndexError) as e:
-            raise ForktoolError(f"{p} is unreadable: {e}", where=str(p),
-                                hint="restore the newest backup (`forktool backup restore NAME`)") from e
+        st = State.from_json(raw)
         if st.pristine_digest != self.pristine_digest and self.tree.exists():
             raise ForktoolError("the vendored tree was made from another upstream than vendor.lock pins",
                                 where=str(self.tree), hint="run `forktool unapply` on the old pin, or remove "
@@ -424,7 +421,7 @@ class Workspace:
 @contextmanager
 def open_workspace(project: Project) -> Iterator[Workspace]:
     with txn.locked(project.state_dir):
-        note = txn.recover(project.tree, project.state_dir)
+        note = txn.recover(project.tree, project.state_dir, "state")
         if note:
             output.warn(note)
         yield Workspace(project)
