@@ -204,7 +204,7 @@ def open_workspace(project: Project, *, use_cache: bool = True, progress: Progre
                    warn: Progress | None = None) -> Iterator[Workspace]:
     """Take the project lock once, finish an interrupted transaction, and read the snapshot."""
     with txn.locked(project.state_dir):
-        note = txn.recover(project.tree, project.state_dir)
+        note = txn.recover(project.tree, project.state_dir, "state")
         if note and warn is not None:
             warn(note)
         yield Workspace(project, use_cache=use_cache, progress=progress)
