@@ -427,4 +427,22 @@ def open_workspace(project: Project) -> Iterator[Workspace]:
         note = txn.recover(project.tree, project.state_dir)
         if note:
             output.warn(note)
+        _refuse_during_sync(project)
         yield Workspace(project)
+
+
+def _refuse_during_sync(project: Project) -> None:
+    """The tree belongs to a stopped `forktool sync` until it is continued or aborted."""
+    path = project.state_dir / "sync" / "state.json"
+    if not path.is_file():
+        return
+    try:
+        st = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        st = {"stage": "unreadable", "to_spec": "?"}
+    backups = st.get("backups") or {}
+    here = (project.backups_dir / str(backups.get("tree", ""))).is_dir() if backups else False
+    if st.get("stage") in ("starting", "stopped", "finishing", "unreadable") and here:
+        raise ForktoolError(f"a sync to {st.get('to_spec')} is in progress ({st.get('stage')}); the vendored tree "
+                            "is its", where=str(path), hint="run `forktool sync --continue`, `--skip` or "
+                            "`--abort` first (`forktool status` shows where it stands)")

@@ -7,6 +7,7 @@ import re
 
 from forktool.errors import ConfigError
 from forktool.project import Project
+from forktool.registry import Registry
 from forktool.sync.trial import Reader
 from forktool.tree import Manifest
 
@@ -20,6 +21,23 @@ def _component_sources(manifest: Manifest, prefix: str) -> list[str]:
 def relocate_hooks(project: Project, read: Reader, manifest: Manifest, prefix: str) -> tuple[dict, str | None]:
     """Find every registered hook site's symbol again in the new tree (advisory line numbers); also the
     registry text with the sites that were found moved to their new place (None without a registry)."""
+    from forktool import registry
+    found, reg = relocate(project, read, manifest, prefix)
+    return found, registry.dump(reg) if reg is not None else None
+
+
+def _file_scope_marker(data: bytes, hook: str) -> int | None:
+    """Line of the first marker for hook that stands at file scope (a site whose symbol is FILE_SCOPE)."""
+    from forktool import symbols
+    from forktool.markers import scan_file
+    for m in scan_file("", data):
+        if m.hook == hook and symbols.site_symbol(data, m.line) == symbols.FILE_SCOPE:
+            return m.line
+    return None
+
+
+def relocate(project: Project, read: Reader, manifest: Manifest, prefix: str) -> tuple[dict, Registry | None]:
+    """relocate_hooks, returning the registry with the found sites moved (None without a readable one)."""
     path = project.registry_dir / "UPSTREAM_SYNC.yaml"
     if not path.is_file():
         return {"registry": False, "sites": []}, None
@@ -37,7 +55,10 @@ def relocate_hooks(project: Project, read: Reader, manifest: Manifest, prefix: s
             row = {"hook": hid, "patch": hook.patch, "symbol": s.symbol, "file": s.file, "line": s.line,
                    "new_file": None, "new_line": None, "status": "vanished"}
             data = read(rel)
-            line = symbols.find_symbol(data, s.symbol) if data is not None else None
+            if data is not None and s.symbol == symbols.FILE_SCOPE:
+                line = _file_scope_marker(data, hid)
+            else:
+                line = symbols.find_symbol(data, s.symbol) if data is not None else None
             if line is not None:
                 row.update(new_file=s.file, new_line=line, status="found" if line == s.line else "moved_lines")
             else:
@@ -63,5 +84,5 @@ def relocate_hooks(project: Project, read: Reader, manifest: Manifest, prefix: s
                 site = dataclasses.replace(site, file=str(row["new_file"]), line=int(row["new_line"]))
             new_sites.append(site)
         reg.hooks[hid] = dataclasses.replace(hook, sites=tuple(new_sites))
-    return {"registry": True, "sites": sites}, registry.dump(reg)
+    return {"registry": True, "sites": sites}, reg
 
