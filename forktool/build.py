@@ -657,7 +657,7 @@ def run_build(project: Project, cfg: BuildConfig, plan: Plan, jobs: int,
     tool = launcher()
     stats0 = cache_stats(tool) if tool else None
     log_path = bdir / MAKE_LOG
-    with open(log_path, "w", encoding="utf-8") as log:
+    with open(log_path, "w", encoding="utf-8", buffering=1) as log:  # line by line: `tail -f` follows it
         if plan.configure_reason:
             argv: list[str | os.PathLike[str]] = [
                 "cmake", "-S", src, "-B", bdir, "-G", plan.profile.generator, *plan.flags,
@@ -669,7 +669,6 @@ def run_build(project: Project, cfg: BuildConfig, plan: Plan, jobs: int,
             res = proc.run(argv, cwd=bdir, env=env, check=False)
             text = (res.stdout + res.stderr).decode("utf-8", "replace")
             log.write(f"$ {' '.join(os.fspath(a) for a in argv)}\n{text}\n")
-            log.flush()
             if res.returncode != 0:
                 raise _failed("cmake", res.returncode, log_path, text.splitlines())
             atomic_write(bdir / CONFIGURE_RECORD, json.dumps({
