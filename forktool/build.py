@@ -563,7 +563,7 @@ def cache_stats(tool: str) -> CacheStats | None:
 
 
 MAKE_LOG = "make.log"
-_ERROR_RE = re.compile(r"(?:\berror\b|\bError\b:|fatal error|undefined reference)")
+_ERROR_RE = re.compile(r"\berror\b|\bError\b:|undefined reference|multiple definition")
 _TARGET_RE = re.compile(r"CMakeFiles/([^/]+)\.dir/")
 
 
@@ -625,13 +625,11 @@ def objects_to_do(bdir: Path, targets: list[str], env: dict[str, str]) -> int | 
 
 def last_error(lines: list[str]) -> str:
     """The last compiler (or linker, or CMake) error in a log, else make's own last complaint."""
-    for line in reversed(lines):
-        if _ERROR_RE.search(line) and not line.startswith("make"):
-            return line.strip()
-    for line in reversed(lines):
-        if line.strip():
-            return line.strip()
-    return ""
+    found = [ln.strip() for ln in lines if _ERROR_RE.search(ln)]
+    # make's and collect2's own lines only say that something before them failed
+    real = [ln for ln in found if not ln.startswith(("make", "collect2:"))]
+    rest = [ln.strip() for ln in lines if ln.strip()]
+    return (real or found or rest or [""])[-1]
 
 
 def _failed(step: str, code: int, log: Path, lines: list[str]) -> ForktoolError:

@@ -223,3 +223,16 @@ def test_plain_progress_lines_when_not_a_terminal(capsys: pytest.CaptureFixture[
         assert capsys.readouterr() == ("", "")
     finally:
         output.set_json(False)
+
+
+def test_last_error_prefers_the_compiler_or_linker_line() -> None:
+    log = ["[ 50%] Building CXX object src/CMakeFiles/llama.dir/llama.cpp.o",
+           "/src/llama.cpp:12:3: error: 'foo' was not declared in this scope",
+           "/usr/bin/ld: main.c:(.text+0x5): undefined reference to `a'",
+           "collect2: error: ld returned 1 exit status",
+           "make[2]: *** [src/CMakeFiles/llama.dir/build.make:76: bin/libllama.so] Error 1",
+           "make: *** [Makefile:137: all] Error 2"]
+    assert b.last_error(log) == "/usr/bin/ld: main.c:(.text+0x5): undefined reference to `a'"
+    assert b.last_error(log[:2]) == "/src/llama.cpp:12:3: error: 'foo' was not declared in this scope"
+    assert b.last_error(log[3:]) == "collect2: error: ld returned 1 exit status"
+    assert b.last_error(["nothing here", ""]) == "nothing here" and b.last_error([]) == ""
