@@ -343,8 +343,8 @@ def start(project: Project, spec: str | None, progress: Progress = lambda _m: No
         if stale:
             raise ForktoolError(f"applied patch(es) {', '.join(stale)} changed on disk since they were applied",
                                 where="patches/", hint="run `forktool apply` (or refresh them) before a sync")
-        current = scan(project.tree)
-        dirty = ws.local_changes(current)
+        current = ws.current()
+        dirty = ws.local_changes()
         if dirty:
             raise DirtyTreeError(f"the vendored tree has {len(dirty)} change(s) that no patch explains",
                                  where=str(project.tree), details=[f"{s}: {p}" for s, p in dirty[:50]],
