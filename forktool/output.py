@@ -93,3 +93,33 @@ def step(message: str) -> Iterator[None]:
         return
     with _console().status(message):
         yield
+
+
+class Progress:
+    """Counts work done of work to do: a rich bar on a terminal, plain lines otherwise, nothing in --json mode."""
+
+    def __init__(self, bar: Any = None, task: Any = None) -> None:
+        self._bar, self._task = bar, task
+
+    def update(self, done: int, total: int | None, current: str, line: str = "") -> None:
+        """done of total (None: unknown), what is being worked on, and the line to show when no bar is drawn."""
+        if _json_mode:
+            return
+        if self._bar is None:
+            if line:
+                _console().print(f"[dim][{done}/{total if total is not None else '?'}] {escape(line)}[/dim]")
+            return
+        self._bar.update(self._task, completed=done, total=total, description=escape(current))
+
+
+@contextmanager
+def progress(description: str) -> Iterator[Progress]:
+    if _json_mode or not _console().is_terminal:
+        yield Progress()
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import Progress as Bar
+
+    with Bar(TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(), TextColumn("elapsed"),
+             TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=_console(), transient=False) as bar:
+        yield Progress(bar, bar.add_task(escape(description), total=None))

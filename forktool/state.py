@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from forktool import schema
 from forktool.errors import ForktoolError
 from forktool.tree import Entry, atomic_write
 
@@ -40,13 +41,10 @@ class State:
 def load_state(state_dir: Path, pristine_digest: str, tree: Path) -> State:
     """The recorded state, or an empty one on pristine_digest when none is recorded yet."""
     p = state_dir / STATE_FILE
-    if not p.is_file():
+    raw = schema.load_state(p, state_dir)
+    if raw is None:
         return State(pristine_digest)
-    try:
-        st = State.from_json(json.loads(p.read_text()))
-    except (json.JSONDecodeError, KeyError, TypeError, IndexError, AttributeError) as e:
-        raise ForktoolError(f"{p} is unreadable: {e}", where=str(p),
-                            hint="restore the newest backup (`forktool backup restore NAME`)") from e
+    st = State.from_json(raw)
     if st.pristine_digest != pristine_digest and tree.exists():
         raise ForktoolError("the vendored tree was made from another upstream than vendor.lock pins",
                             where=str(tree), hint="run `forktool unapply` on the old pin, or remove "

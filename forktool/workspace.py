@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -9,7 +10,7 @@ from contextlib import contextmanager
 from forktool import backup as bk
 from forktool import txn, vendor
 from forktool.apply import Applied, apply_series
-from forktool.errors import ConfigError, DirtyTreeError, UsageError
+from forktool.errors import ConfigError, DirtyTreeError, ForktoolError, UsageError
 from forktool.index import scan_indexed
 from forktool.project import Project
 from forktool.series import Patch, SeriesEntry, parse_patch, read_series, series_digest_of
@@ -204,7 +205,25 @@ def open_workspace(project: Project, *, use_cache: bool = True, progress: Progre
                    warn: Progress | None = None) -> Iterator[Workspace]:
     """Take the project lock once, finish an interrupted transaction, and read the snapshot."""
     with txn.locked(project.state_dir):
-        note = txn.recover(project.tree, project.state_dir)
+        note = txn.recover(project.tree, project.state_dir, "state")
         if note and warn is not None:
             warn(note)
+        _refuse_during_sync(project)
         yield Workspace(project, use_cache=use_cache, progress=progress)
+
+
+def _refuse_during_sync(project: Project) -> None:
+    """The tree belongs to a stopped `forktool sync` until it is continued or aborted."""
+    path = project.state_dir / "sync" / "state.json"
+    if not path.is_file():
+        return
+    try:
+        st = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        st = {"stage": "unreadable", "to_spec": "?"}
+    backups = st.get("backups") or {}
+    here = (project.backups_dir / str(backups.get("tree", ""))).is_dir() if backups else False
+    if st.get("stage") in ("starting", "stopped", "finishing", "unreadable") and here:
+        raise ForktoolError(f"a sync to {st.get('to_spec')} is in progress ({st.get('stage')}); the vendored tree "
+                            "is its", where=str(path), hint="run `forktool sync --continue`, `--skip` or "
+                            "`--abort` first (`forktool status` shows where it stands)")

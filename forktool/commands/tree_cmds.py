@@ -52,6 +52,11 @@ def unapply(project: Project, to: str | None, force: bool) -> Report:
 
 
 def status(project: Project) -> Report:
+    if (project.state_dir / "sync" / "state.json").is_file():  # a sync in progress: say where it stands
+        from forktool.commands import sync_cmds
+        rep = sync_cmds.status_report(project)
+        if rep is not None:
+            return rep
     with open_workspace(project) as ws:
         applied = {a["id"]: a for a in ws.state.applied}
         stale = set(ws.applied_stale())
