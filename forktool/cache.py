@@ -86,3 +86,55 @@ def tool_fingerprint() -> str:
 
 def caches_root(state_dir: Path, enabled: bool = True) -> Path | None:
     return state_dir / "cache" if enabled else None
+
+
+def user_cache_dir() -> Path:
+    """The per-user cache (FORKTOOL_CACHE, else $XDG_CACHE_HOME/forktool, else ~/.cache/forktool)."""
+    env = os.environ.get("FORKTOOL_CACHE")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "forktool"
+
+
+def _validated_path(schema_name: str, schema: Any, data: Any) -> Path | None:
+    try:
+        doc = json.dumps([schema_name, schema, data], sort_keys=True, separators=(",", ":"),
+                         default=lambda o: f"<{type(o).__name__}:{o}>")
+    except (TypeError, ValueError):
+        return None
+    key = hashlib.sha256(doc.encode()).hexdigest()
+    return user_cache_dir() / "validated" / key[:2] / key[2:]
+
+
+def known_valid(schema_name: str, schema: Any, data: Any) -> bool:
+    """Has exactly this document already passed exactly this schema? (keyed by both; an entry says only that)"""
+    p = _validated_path(schema_name, schema, data)
+    try:
+        return p is not None and p.read_bytes() == p.name.encode()
+    except OSError:
+        return False
+
+
+def remember_valid(schema_name: str, schema: Any, data: Any) -> None:
+    """Note a passed check; written by flush_valid when the command succeeds (a refused command writes nothing)."""
+    p = _validated_path(schema_name, schema, data)
+    if p is not None:
+        _pending_valid.append(p)
+
+
+_pending_valid: list[Path] = []
+
+
+def flush_valid() -> None:
+    while _pending_valid:
+        p = _pending_valid.pop()
+        try:
+            if not p.is_file():
+                atomic_write(p, p.name.encode())
+        except OSError:
+            pass
+
+
+def forget_valid() -> None:
+    _pending_valid.clear()

@@ -25,11 +25,14 @@ class Exit(Exception):
 
 
 def run(json_flag: bool, fn: Callable[[Project], Report]) -> None:
+    from forktool import cache
     from forktool.project import find_project
 
     output.set_json(json_flag)
     try:
         code = output.emit(fn(find_project()))
+        if code == 0:
+            cache.flush_valid()
     except ForktoolError as e:
         output.error(str(e), e.to_json())
         code = e.exit_code
@@ -40,6 +43,8 @@ def run(json_flag: bool, fn: Callable[[Project], Report]) -> None:
         output.error(f"internal error: {type(e).__name__}: {e}\n{traceback.format_exc()}",
                      {"error": f"internal error: {e}", "kind": "InternalError"})
         code = 3
+    finally:
+        cache.forget_valid()  # what a failed command checked is not remembered
     raise Exit(code)
 
 

@@ -241,10 +241,14 @@ def where_of(path: Any) -> str:
 
 def check(data: Any, name: str, where: str, hint: str = "") -> Any:
     """data checked against the schema `name`; the first error becomes a ConfigError naming file and key."""
+    from forktool import cache, schemas
+    if cache.known_valid(name, schemas.SCHEMAS[name], data):  # the same bytes passed before: skip loading jsonschema
+        return data
     v = _validator(name)
     import jsonschema
     err = jsonschema.exceptions.best_match(v.iter_errors(data), key=_relevance)
     if err is None:
+        cache.remember_valid(name, schemas.SCHEMAS[name], data)
         return data
     # report the deepest error of a oneOf/anyOf when it names a concrete key
     while err.context:
