@@ -145,10 +145,13 @@ def prove(ws: Workspace, tree_digest: str, cache_root: Path | None) -> Verdict:
 
 
 def _pristine_problems(ws: Workspace, cache_root: Path | None) -> list[str]:
-    """vendor.verify_pristine_cache, remembered by the lock, the pin, the manifest and the objects' stat fields."""
+    """vendor.verify_pristine_cache, remembered by the lock's pin, vendor.yaml, the manifest and the objects' stat
+    fields."""
     p = ws.project
     cache = Cache(cache_root, "pristine-check")
-    key = key_of("pristine-check", _file_digest(p.vendor_lock), _file_digest(p.vendor_yaml),
+    lock = vendor.load_lock(p)
+    pin = {k: lock.get(k) for k in ("components", "pristine_digest", "pristine_files")}  # not the patched record
+    key = key_of("pristine-check", pin, _file_digest(p.vendor_yaml),
                  _file_digest(vendor.pristine_path(p, ws.pristine_digest)), _store_signature(ws))
     hit = cache.get(key)
     if isinstance(hit, list) and all(isinstance(x, str) for x in hit):
