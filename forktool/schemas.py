@@ -182,7 +182,7 @@ BACKUP = obj({
     "name": {"type": "string", "pattern": r"^\d{8}-\d{6}-[a-z0-9-]+\Z", "maxLength": 200},
     "created": {"type": "string", "maxLength": 100}, "reason": TEXT, "tree_digest": SHA256, "files": FILES,
     "stored": {"type": "array", "items": REL_PATH, "maxItems": 10_000_000, "uniqueItems": True},
-    "state": STATE_ANY,
+    "state": STATE_ANY, "checksum": SHA256,
 }, ["name", "created", "reason", "tree_digest", "files", "stored", "state"])
 PRISTINE = FILES
 

@@ -3,27 +3,23 @@
 from __future__ import annotations
 
 import fnmatch
-import io
 import json
 import os
 import shutil
 import sys
-import tarfile
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
+from forktool import archive, proc, schema
 from forktool import git as fgit
-from forktool import proc, schema
-from forktool.errors import ConfigError, ForktoolError, UnsafePathError
+from forktool.errors import ConfigError, ForktoolError
 from forktool.project import Component, Project
 from forktool.store import ObjectStore
 from forktool.tree import (
     EXECUTABLE,
-    REGULAR,
     SYMLINK,
-    Entry,
     Manifest,
     atomic_write,
     check_rel_path,
@@ -90,71 +86,10 @@ class Extracted:
     skipped: int
 
 
-def _member_rel(name: str, comp: Component, strip_top: bool) -> str | None:
-    if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
-        raise UnsafePathError(f"archive member {name!r} has an absolute name", where=comp.spec,
-                              hint="the archive is unsafe; nothing was extracted")
-    parts = [p for p in name.split("/") if p not in ("", ".")]
-    if ".." in parts:
-        raise UnsafePathError(f"archive member {name!r} contains '..'", where=comp.spec,
-                              hint="the archive is unsafe; nothing was extracted")
-    if strip_top:
-        parts = parts[1:]
-    sub = comp.subdir.split("/") if comp.subdir else []
-    if parts[: len(sub)] != sub or len(parts) <= len(sub):
-        return None
-    return "/".join(parts[len(sub):])
-
-
 def extract(data: bytes, comp: Component, store: ObjectStore, strip_top: bool) -> Extracted:
-    """Filtered extraction into the object store; never touches the filesystem outside the store."""
-    manifest: Manifest = {}
-    skipped = 0
-    links: dict[str, str] = {}
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
-        for m in tar:
-            rel = _member_rel(m.name, comp, strip_top)
-            if m.ischr() or m.isblk() or m.isfifo():
-                raise UnsafePathError(f"archive member {m.name!r} is a device or fifo", where=comp.spec,
-                                      hint="the archive is unsafe; nothing was extracted")
-            if rel is None or m.isdir():
-                continue
-            if not keep(rel, comp):
-                skipped += 1
-                continue
-            if m.issym() or m.islnk():
-                target = m.linkname
-                base = PurePosixPath(rel).parent if m.issym() else PurePosixPath()
-                resolved: list[str] = []
-                for part in (base / target).parts if not target.startswith("/") else ["/"]:
-                    if part == "/":
-                        resolved = ["..", ".."]
-                        break
-                    if part == "..":
-                        if not resolved:
-                            resolved = [".."]
-                            break
-                        resolved.pop()
-                    elif part != ".":
-                        resolved.append(part)
-                if not resolved or resolved[0] == "..":
-                    raise UnsafePathError(f"archive link {m.name!r} -> {target!r} leaves the root",
-                                          where=comp.spec, hint="the archive is unsafe; nothing was extracted")
-                if m.issym():
-                    manifest[rel] = Entry(store.put(target.encode()), SYMLINK)
-                else:
-                    links[rel] = "/".join(resolved)
-                continue
-            if not m.isfile():
-                raise UnsafePathError(f"archive member {m.name!r} has an unsupported type", where=comp.spec)
-            f = tar.extractfile(m)
-            assert f is not None
-            manifest[rel] = Entry(store.put(f.read()), EXECUTABLE if m.mode & 0o100 else REGULAR)
-    for rel, target in links.items():
-        if target not in manifest:
-            raise UnsafePathError(f"hard link {rel!r} points at {target!r}, which is not extracted",
-                                  where=comp.spec)
-        manifest[rel] = manifest[target]
+    """Filtered extraction into the object store (forktool/archive.py checks every member first)."""
+    manifest, skipped = archive.extract_to_store(data, store, comp.spec, strip_top=strip_top, subdir=comp.subdir,
+                                                 keep=lambda rel: keep(rel, comp))
     if not manifest:
         raise ConfigError(f"the filters of component {comp.name!r} keep no file", where=comp.spec,
                           hint="check subdir/include/exclude in vendor/vendor.yaml")
