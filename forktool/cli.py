@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import sys
 import traceback
 from collections.abc import Callable
@@ -47,10 +48,15 @@ def _run(json_flag: bool, fn: Callable[[Project], Report]) -> None:
     except KeyboardInterrupt:
         output.error("interrupted")
         code = 130
-    except Exception as e:  # a bug: say so, with the traceback, and exit 3
-        output.error(f"internal error: {type(e).__name__}: {e}\n{traceback.format_exc()}",
-                     {"error": f"internal error: {e}", "kind": "InternalError"})
-        code = 3
+    except Exception as e:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):  # disk full: an expected failure
+            output.error(f"no space left on the device: {e}\n  next: free some space and run the command again",
+                         {"error": f"no space left on the device: {e}", "kind": "NoSpace"})
+            code = 1
+        else:  # a bug: say so, with the traceback, and exit 3
+            output.error(f"internal error: {type(e).__name__}: {e}\n{traceback.format_exc()}",
+                         {"error": f"internal error: {e}", "kind": "InternalError"})
+            code = 3
     raise Exit(code)
 
 

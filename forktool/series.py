@@ -30,12 +30,9 @@ class SeriesEntry:
 
 
 def read_series(path: Path) -> list[SeriesEntry]:
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except FileNotFoundError as e:
-        raise ConfigError("patches/series not found", where=str(path), hint="create it (one patch name a line)") from e
-    except UnicodeDecodeError as e:
-        raise ConfigError("patches/series is not UTF-8", where=str(path)) from e
+    from forktool import schema
+    text = schema.decode(schema.read_regular(path, "patches/series", schema.CONFIG_LIMIT, path.parent.parent,
+                                             "create it (one patch name a line)"), path, "patches/series")
     out: list[SeriesEntry] = []
     seen: dict[str, int] = {}
     for n, raw in enumerate(text.splitlines(), 1):

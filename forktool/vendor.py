@@ -14,7 +14,7 @@ from pathlib import Path
 
 from forktool import archive, proc, schema
 from forktool import git as fgit
-from forktool.errors import ConfigError, ForktoolError
+from forktool.errors import ConfigError, ForktoolError, UnsafePathError
 from forktool.project import Component, Project
 from forktool.store import ObjectStore
 from forktool.tree import (
@@ -22,10 +22,10 @@ from forktool.tree import (
     SYMLINK,
     Manifest,
     atomic_write,
-    check_rel_path,
     digest,
     manifest_from_json,
     manifest_to_json,
+    resolve_inside,
     sha256_file,
 )
 
@@ -48,22 +48,24 @@ def sdist_path(project: Project, comp: Component) -> Path:
     return project.cache_dir / "sdist" / f"{comp.sha256}.tar.gz"
 
 
+def pip_download(requirement: str, dest: Path) -> Path:
+    """The one place forktool downloads: `pip download` of one source distribution into dest; returns its path."""
+    proc.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+              "--disable-pip-version-check", "-d", dest, requirement])
+    found = sorted(dest.glob("*.tar.gz"))
+    if len(found) != 1:
+        raise ForktoolError(f"pip did not produce one sdist for {requirement}", where=str(dest),
+                            details=[p.name for p in found])
+    return found[0]
+
+
 def download_sdist(project: Project, comp: Component, local: Path | None = None) -> Path:
     """The sdist in the cache, downloaded by name with pip when missing; refuses a sha256 mismatch."""
     dest = sdist_path(project, comp)
     if dest.is_file() and sha256_file(dest) == comp.sha256:
         return dest
     with tempfile.TemporaryDirectory(prefix="forktool-dl-") as tmp:
-        if local is not None:
-            candidate = local
-        else:
-            proc.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                      "--disable-pip-version-check", "-d", tmp, comp.spec])
-            found = sorted(Path(tmp).glob("*.tar.gz"))
-            if len(found) != 1:
-                raise ForktoolError(f"pip did not produce one sdist for {comp.spec}",
-                                    where=tmp, details=[p.name for p in found])
-            candidate = found[0]
+        candidate = local if local is not None else pip_download(comp.spec, Path(tmp))
         got = sha256_file(candidate)
         if got != comp.sha256:
             raise ForktoolError(
@@ -200,25 +202,41 @@ def read_pristine(project: Project) -> tuple[Manifest, str]:
 
 def materialise(project: Project, manifest: Manifest) -> None:
     """Write the pristine tree to the vendored root, into a temp dir renamed into place."""
-    store = objects(project)
-    dest = project.tree
-    if dest.exists():
-        raise ForktoolError("the vendored tree already exists", where=str(dest))
-    tmp = Path(tempfile.mkdtemp(prefix=".llamafile-", dir=dest.parent))
+    if project.tree.is_symlink():
+        raise UnsafePathError(f"{project.tree} is a symlink; the vendored tree must be a real directory",
+                              where=str(project.tree), hint=f"remove the link (`rm {project.tree}`) and run again")
+    materialise_to(objects(project), manifest, project.tree)
+
+
+def materialise_to(store: ObjectStore, manifest: Manifest, dest: Path) -> None:
+    """The one materialiser: manifest's files and symlinks (each checked to stay inside) written to dest, which
+    must not exist yet, through a temp dir renamed into place."""
+    if os.path.lexists(dest):
+        raise ForktoolError(f"{dest} already exists", where=str(dest))
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
     try:
         for rel in sorted(manifest):
-            check_rel_path(rel, "pristine manifest")
+            p = resolve_inside(tmp, rel, "pristine manifest")
             e = manifest[rel]
-            p = tmp / rel
             p.parent.mkdir(parents=True, exist_ok=True)
             data = store.get(e.sha256)
             if e.mode == SYMLINK:
-                p.symlink_to(data.decode())
+                target = data.decode("utf-8", "surrogateescape")
+                inside = os.path.normpath(os.path.join(os.path.dirname(rel), target))
+                if target.startswith("/") or inside == ".." or inside.startswith("../"):
+                    raise UnsafePathError(f"pristine symlink {rel} -> {target} points outside the tree", where=rel)
+                p.symlink_to(target)
             else:
                 p.write_bytes(data)
                 if e.mode == EXECUTABLE:
                     p.chmod(0o755)
         tmp.rename(dest)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if schema.is_no_space(e):
+            raise schema.no_space(e, str(dest)) from None
+        raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

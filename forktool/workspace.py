@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from forktool import backup as bk
 from forktool import output, schema, txn, vendor
 from forktool.apply import Applied, apply_patch, apply_series
-from forktool.errors import ApplyError, ConfigError, DirtyTreeError, ForktoolError, UsageError, VerifyError
+from forktool.errors import ApplyError, DirtyTreeError, ForktoolError, UsageError, VerifyError
 from forktool.impact import impact_label
 from forktool.markers import hooks_in_patch
 from forktool.project import Project
@@ -68,11 +68,8 @@ def load_patches(project: Project, entries: list[SeriesEntry]) -> list[Patch]:
     out = []
     for e in entries:
         p = project.patches_dir / e.name
-        try:
-            data = p.read_bytes()
-        except FileNotFoundError:
-            raise ConfigError(f"patches/series names {e.name}, which does not exist", where=f"patches/series:{e.line}",
-                              hint="add the file or remove the line") from None
+        data = schema.read_regular(p, f"patches/{e.name} (patches/series:{e.line})", schema.PATCH_LIMIT,
+                                   project.root, "add the file or remove the line from patches/series")
         out.append(parse_patch(data, e.name))
     return out
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from forktool import backup as bk
 from forktool import txn
+from forktool.errors import UsageError
 from forktool.output import Report
 from forktool.project import Project
 from forktool.tree import scan
@@ -11,6 +12,9 @@ from forktool.workspace import open_workspace
 
 
 def create(project: Project, slug: str) -> Report:
+    if not slug.strip() or any(ord(ch) < 32 for ch in slug):
+        raise UsageError(f"backup slug {slug!r} is empty or holds a control character", where="backup create SLUG",
+                         hint="give a short name, e.g. `forktool backup create before-edit`")
     with open_workspace(project) as ws:
         b = bk.create(project.backups_dir, project.tree, slug, "manual backup", scan(project.tree), ws.pristine,
                       ws.state.to_json())
