@@ -32,7 +32,7 @@ CONFIG_LIMIT = 4 << 20  # a YAML config or a JSON record
 STATE_LIMIT = 256 << 20  # manifests of whole trees
 PATCH_LIMIT = 32 << 20  # one patch file
 MAX_DEPTH = 64  # nesting of mappings and lists in any document
-MAX_NODES = 20_000_000  # values in one document once YAML aliases are expanded
+MAX_NODES = 2_000_000  # values in one document once YAML aliases are expanded
 
 
 class FileError(ConfigError):
@@ -42,7 +42,7 @@ class FileError(ConfigError):
 # ---------------------------------------------------------------- reading bytes
 
 
-def check_no_symlink_out(path: Path, root: Path, what: str) -> None:
+def check_no_symlink_out(path: Path, root: Path, what: str, label: str = "") -> None:
     """Refuse when path, or a directory between root and path, is a symlink (nothing is followed out)."""
     try:
         rel = path.relative_to(root)
@@ -51,7 +51,13 @@ def check_no_symlink_out(path: Path, root: Path, what: str) -> None:
     cur = root
     for part in rel.parts:
         cur = cur / part
-        if cur.is_symlink():
+        try:
+            link = stat.S_ISLNK(os.lstat(cur).st_mode)
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            raise FileError(f"{label or path.name}: {path} cannot be read: {e.strerror}", where=str(path)) from None
+        if link:
             raise UnsafePathError(f"{cur} is a symlink; forktool does not follow links in {what}",
                                   where=str(cur), hint=f"replace the link with the real {'file' if cur == path else 'directory'}")
 
@@ -61,7 +67,7 @@ def read_regular(path: Path, what: str = "", limit: int = CONFIG_LIMIT, root: Pa
     """The bytes of a regular file; anything else (FIFO, device, directory, link out of root, too big) is refused."""
     label = what or path.name
     if root is not None:
-        check_no_symlink_out(path, root, str(root.name))
+        check_no_symlink_out(path, root, str(root.name), label)
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -288,6 +294,9 @@ def _message(err: Any) -> str:
         allowed = set(err.schema.get("properties", {}))
         extra = sorted(str(k) for k in err.instance if k not in allowed) if isinstance(err.instance, dict) else []
         return f"unknown key(s): {', '.join(extra)}"
+    if err.validator == "dependentRequired":
+        missing = sorted({k for v in err.validator_value.values() for k in v} - set(err.instance))
+        return f"missing key(s): {', '.join(missing)}"
     if err.validator == "required":
         missing = sorted(k for k in err.validator_value if k not in err.instance)
         return f"missing key(s): {', '.join(missing)}"
@@ -328,7 +337,7 @@ def _hint(err: Any) -> str:
 
 def load_yaml(path: Path, name: str, missing_hint: str = "", limit: int = CONFIG_LIMIT,
               root: Path | None = None) -> Any:
-    """A YAML file read safely and checked against the schema `name`."""
+    """A YAML file read safely and checked against the schema `name` (root: no symlink below it is followed)."""
     text = decode(read_regular(path, path.name, limit, root, missing_hint), path)
     return check(parse_yaml(text, str(path)), name, str(path))
 
@@ -352,6 +361,19 @@ def load_state(path: Path, state_dir: Path) -> dict[str, Any] | None:
     return load_json(path, "state", root=state_dir, limit=STATE_LIMIT,
                      hint="restore the newest backup (`forktool backup restore NAME`), or, with the tree pristine, "
                           f"delete {path}")
+
+
+def check_state_covers(path: Path, applied: list[dict], files: dict[str, Any], patches: dict[str, Any]) -> None:
+    """Every file an applied (unchanged) patch touches is recorded in the state: a cut state is refused, not
+    mistaken for local edits."""
+    for a in applied:
+        p = patches.get(a["id"])
+        if p is None or p.sha256 != a["sha256"]:
+            continue
+        missing = [r for r in p.paths if r not in files]
+        if missing:
+            raise ConfigError(f"{path.name} does not record {missing[0]}, which applied patch {a['id']} changes",
+                              where=f"{path}: files", hint="restore the newest backup (`forktool backup restore NAME`)")
 
 
 def no_space(e: OSError, where: str) -> ForktoolError:

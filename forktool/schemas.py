@@ -73,9 +73,10 @@ VENDOR_LOCK = obj({
         ["kind", "spec", "sha256", "upstream_commit", "include", "exclude", "subdir"])},
     "pristine_digest": SHA256,
     "pristine_files": COUNT,
-    "patched": {"anyOf": [obj({}), obj({"series_digest": SHA256, "tree_digest": SHA256, "top": PATCH_ID},
-                                       ["series_digest", "tree_digest", "top"])]},
-}, [])
+    "patched": obj({"series_digest": SHA256, "tree_digest": SHA256, "top": PATCH_ID},
+                   dependentRequired={"series_digest": ["tree_digest", "top"], "tree_digest": ["series_digest", "top"],
+                                      "top": ["series_digest", "tree_digest"]}),
+}, ["components", "pristine_digest", "pristine_files", "patched"])
 
 # ---------------------------------------------------------------- registry/UPSTREAM_SYNC.yaml
 

@@ -89,7 +89,9 @@ def scan(root: Path) -> Manifest:
                 rel = Path(e.path).relative_to(root).as_posix()
                 _check_name(rel, root)
                 if e.is_symlink():
-                    out[rel] = Entry(sha256_bytes(os.readlink(e.path).encode()), SYMLINK)
+                    target = os.readlink(e.path)
+                    _check_link(rel, target, root)
+                    out[rel] = Entry(sha256_bytes(target.encode()), SYMLINK)
                 elif e.is_dir():
                     stack.append(Path(e.path))
                 elif e.is_file():
@@ -101,6 +103,14 @@ def scan(root: Path) -> Manifest:
                                           "(a FIFO, socket or device)", where=str(root / rel),
                                           hint=f"remove it (`rm {root / rel}`); forktool never reads such files")
     return out
+
+
+def _check_link(rel: str, target: str, root: Path) -> None:
+    """A symlink in the vendored tree must point inside it, judged from its own directory (never followed)."""
+    inside = os.path.normpath(os.path.join(os.path.dirname(rel), target))
+    if target.startswith("/") or inside == ".." or inside.startswith("../"):
+        raise UnsafePathError(f"{rel} in the vendored tree is a symlink pointing outside it ({target})",
+                              where=str(root / rel), hint=f"remove the link (`rm {root / rel}`)")
 
 
 def _check_name(rel: str, root: Path) -> None:

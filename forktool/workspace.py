@@ -102,6 +102,7 @@ class Workspace:
         if raw is None:
             return State(self.pristine_digest)
         st = State.from_json(raw)
+        schema.check_state_covers(p, st.applied, st.files, {q.id: q for q in self.patches})
         if st.pristine_digest != self.pristine_digest and self.tree.exists():
             raise ForktoolError("the vendored tree was made from another upstream than vendor.lock pins",
                                 where=str(self.tree), hint="run `forktool unapply` on the old pin, or remove "

@@ -152,6 +152,6 @@ def test_corpus_counts_are_printable(tmp_path: Path) -> None:
                        cwd=corpus.REPO, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     assert "| cli |" in r.stdout
-    rows = json.loads((tmp_path / "o.json").read_text())
+    rows = [json.loads(line) for line in (tmp_path / "o.json").read_text().splitlines()]
     assert rows and all(r["outcome"] in ("refusal", "usage") for r in rows), [r for r in rows if r["outcome"]
                                                                                 not in ("refusal", "usage")]
