@@ -106,10 +106,14 @@ def status(json: Json = False) -> None:
 
 
 @app.command()
-def verify(json: Json = False) -> None:
-    """Prove the tree: pristine cache = lock, patches re-export byte for byte, tree digest = lock, registry."""
+def verify(no_cache: Annotated[bool, typer.Option("--no-cache", help="Prove everything from scratch: no stat index, "
+                                                  "no cached re-exports, scopes or verdict.")] = False,
+           json: Json = False) -> None:
+    """Prove the tree: pristine cache = lock, patches re-export byte for byte, tree digest = lock, registry.
+
+    Every difference is listed in one report; --json carries tree_digest and problems[] pass or fail."""
     from forktool.commands import tree_cmds
-    _run(json, tree_cmds.verify)
+    _run(json, lambda p: tree_cmds.verify(p, not no_cache))
 
 
 @app.command()
@@ -212,14 +216,24 @@ def gates(patch_id: Annotated[str | None, typer.Argument(metavar="[ID]", help="O
 
 
 @app.command()
-def sync(to: Annotated[str, typer.Option("--to", help="Another upstream, e.g. llama-cpp-python==0.3.35.")],
+def sync(to: Annotated[str | None, typer.Option("--to", help="Another upstream, e.g. llama-cpp-python==0.3.35.")] = None,
          accept: Annotated[bool, typer.Option("--accept", help="Move the pin and the patches to SPEC when clean.")] = False,
          build_flag: Annotated[bool, typer.Option("--build/--no-build", help="cpu build of the applied result.")] = False,
          out: Annotated[str, typer.Option(help="Directory for the report and refreshed patches.")] = "dist/sync",
+         start: Annotated[bool, typer.Option("--start", help="Move the fork to SPEC: back up, materialise it, "
+                                             "apply the series in order, stop at the first conflict.")] = False,
+         cont: Annotated[bool, typer.Option("--continue", help="Take the resolved tree for the stopped patch "
+                                            "and go on.")] = False,
+         skip: Annotated[bool, typer.Option("--skip", help="Drop the stopped patch (the series comments it "
+                                            "out) and go on.")] = False,
+         abort: Annotated[bool, typer.Option("--abort", help="Put pin, lock, patches, series and tree back as "
+                                             "before --start.")] = False,
          json: Json = False) -> None:
-    """Trial the whole series on another upstream, patch by patch, and write a report + refreshed patches."""
+    """Trial the whole series on another upstream (report + refreshed patches), or move the fork there
+    (--start, then --continue / --skip / --abort)."""
     from forktool.commands import sync_cmds
-    _run(json, lambda p: sync_cmds.sync(p, to, accept, build_flag, out))
+    actions = [name for name, on in (("start", start), ("continue", cont), ("skip", skip), ("abort", abort)) if on]
+    _run(json, lambda p: sync_cmds.dispatch(p, to, accept, build_flag, out, actions))
 
 
 @app.command()
