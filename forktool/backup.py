@@ -141,9 +141,17 @@ def find(backups_dir: Path, name: str) -> Path:
     return p
 
 
-def load_for_restore(path: Path, pristine_get) -> tuple[Manifest, dict[str, bytes], dict]:
-    """The backed-up manifest, every file's bytes (checked against it), and the saved state."""
+def load_for_restore(path: Path, pristine_get, state_schema: str | None = None
+                     ) -> tuple[Manifest, dict[str, bytes], dict]:
+    """The backed-up manifest, every file's bytes (checked against it), and the saved state (checked against
+    state_schema when given and not empty)."""
     m = _load(path)
+    if state_schema and m["state"]:
+        try:
+            schema.check(m["state"], state_schema, f"{path / 'manifest.json'}: state")
+        except ForktoolError as err:
+            raise ForktoolError(f"backup {path.name}: its saved state is unusable: {err.what}", where=err.where,
+                                hint="the backup is damaged; pick another one (`forktool backup list`)") from None
     manifest = manifest_from_json(m["files"])
     if digest(manifest) != m["tree_digest"]:
         raise ForktoolError(f"backup {path.name}: manifest does not match its recorded digest", where=str(path),

@@ -35,10 +35,6 @@ MAX_DEPTH = 64  # nesting of mappings and lists in any document
 MAX_NODES = 2_000_000  # values in one document once YAML aliases are expanded
 
 
-class FileError(ConfigError):
-    """A file forktool reads is missing, unreadable, of the wrong kind or too large."""
-
-
 # ---------------------------------------------------------------- reading bytes
 
 
@@ -56,14 +52,14 @@ def check_no_symlink_out(path: Path, root: Path, what: str, label: str = "") -> 
         except FileNotFoundError:
             return
         except OSError as e:
-            raise FileError(f"{label or path.name}: {path} cannot be read: {e.strerror}", where=str(path)) from None
+            raise ConfigError(f"{label or path.name}: {path} cannot be read: {e.strerror}", where=str(path)) from None
         if link:
             raise UnsafePathError(f"{cur} is a symlink; forktool does not follow links in {what}",
                                   where=str(cur), hint=f"replace the link with the real {'file' if cur == path else 'directory'}")
 
 
 def read_regular(path: Path, what: str = "", limit: int = CONFIG_LIMIT, root: Path | None = None,
-                 missing_hint: str = "") -> bytes:
+                 missing_hint: str = "", where: str = "") -> bytes:
     """The bytes of a regular file; anything else (FIFO, device, directory, link out of root, too big) is refused."""
     label = what or path.name
     if root is not None:
@@ -71,26 +67,26 @@ def read_regular(path: Path, what: str = "", limit: int = CONFIG_LIMIT, root: Pa
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise FileError(f"{label}: {path} not found", where=str(path), hint=missing_hint) from None
+        raise ConfigError(f"{label}: {path} not found", where=where or str(path), hint=missing_hint) from None
     except OSError as e:
-        raise FileError(f"{label}: {path} cannot be read: {e.strerror}", where=str(path)) from None
+        raise ConfigError(f"{label}: {path} cannot be read: {e.strerror}", where=str(path)) from None
     if not stat.S_ISREG(st.st_mode):
         kind = _kind(st.st_mode)
-        raise FileError(f"{label}: {path} is a {kind}, not a regular file", where=str(path),
+        raise ConfigError(f"{label}: {path} is a {kind}, not a regular file", where=str(path),
                         hint=f"replace it with the regular file forktool expects{'; ' + missing_hint if missing_hint else ''}")
     if st.st_size > limit:
-        raise FileError(f"{label}: {path} is {st.st_size} bytes, more than the {limit >> 20} MiB limit", where=str(path),
+        raise ConfigError(f"{label}: {path} is {st.st_size} bytes, more than the {limit >> 20} MiB limit", where=str(path),
                         hint="this is not a file forktool wrote or expects; check what replaced it")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) * (root is not None))
     except OSError as e:
-        raise FileError(f"{label}: {path} cannot be opened: {e.strerror}", where=str(path)) from None
+        raise ConfigError(f"{label}: {path} cannot be opened: {e.strerror}", where=str(path)) from None
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # swapped for something else since the stat
-            raise FileError(f"{label}: {path} is not a regular file", where=str(path))
+            raise ConfigError(f"{label}: {path} is not a regular file", where=str(path))
         data = f.read(limit + 1)
     if len(data) > limit:
-        raise FileError(f"{label}: {path} grew past the {limit >> 20} MiB limit while being read", where=str(path))
+        raise ConfigError(f"{label}: {path} grew past the {limit >> 20} MiB limit while being read", where=str(path))
     return data
 
 
@@ -304,7 +300,7 @@ def _message(err: Any) -> str:
         return str(custom)
     if err.validator == "type":
         want = err.validator_value
-        wants = " or ".join(_TYPES.get(w, w) for w in (want if isinstance(want, list) else [want]))
+        wants = " or ".join(_TYPES.get(str(w), str(w)) for w in (want if isinstance(want, list) else [want]))
         quote = " (quote it in YAML)" if want == "string" else ""
         return f"{key or 'value'}: expected {wants}, got {_pytype(err.instance)}{quote}"
     if err.validator == "enum":

@@ -169,8 +169,6 @@ STATE = obj({
               "additionalProperties": {"anyOf": [{"type": "null"}, ENTRY], "x-error": "a file entry is [sha256, mode] "
                                        "or null (deleted)"}},
 }, ["version", "pristine_digest", "applied", "files"])
-# what backups made before the state carried a version hold
-STATE_ANY = {"anyOf": [obj({}), STATE], "x-error": "the saved state is malformed"}
 JOURNAL = obj({
     "entries": {"type": "array", "maxItems": 10_000_000, "items": obj({
         "path": REL_PATH,
@@ -183,7 +181,7 @@ BACKUP = obj({
     "name": {"type": "string", "pattern": r"^\d{8}-\d{6}-[a-z0-9-]+\Z", "maxLength": 200},
     "created": {"type": "string", "maxLength": 100}, "reason": TEXT, "tree_digest": SHA256, "files": FILES,
     "stored": {"type": "array", "items": REL_PATH, "maxItems": 10_000_000, "uniqueItems": True},
-    "state": STATE_ANY, "checksum": SHA256,
+    "state": {"type": "object", "maxProperties": 100}, "checksum": SHA256,
 }, ["name", "created", "reason", "tree_digest", "files", "stored", "state"])
 PRISTINE = FILES
 

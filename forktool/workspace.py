@@ -25,7 +25,8 @@ def load_patches(project: Project, entries: list[SeriesEntry]) -> list[Patch]:
     for e in entries:
         p = project.patches_dir / e.name
         data = schema.read_regular(p, f"patches/{e.name} (patches/series:{e.line})", schema.PATCH_LIMIT,
-                                   project.root, "add the file or remove the line from patches/series")
+                                   project.root, "add the file or remove the line from patches/series",
+                                   where=f"patches/series:{e.line}")
         out.append(parse_patch(data, e.name))
     return out
 
@@ -168,7 +169,7 @@ class Workspace:
 
     def restore(self, name: str) -> dict:
         path = bk.find(self.project.backups_dir, name)
-        manifest, contents, saved_state = bk.load_for_restore(path, self.store.get)
+        manifest, contents, saved_state = bk.load_for_restore(path, self.store.get, "state")
         current = self.current()
         writes = []
         for rel in sorted(set(manifest) | set(current)):

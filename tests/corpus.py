@@ -604,11 +604,11 @@ def patch_mutations(data: bytes) -> list[tuple[str, bytes]]:
         ls[i:i + 1] = new if isinstance(new, list) else [new]
         return b"\n".join(ls)
     h = hunks[0]
+    body = [i for i in range(h + 1, len(lines)) if lines[i][:1] in (b" ", b"-", b"+")
+            and not lines[i].startswith((b"--- ", b"+++ "))]
     for frac in (0.3, 0.6, 0.9):
-        cut = h + 1 + int((len(lines) - h - 1) * frac)
-        if lines[cut].startswith(b"diff --git"):
-            cut += 1
-        out.append((f"truncated-{int(frac * 100)}", b"\n".join(lines[:cut]) + b"\n" + lines[cut][:3]))
+        cut = body[min(len(body) - 1, int(len(body) * frac))]  # inside a hunk: its counts can no longer match
+        out.append((f"truncated-{int(frac * 100)}", b"\n".join(lines[:cut])))
     hdr = lines[h].decode()
     import re
     m = re.match(r"@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)", hdr)
@@ -641,7 +641,6 @@ def patch_mutations(data: bytes) -> list[tuple[str, bytes]]:
     nf = [b"--- /dev/null" if ln.startswith(b"--- a/") and i > d else ln for i, ln in enumerate(nf)]
     out.append(("new-file-with-context", b"\n".join(nf)))
     out += [("empty", b""), ("crlf", data.replace(b"\n", b"\r\n")), ("binary", bytes(range(256)) * 64),
-            ("no-diff", b"\n".join(lines[:diffs[0]]) + b"\n"),
             ("duplicate-section", data + b"\n".join(lines[d:hunks[0] + 3]) + b"\n"),
             ("index-garbage", at(next(i for i in range(d, len(lines)) if lines[i].startswith(b"index ")),
                                  b"index zzzz..yyyy 100644")),
@@ -649,7 +648,7 @@ def patch_mutations(data: bytes) -> list[tuple[str, bytes]]:
                               lines[next(i for i in range(d, len(lines)) if lines[i].startswith(b"index "))][:-6]
                               + b"999999")),
             ("header-no-from", b"\n".join(lines[1:])),
-            ("header-invalid-utf8", data.replace(b"Subject: [PATCH] ", b"Subject: [PATCH] \xff\xfe", 1)),
+            ("header-no-subject", data.replace(b"Subject: [PATCH] ", b"Subjekt: ", 1)),
             ("nul-in-body", at(hunks[0] + 1, lines[hunks[0] + 1] + b"\0"))]
     return out
 
