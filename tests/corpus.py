@@ -672,6 +672,15 @@ def patch_cases() -> Iterator[Case]:
     for lbl, special in special_files():
         yield Case("patches", f"file={lbl}", lambda c, s=special: s(c, c.root / "patches" / "0089-three.patch"),
                    ["apply"], must=("0089-three.patch",))
+    # a new-file section whose parent is a file, or whose path is a directory: refused before the plan is
+    # committed, so nothing can block the project afterwards
+    for lbl, rel in [("new-file-under-a-file", "up/src/a.c/x.c"), ("new-file-at-a-directory", "up/include")]:
+        extra = make_patch("x.patch", {rel: (None, "int x;\n")}).split("\n---\n", 1)[1]
+
+        def setup(c: Ctx, e=extra) -> None:
+            p = c.root / "patches" / "0089-three.patch"
+            p.write_bytes(p.read_bytes() + e.encode())
+        yield Case("patches", lbl, setup, ["apply"], must=(rel,))
 
 
 def series_cases() -> Iterator[Case]:

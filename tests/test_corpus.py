@@ -155,3 +155,47 @@ def test_corpus_counts_are_printable(tmp_path: Path) -> None:
     rows = [json.loads(line) for line in (tmp_path / "o.json").read_text().splitlines()]
     assert rows and all(r["outcome"] in ("refusal", "usage") for r in rows), [r for r in rows if r["outcome"]
                                                                                 not in ("refusal", "usage")]
+
+
+# ---------------------------------------------------------------- a crash after the plan was committed
+
+
+def test_new_file_under_a_file_is_refused_before_commit_and_nothing_blocks(tmp_path: Path, cache: Path) -> None:
+    proj = make_project(tmp_path, UPSTREAM)
+    for name, text in corpus.SERIES.items():
+        proj.write_patch(name, text)
+    proj.run("apply")
+    extra = corpus.make_patch("x.patch", {"up/src/a.c/x.c": (None, "int x;\n")}).split("\n---\n", 1)[1]
+    p = proj.root / "patches" / "0089-three.patch"
+    p.write_bytes(p.read_bytes() + extra.encode())
+    before = proj.digest()
+    code, out, err = proj.run("apply", expect=1)
+    assert "up/src/a.c" in err and "nothing was changed" in err
+    assert proj.digest() == before and not (proj.root / ".opencoti" / "txn").exists()
+    proj.run("status")
+    proj.run("unapply", "--force")
+
+
+def test_a_journal_that_cannot_finish_says_what_to_do(tmp_path: Path, cache: Path) -> None:
+    proj = make_project(tmp_path, UPSTREAM)
+    for name, text in corpus.SERIES.items():
+        proj.write_patch(name, text)
+    r = proj.sub("apply", env={"FORKTOOL_FAULT": "committed"})
+    assert r.returncode == 137
+    # something replaces a directory the plan writes into: rolling forward cannot finish
+    src = proj.tree / "up" / "src"
+    shutil.move(src, tmp_path / "src-moved")
+    src.write_text("not a directory\n")
+    for argv in (["status"], ["unapply", "--force"], ["backup", "list"]):
+        code, out, err = proj.run(*argv, expect=None)
+        assert code in (0, 1) and "Traceback" not in err, err
+        if code == 1:
+            assert "journal" in err or "could not finish" in err
+            assert "rm -rf" in err and "txn" in err  # how to discard it
+    # following the advice: discard the journal, put the directory back, and the project moves again
+    shutil.rmtree(proj.root / ".opencoti" / "txn")
+    src.unlink()
+    shutil.move(tmp_path / "src-moved", src)
+    proj.run("unapply", "--force")
+    proj.run("apply")
+    proj.run("verify")
