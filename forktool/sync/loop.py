@@ -42,7 +42,7 @@ STATE_VERSION = 1
 TREE = "vendor/llamafile"
 # what the loop keeps of the project besides the tree: restored byte for byte by --abort
 PROJECT_FILES = ("vendor/vendor.yaml", "vendor/vendor.lock", ".opencoti/state.json",
-                 "registry/UPSTREAM_SYNC.yaml")
+                 "registry/UPSTREAM_SYNC.yaml", "registry/UPSTREAM_SYNC.md")
 CONFLICT_PREFIXES = (b"<<<<<<< ", b"||||||| ", b">>>>>>> ")
 DROPPED = ("skipped", "upstreamed")
 Progress = Callable[[str], None]
@@ -266,7 +266,8 @@ def _finish(project: Project, st: dict, progress: Progress) -> dict:
     progress("relocating hook sites by symbol")
     registry = _relocated_registry(project, ctx, final.files, active, st)
     if registry is not None:
-        writes.append(txn.Write("registry/UPSTREAM_SYNC.yaml", registry.encode(), REGULAR))
+        writes.append(txn.Write("registry/UPSTREAM_SYNC.yaml", registry[0].encode(), REGULAR))
+        writes.append(txn.Write("registry/UPSTREAM_SYNC.md", registry[1].encode(), REGULAR))
     st["stage"] = "finished"
     txn.commit(project.root, sync_dir(project), writes, st)
     project._vendor = None  # vendor.yaml moved: read it again
@@ -274,22 +275,49 @@ def _finish(project: Project, st: dict, progress: Progress) -> dict:
 
 
 def _relocated_registry(project: Project, ctx: Context, final: dict[str, bytes | None], active: list[Patch],
-                        st: dict) -> str | None:
-    """The registry with each site moved to where its symbol now is, dropped patches' entries removed, and
-    each kept patch's files and build impact taken from its rebased form; None without a registry."""
+                        st: dict) -> tuple[str, str] | None:
+    """(UPSTREAM_SYNC.yaml, UPSTREAM_SYNC.md) on the new base, None without a registry: each hook's sites are
+    where its markers now stand (found sites keep their place in the list with the symbol's new line, sites
+    whose symbol holds no marker any more go, symbols that gained one are added), dropped patches' entries
+    go, and each kept patch's files and build impact come from its rebased form."""
     path = project.registry_dir / "UPSTREAM_SYNC.yaml"
     if not path.is_file():
         return None
     from forktool import registry as rg
+    from forktool import symbols
+    from forktool.commands.registry_cmds import render_text
     from forktool.impact import impacts_for
+    from forktool.markers import scan_file
 
     def read(rel: str) -> bytes | None:
         return final[rel] if rel in final else ctx.new_read(rel)
 
     hooks, reg = relocate(project, read, ctx.new_manifest, f"{st['component']}/")
-    st["hooks"] = hooks
     if reg is None:
+        st["hooks"] = hooks
         return None
+    held: dict[str, dict[tuple[str, str], int]] = {}  # hook -> (file, symbol) -> advisory line
+    for rel, data in sorted(final.items()):
+        for m in scan_file(rel, data or b""):
+            sym = symbols.site_symbol(data or b"", m.line)
+            line = m.line if sym == symbols.FILE_SCOPE else (symbols.find_symbol(data or b"", sym) or m.line)
+            held.setdefault(m.hook, {}).setdefault((rel, sym), line)
+    for hid, hook in list(reg.hooks.items()):
+        here = held.get(hid)
+        if not here:
+            continue  # no marker left at all: the registry check says so; a human decides
+        kept = [s for s in hook.sites if (s.file, s.symbol) in here]
+        known = {(s.file, s.symbol) for s in kept}
+        added = [rg.Site(f, sym, line) for (f, sym), line in sorted(here.items()) if (f, sym) not in known]
+        for s in hook.sites:
+            if (s.file, s.symbol) not in here:
+                hooks["sites"].append({"hook": hid, "patch": hook.patch, "symbol": s.symbol, "file": s.file,
+                                       "line": s.line, "new_file": None, "new_line": None, "status": "dropped"})
+        for s in added:
+            hooks["sites"].append({"hook": hid, "patch": hook.patch, "symbol": s.symbol, "file": None,
+                                   "line": None, "new_file": s.file, "new_line": s.line, "status": "added"})
+        reg.hooks[hid] = dataclasses.replace(hook, sites=tuple(kept + added))
+    st["hooks"] = hooks
     keep = {p.id: p for p in active}
     dropped_hooks = {h for e in reg.patches if e.id not in keep for h in e.hooks}
     reg.patches[:] = [dataclasses.replace(e, files=tuple(keep[e.id].paths),
@@ -297,7 +325,7 @@ def _relocated_registry(project: Project, ctx: Context, final: dict[str, bytes |
                       for e in reg.patches if e.id in keep]
     for h in dropped_hooks:
         reg.hooks.pop(h, None)
-    return rg.dump(reg)
+    return rg.dump(reg), render_text(project, reg)
 
 
 # ---------------------------------------------------------------- the commands
@@ -522,7 +550,8 @@ def abort(project: Project, progress: Progress = lambda _m: None) -> dict:
         writes = [txn.Write(w.path, w.data, w.mode) for w in _tree_writes(
             project, {rel: (tree_c[rel], e.mode) for rel, e in tree_m.items()}, current)]
         now = _project_manifest(project)
-        for rel in sorted(set(proj_m) | set(now)):
+        # a file the start did not record goes only from patches/ (the loop never adds one elsewhere)
+        for rel in sorted(set(proj_m) | {r for r in now if r.startswith("patches/")}):
             if proj_m.get(rel) != now.get(rel):
                 writes.append(txn.Write(rel, proj_c.get(rel), REGULAR))
         st["stage"] = "aborted"
