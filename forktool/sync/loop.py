@@ -12,12 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from forktool import backup as bk
 from forktool import series, txn, vendor
 from forktool.apply import apply_series
 from forktool.errors import DirtyTreeError, ForktoolError, UsageError
 from forktool.markers import hooks_in_patch
 from forktool.project import Component, Project
+from forktool.registry import Registry
 from forktool.series import Patch
 from forktool.sync.accept import _repin_text
 from forktool.sync.fetch import fetch_target, resolve_spec
@@ -306,17 +309,23 @@ def _relocated_registry(project: Project, ctx: Context, final: dict[str, bytes |
         here = held.get(hid)
         if not here:
             continue  # no marker left at all: the registry check says so; a human decides
-        kept = [s for s in hook.sites if (s.file, s.symbol) in here]
-        known = {(s.file, s.symbol) for s in kept}
-        added = [rg.Site(f, sym, line) for (f, sym), line in sorted(here.items()) if (f, sym) not in known]
+        sites = [s for s in hook.sites if (s.file, s.symbol) in here]
+        known = {(s.file, s.symbol) for s in sites}
         for s in hook.sites:
             if (s.file, s.symbol) not in here:
                 hooks["sites"].append({"hook": hid, "patch": hook.patch, "symbol": s.symbol, "file": s.file,
                                        "line": s.line, "new_file": None, "new_line": None, "status": "dropped"})
-        for s in added:
-            hooks["sites"].append({"hook": hid, "patch": hook.patch, "symbol": s.symbol, "file": None,
-                                   "line": None, "new_file": s.file, "new_line": s.line, "status": "added"})
-        reg.hooks[hid] = dataclasses.replace(hook, sites=tuple(kept + added))
+        for (f, sym), line in sorted(here.items()):
+            if (f, sym) in known:
+                continue
+            # before the first site of the same file that stands further down, else after that file's last
+            same = [i for i, x in enumerate(sites) if x.file == f]
+            later = [i for i in same if (x := sites[i].line) is not None and x > line]
+            at = later[0] if later else (same[-1] + 1 if same else len(sites))
+            sites.insert(at, rg.Site(f, sym, line))
+            hooks["sites"].append({"hook": hid, "patch": hook.patch, "symbol": sym, "file": None,
+                                   "line": None, "new_file": f, "new_line": line, "status": "added"})
+        reg.hooks[hid] = dataclasses.replace(hook, sites=tuple(sites))
     st["hooks"] = hooks
     keep = {p.id: p for p in active}
     dropped_hooks = {h for e in reg.patches if e.id not in keep for h in e.hooks}
@@ -325,7 +334,53 @@ def _relocated_registry(project: Project, ctx: Context, final: dict[str, bytes |
                       for e in reg.patches if e.id in keep]
     for h in dropped_hooks:
         reg.hooks.pop(h, None)
-    return rg.dump(reg), render_text(project, reg)
+    return _registry_text(path.read_text(encoding="utf-8"), reg), render_text(project, reg)
+
+
+def _registry_text(text: str, reg: Registry) -> str:
+    """The registry file with only each hook's `sites:` list rewritten, so comments and layout stay; the
+    whole file dumped again when that does not give exactly `reg` (e.g. patches were dropped)."""
+    from forktool import registry as rg
+    lines = text.split("\n")
+    out: list[str] = []
+    hook = None
+    i = 0
+    in_hooks = False
+    while i < len(lines):
+        ln = lines[i]
+        if ln.startswith("hooks:"):
+            in_hooks = True
+        elif in_hooks and ln.startswith("  ") and not ln.startswith("   ") and ln.rstrip().endswith(":"):
+            hook = ln.strip()[:-1].strip("'\"")
+        if in_hooks and hook in reg.hooks and ln.rstrip() == "    sites:":
+            out.append(ln)
+            i += 1
+            while i < len(lines) and (lines[i].startswith("    - ") or lines[i].startswith("      ")):
+                i += 1
+            for site in reg.hooks[hook].sites:
+                item = {"file": site.file, "symbol": site.symbol, "line": site.line}
+                dumped = yaml.safe_dump([{k: v for k, v in item.items() if v is not None}], sort_keys=False,
+                                        width=110).rstrip("\n").split("\n")
+                out += ["    " + d for d in dumped]
+            continue
+        out.append(ln)
+        i += 1
+    again = "\n".join(out)
+    try:
+        tmp = rg.load_text(again, reg.path) if hasattr(rg, "load_text") else _load_via_file(again, reg.path)
+    except ForktoolError:
+        return rg.dump(reg)
+    return again if rg.dump(tmp) == rg.dump(reg) else rg.dump(reg)
+
+
+def _load_via_file(text: str, path: Path) -> Registry:
+    from forktool import registry as rg
+    tmp = path.with_name(f".{path.name}.check")
+    atomic_write(tmp, text.encode())
+    try:
+        return rg.load(tmp)
+    finally:
+        tmp.unlink()
 
 
 # ---------------------------------------------------------------- the commands

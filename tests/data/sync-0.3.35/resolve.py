@@ -143,3 +143,25 @@ def resolve(component: Path, patch_id: str) -> None:
 
 if __name__ == "__main__":
     resolve(Path(sys.argv[1]), sys.argv[2])
+
+
+def resolve_to_series(project_root: Path, shipped: Path, pristine_digest: str, patch_id: str) -> None:
+    """Forward (0.3.35 -> 0.3.36): give each file the stopped patch touches the text the shipped series has
+    there on 0.3.36 (the series in `shipped`, applied in memory on the pristine named by its vendor.lock)."""
+    import json
+
+    from forktool import vendor
+    from forktool.apply import apply_series
+    from forktool.project import Project
+    from forktool.series import parse_patch, read_series
+    from forktool.tree import manifest_from_json
+
+    project = Project(project_root)
+    manifest = manifest_from_json(json.loads(vendor.pristine_path(project, pristine_digest).read_text()))
+    patches = [parse_patch((shipped / e.name).read_bytes(), e.name) for e in read_series(shipped / "series")]
+    upto = next(i for i, p in enumerate(patches) if p.id == patch_id) + 1
+    done = apply_series(patches[:upto], lambda rel: vendor.pristine_bytes(project, manifest, rel)).files
+    for rel in patches[upto - 1].paths:
+        data = done[rel]
+        assert data is not None
+        (project.tree / rel).write_bytes(data)
