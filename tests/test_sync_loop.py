@@ -215,3 +215,27 @@ def test_kill_inside_continue(moved, point, then):
     else:
         assert commit in (proj.root / "vendor" / "vendor.yaml").read_text()
         assert proj.sub("verify").returncode == 0
+
+
+def test_a_recorded_stop_is_reached_again_on_a_fresh_checkout(moved, tmp_path):
+    """What the CI job pushes (pin, patches carried so far, the state file) gives the same stop elsewhere."""
+    proj, commit, _ = moved
+    proj.run("sync", "--to", commit, "--start", expect=1)
+    stopped = (proj.tree / "up/src/a.c").read_bytes()
+    clone = tmp_path / "clone"
+    for rel in ("vendor/vendor.yaml", "vendor/vendor.lock", "registry/build.yaml", ".opencoti/sync/state.json"):
+        (clone / rel).parent.mkdir(parents=True, exist_ok=True)
+        (clone / rel).write_bytes((proj.root / rel).read_bytes())
+    (clone / "patches").mkdir()
+    for p in (proj.root / "patches").iterdir():
+        (clone / "patches" / p.name).write_bytes(p.read_bytes())
+    other = Proj(clone, proj.upstream)
+    _, _, err = other.run("status")
+    assert "forktool sync --start" in err  # recorded elsewhere: says how to reach it
+    other.run("sync", "--continue", expect=1)
+    code, out, _ = other.run("sync", "--start", "--json", expect=1)
+    data = json.loads(out)
+    assert data["stop"]["id"] == "0002" and (other.tree / "up/src/a.c").read_bytes() == stopped
+    resolve(other)
+    other.run("sync", "--continue")
+    other.run("verify")
