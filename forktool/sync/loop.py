@@ -313,8 +313,9 @@ def _relocated_registry(project: Project, ctx: Context, final: dict[str, bytes |
         known = {(s.file, s.symbol) for s in sites}
         for s in hook.sites:
             if (s.file, s.symbol) not in here:
-                hooks["sites"].append({"hook": hid, "patch": hook.patch, "symbol": s.symbol, "file": s.file,
-                                       "line": s.line, "new_file": None, "new_line": None, "status": "dropped"})
+                for row in hooks["sites"]:
+                    if (row["hook"], row["file"], row["symbol"]) == (hid, s.file, s.symbol):
+                        row.update(new_file=None, new_line=None, status="dropped")
         for (f, sym), line in sorted(here.items()):
             if (f, sym) in known:
                 continue
