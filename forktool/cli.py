@@ -100,10 +100,14 @@ def status(json: Json = False) -> None:
 
 
 @app.command()
-def verify(json: Json = False) -> None:
-    """Prove the tree: pristine cache = lock, patches re-export byte for byte, tree digest = lock, registry."""
+def verify(no_cache: Annotated[bool, typer.Option("--no-cache", help="Prove everything from scratch: no stat index, "
+                                                  "no cached re-exports, scopes or verdict.")] = False,
+           json: Json = False) -> None:
+    """Prove the tree: pristine cache = lock, patches re-export byte for byte, tree digest = lock, registry.
+
+    Every difference is listed in one report; --json carries tree_digest and problems[] pass or fail."""
     from forktool.commands import tree_cmds
-    _run(json, tree_cmds.verify)
+    _run(json, lambda p: tree_cmds.verify(p, not no_cache))
 
 
 @app.command()

@@ -32,10 +32,6 @@ def archive_commit(url: str, commit: str, cache: Path) -> bytes:
     return buf.getvalue()
 
 
-def init_repo(path: Path) -> git.Repo:
-    return git.Repo.init(path)
-
-
 def merge_file(ours: bytes, base: bytes, theirs: bytes, labels: tuple[str, str, str]) -> tuple[bytes, int]:
     """3-way merge of one file's bytes with `git merge-file -p --diff3`: (result, number of conflicts)."""
     with tempfile.TemporaryDirectory(prefix="forktool-merge-") as tmp:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
+from rich.markup import escape as _escape
 
 _err = Console(stderr=True, highlight=False, soft_wrap=True)
 _json_mode = False
@@ -21,8 +21,9 @@ def set_json(flag: bool) -> None:
     _json_mode = flag
 
 
-def json_mode() -> bool:
-    return _json_mode
+def escape(text: str) -> str:
+    """Text shown as is, not read as rich markup."""
+    return _escape(text)
 
 
 @dataclass
@@ -47,17 +48,17 @@ def emit(report: Report) -> int:
 def info(message: str) -> None:
     """Progress note on stderr (suppressed in --json mode)."""
     if not _json_mode:
-        _err.print("[dim]" + escape(message) + "[/dim]")
+        _err.print("[dim]" + _escape(message) + "[/dim]")
 
 
 def warn(message: str) -> None:
-    _err.print("[yellow]warning:[/yellow] " + escape(message))
+    _err.print("[yellow]warning:[/yellow] " + _escape(message))
 
 
 def error(message: str, payload: dict[str, Any] | None = None) -> None:
     if _json_mode and payload is not None:
         sys.stdout.write(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-    _err.print("[red]error:[/red] " + escape(message))
+    _err.print("[red]error:[/red] " + _escape(message))
 
 
 @contextmanager
@@ -69,3 +70,33 @@ def step(message: str) -> Iterator[None]:
         return
     with _err.status(message):
         yield
+
+
+class Progress:
+    """Counts work done of work to do: a rich bar on a terminal, plain lines otherwise, nothing in --json mode."""
+
+    def __init__(self, bar: Any = None, task: Any = None) -> None:
+        self._bar, self._task = bar, task
+
+    def update(self, done: int, total: int | None, current: str, line: str = "") -> None:
+        """done of total (None: unknown), what is being worked on, and the line to show when no bar is drawn."""
+        if _json_mode:
+            return
+        if self._bar is None:
+            if line:
+                _err.print(f"[dim][{done}/{total if total is not None else '?'}] {escape(line)}[/dim]")
+            return
+        self._bar.update(self._task, completed=done, total=total, description=escape(current))
+
+
+@contextmanager
+def progress(description: str) -> Iterator[Progress]:
+    if _json_mode or not _err.is_terminal:
+        yield Progress()
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import Progress as Bar
+
+    with Bar(TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(), TextColumn("elapsed"),
+             TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=_err, transient=False) as bar:
+        yield Progress(bar, bar.add_task(escape(description), total=None))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 import os
 import re
@@ -20,6 +19,7 @@ import yaml
 
 from forktool.errors import ForktoolError, UnsafePathError, VerifyError
 from forktool.project import Project
+from forktool.series import series_digest, series_digest_of
 from forktool.tree import EXECUTABLE, REGULAR, SYMLINK, Entry, digest, sha256_bytes, sha256_file
 
 if TYPE_CHECKING:
@@ -258,10 +258,7 @@ def _check_manifest(directory: Path, manifest: dict[str, Any], sums: dict[str, s
         series = [(p["id"], p["name"], p["sha256"]) for p in patches]
     except (KeyError, TypeError):
         return problems + [f"{MANIFEST}: malformed patches list"]
-    h = hashlib.sha256()
-    for _pid, name, sha in series:
-        h.update(f"{name} {sha}\n".encode())
-    if h.hexdigest() != manifest.get("series_digest"):
+    if series_digest((name, sha) for _pid, name, sha in series) != manifest.get("series_digest"):
         problems.append(f"{MANIFEST}: series_digest does not match its patch list")
     commit = (manifest.get("upstream") or {}).get("upstream_commit", "")
     if stamp(commit, series, False)[0] != manifest.get("stamp"):
@@ -337,7 +334,6 @@ def spec_from_build(project: Project, cfg: BuildConfig, profile: Profile, applie
                     pristine_digest: str) -> ReleaseSpec:
     """The release of the last `forktool build` of this profile; refuses when it is not of the applied series."""
     from forktool.build import build_dir, patch_impact, read_record, stamp
-    from forktool.workspace import series_digest
 
     bdir = build_dir(project, profile.name)
     rec = read_record(bdir)
@@ -363,7 +359,7 @@ def spec_from_build(project: Project, cfg: BuildConfig, profile: Profile, applie
         patches.append({"id": p.id, "name": p.name, "title": p.title, "sha256": p.sha256, "build_impact": label})
     manifest = {
         "profile": profile.name, "stamp": st, "build_number": number,
-        "top": applied[-1].id if applied else None, "series_digest": series_digest(applied),
+        "top": applied[-1].id if applied else None, "series_digest": series_digest_of(applied),
         "pristine_digest": pristine_digest, "patches": patches, "registry_digest": reg_digest,
         "upstream": {"component": comp.name, "package": comp.package, "version": comp.version,
                      "sdist_sha256": comp.sha256, "upstream_commit": comp.upstream_commit},

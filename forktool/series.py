@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -145,6 +146,21 @@ class Patch:
     @property
     def paths(self) -> list[str]:
         return [f.path for f in self.files]
+
+
+def series_digest(items: Iterable[tuple[str, str]]) -> str:
+    """The digest of a series prefix from its (patch file name, sha256 of the patch bytes) in order.
+
+    The one recipe behind vendor.lock's patched record, the build stamp and release manifests.
+    """
+    h = hashlib.sha256()
+    for name, sha in items:
+        h.update(f"{name} {sha}\n".encode())
+    return h.hexdigest()
+
+
+def series_digest_of(patches: Iterable[Patch]) -> str:
+    return series_digest((p.name, p.sha256) for p in patches)
 
 
 def git_blob_sha1(data: bytes) -> str:

@@ -6,6 +6,9 @@ import functools
 import re
 from dataclasses import dataclass
 
+from forktool.cache import Cache, key_of
+from forktool.tree import sha256_bytes
+
 _CONTROL = {"if", "for", "while", "switch", "catch", "do", "else", "try", "return", "sizeof", "decltype",
             "static_assert", "alignas", "defined"}
 _CLASS_RE = re.compile(r"^(?:template\s*<.*>\s*)?(?:typedef\s+)?(struct|class|union)\s+(?:\w+\s+)*?"
@@ -110,9 +113,33 @@ def _classify(header: str) -> tuple[str, str]:
     return "block", ""
 
 
-def scopes(text: bytes | str) -> list[Scope]:
-    # a registry check asks about many lines of the same few files: parse each text once
-    return list(_scopes(text.decode("utf-8", "replace") if isinstance(text, bytes) else text))
+PARSER = "brace-scanner-1"
+
+
+def scopes(text: bytes | str, cache: Cache | None = None) -> list[Scope]:
+    """Function, class and namespace scopes of a C/C++ text, sorted by start; cached by the text's digest."""
+    data = text if isinstance(text, bytes) else text.encode()
+    key = key_of("scopes", PARSER, sha256_bytes(data))
+    if key in _memo:
+        return _memo[key]
+    out: list[Scope] | None = None
+    hit = cache.get(key) if cache is not None else None
+    if isinstance(hit, list):
+        try:
+            out = [Scope(str(k), str(n), int(a), int(b)) for k, n, a, b in hit]
+        except (TypeError, ValueError):
+            out = None
+    if out is None:
+        out = list(_scopes(data.decode("utf-8", "replace")))
+        if cache is not None:
+            cache.put(key, [[sc.kind, sc.name, sc.start, sc.end] for sc in out])
+    if len(_memo) > 64:
+        _memo.clear()
+    _memo[key] = out
+    return out
+
+
+_memo: dict[str, list[Scope]] = {}
 
 
 @functools.lru_cache(maxsize=64)
@@ -160,20 +187,20 @@ def _scopes(text: str) -> tuple[Scope, ...]:
 FILE_SCOPE = "<file scope>"
 
 
-def site_symbol(text: bytes | str, line: int) -> str:
+def site_symbol(text: bytes | str, line: int, cache: Cache | None = None) -> str:
     """The symbol a hook site names: the enclosing function or class, else a definition starting within
     the next three lines (a marker comment placed above a new function), else FILE_SCOPE."""
-    sym = enclosing_symbol(text, line)
+    sym = enclosing_symbol(text, line, cache)
     if sym is not None:
         return sym
-    following = [s for s in scopes(text) if s.kind in ("function", "class") and line < s.start <= line + 3]
+    following = [s for s in scopes(text, cache) if s.kind in ("function", "class") and line < s.start <= line + 3]
     return min(following, key=lambda s: s.start).name if following else FILE_SCOPE
 
 
-def enclosing_symbol(text: bytes | str, line: int) -> str | None:
+def enclosing_symbol(text: bytes | str, line: int, cache: Cache | None = None) -> str | None:
     """The innermost function (else class) whose braces contain the 1-based line."""
     best: Scope | None = None
-    for s in scopes(text):
+    for s in scopes(text, cache):
         if s.kind in ("function", "class") and s.start <= line <= s.end:
             if best is None or (s.kind == "function" and best.kind != "function") or (
                     s.kind == best.kind and s.start >= best.start):
@@ -181,9 +208,9 @@ def enclosing_symbol(text: bytes | str, line: int) -> str | None:
     return best.name if best else None
 
 
-def find_symbol(text: bytes | str, symbol: str) -> int | None:
+def find_symbol(text: bytes | str, symbol: str, cache: Cache | None = None) -> int | None:
     """1-based line where the named function or class is defined (first definition)."""
-    for s in scopes(text):
+    for s in scopes(text, cache):
         if s.name == symbol and s.kind in ("function", "class"):
             return s.start
     return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import io
 import json
+import os
 import shutil
 import sys
 import tarfile
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from forktool import git as fgit
-from forktool import proc
+from forktool import proc, schema
 from forktool.errors import ConfigError, ForktoolError, UnsafePathError
 from forktool.project import Component, Project
 from forktool.store import ObjectStore
@@ -172,13 +173,18 @@ def pristine_path(project: Project, tree_digest: str) -> Path:
 
 
 def load_lock(project: Project) -> dict:
-    try:
-        return json.loads(project.vendor_lock.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    """vendor/vendor.lock checked against its schema ({} before the first fetch)."""
+    if not os.path.lexists(project.vendor_lock):
         return {}
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"vendor.lock is not valid JSON: {e}", where=str(project.vendor_lock),
-                          hint="restore it from git") from e
+    return schema.load_json(project.vendor_lock, "vendor-lock", root=project.root,
+                            hint="restore vendor/vendor.lock from git, or delete it and run `forktool vendor fetch`")
+
+
+def load_pristine_manifest(path: Path) -> Manifest:
+    """A cached pristine manifest; a damaged one is refused (the cache is rebuilt by `forktool vendor fetch`)."""
+    raw = schema.load_json(path, "pristine", limit=schema.STATE_LIMIT,
+                           hint="delete it and run `forktool vendor fetch` to rebuild the pristine cache")
+    return manifest_from_json(raw)
 
 
 def write_lock(project: Project, lock: dict) -> None:
@@ -209,7 +215,7 @@ def fetch_pristine(project: Project, *, local_sdist: Path | None = None,
     if cached_digest and lock.get("components") == pinned:
         p = pristine_path(project, cached_digest)
         if p.is_file():
-            cached = manifest_from_json(json.loads(p.read_text()))
+            cached = load_pristine_manifest(p)
             if all(objects(project).has(e.sha256) for e in cached.values()):
                 return FetchResult(cached, cached_digest, len(cached), True, 0)
     store = objects(project)
@@ -254,7 +260,7 @@ def read_pristine(project: Project) -> tuple[Manifest, str]:
     if not p.is_file():
         res = fetch_pristine(project)
         return res.manifest, res.digest
-    return manifest_from_json(json.loads(p.read_text())), d
+    return load_pristine_manifest(p), d
 
 
 def materialise(project: Project, manifest: Manifest) -> None:
@@ -297,7 +303,7 @@ def verify_pristine_cache(project: Project) -> list[str]:
     p = pristine_path(project, d)
     if not p.is_file():
         return problems + [f"pristine manifest {d[:12]} is not in the cache; run `forktool vendor fetch`"]
-    manifest = manifest_from_json(json.loads(p.read_text()))
+    manifest = load_pristine_manifest(p)
     if digest(manifest) != d:
         problems.append(f"cached pristine manifest {p} does not hash to {d[:12]}")
     if len(manifest) != lock.get("pristine_files"):

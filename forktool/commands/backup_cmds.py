@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from forktool import backup as bk
+from forktool.commands import open_workspace
 from forktool.output import Report
 from forktool.project import Project
 from forktool.tree import scan
-from forktool.workspace import open_workspace
 
 
 def create(project: Project, slug: str) -> Report:

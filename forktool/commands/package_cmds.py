@@ -6,10 +6,10 @@ from pathlib import Path
 
 from forktool import build as b
 from forktool import package as pk
+from forktool.commands import open_workspace
 from forktool.errors import ForktoolError
 from forktool.output import Report
 from forktool.project import Project
-from forktool.workspace import open_workspace
 
 
 def package(project: Project, profile: str, out: str | None) -> Report:

@@ -22,6 +22,7 @@ from forktool.markers import hooks_in_patch
 from forktool.project import Component, Project
 from forktool.registry import Registry
 from forktool.series import Patch
+from forktool.state import State
 from forktool.sync.accept import _repin_text
 from forktool.sync.fetch import fetch_target, resolve_spec
 from forktool.sync.relocate import relocate
@@ -39,7 +40,7 @@ from forktool.tree import (
     scan,
     sha256_bytes,
 )
-from forktool.workspace import State, Workspace, series_digest
+from forktool.workspace import Workspace, series_digest
 
 STATE_VERSION = 1
 TREE = "vendor/llamafile"
@@ -288,9 +289,9 @@ def _relocated_registry(project: Project, ctx: Context, final: dict[str, bytes |
         return None
     from forktool import registry as rg
     from forktool import symbols
-    from forktool.commands.registry_cmds import render_text
     from forktool.impact import impacts_for
     from forktool.markers import scan_file
+    from forktool.regcheck import render_md
 
     def read(rel: str) -> bytes | None:
         return final[rel] if rel in final else ctx.new_read(rel)
@@ -335,7 +336,7 @@ def _relocated_registry(project: Project, ctx: Context, final: dict[str, bytes |
                       for e in reg.patches if e.id in keep]
     for h in dropped_hooks:
         reg.hooks.pop(h, None)
-    return _registry_text(path.read_text(encoding="utf-8"), reg), render_text(project, reg)
+    return _registry_text(path.read_text(encoding="utf-8"), reg), render_md(reg)
 
 
 def _registry_text(text: str, reg: Registry) -> str:
@@ -427,8 +428,8 @@ def start(project: Project, spec: str | None, progress: Progress = lambda _m: No
         if stale:
             raise ForktoolError(f"applied patch(es) {', '.join(stale)} changed on disk since they were applied",
                                 where="patches/", hint="run `forktool apply` (or refresh them) before a sync")
-        current = scan(project.tree)
-        dirty = ws.local_changes(current)
+        current = ws.current()
+        dirty = ws.local_changes()
         if dirty:
             raise DirtyTreeError(f"the vendored tree has {len(dirty)} change(s) that no patch explains",
                                  where=str(project.tree), details=[f"{s}: {p}" for s, p in dirty[:50]],
