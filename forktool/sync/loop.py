@@ -369,7 +369,7 @@ def _registry_text(text: str, reg: Registry) -> str:
         i += 1
     again = "\n".join(out)
     try:
-        tmp = rg.load_text(again, reg.path) if hasattr(rg, "load_text") else _load_via_file(again, reg.path)
+        tmp = _load_via_file(again, reg.path)
     except ForktoolError:
         return rg.dump(reg)
     return again if rg.dump(tmp) == rg.dump(reg) else rg.dump(reg)
