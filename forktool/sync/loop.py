@@ -465,7 +465,7 @@ def start(project: Project, spec: str | None, progress: Progress = lambda _m: No
         res = _run(project, st, {}, progress)
     res["timings"] = {"fetch_s": round(t_fetched - t0, 3), "tool_s": round(time.monotonic() - t_fetched, 3),
                       "fetch_from_cache": target.from_cache}
-    return _after(project, res, progress)
+    return res
 
 
 def _back_up(project: Project, st: dict, ws: Workspace, current: Manifest, progress: Progress) -> None:
@@ -569,7 +569,7 @@ def continue_(project: Project, progress: Progress = lambda _m: None) -> dict:
             st["position"] = k + 1
             res = _run(project, st, {patch.name: resolved.raw}, progress)
     res["timings"] = {"tool_s": round(time.monotonic() - t0, 3)}
-    return _after(project, res, progress)
+    return res
 
 
 def skip(project: Project, progress: Progress = lambda _m: None) -> dict:
@@ -586,7 +586,7 @@ def skip(project: Project, progress: Progress = lambda _m: None) -> dict:
         st["position"] += 1
         res = _run(project, st, {}, progress)
     res["timings"] = {"tool_s": round(time.monotonic() - t0, 3)}
-    return _after(project, res, progress)
+    return res
 
 
 def abort(project: Project, progress: Progress = lambda _m: None) -> dict:
@@ -618,30 +618,13 @@ def abort(project: Project, progress: Progress = lambda _m: None) -> dict:
             "tree_digest": digest(scan(project.tree)), "backups": st["backups"]}
 
 
-def _after(project: Project, res: dict, progress: Progress) -> dict:
-    """Once finished: verify, the registry diff and the build plan; the state goes when verify passes."""
-    if res["stage"] != "finished":
-        return res
-    from forktool.commands import tree_cmds
-    progress("verifying the moved series")
-    try:
-        rep = tree_cmds.verify(project)
-    except ForktoolError as e:
-        res["verify"] = {"ok": False, "error": str(e), "details": e.details}
-        return res
-    res["verify"] = {"ok": True, "lines": rep.lines}
-    try:
-        from forktool.commands import build_cmds
-        plan = build_cmds.build(project, "cpu", True, None)
-        res["build_plan"] = {"lines": plan.lines, "plan": plan.data}
-    except ForktoolError as e:
-        res["build_plan"] = {"error": str(e)}
+def done(project: Project) -> None:
+    """A finished sync that verified: its state goes (kept as last.json beside it); the backups stay."""
     with txn.locked(project.state_dir):
         p = state_path(project)
         if p.is_file():
             shutil.copyfile(p, sync_dir(project) / "last.json")
             p.unlink()
-    return res
 
 
 def registry_diff(project: Project, st: dict) -> list[str]:
