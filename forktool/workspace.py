@@ -225,5 +225,5 @@ def _refuse_during_sync(project: Project) -> None:
     here = (project.backups_dir / str(backups.get("tree", ""))).is_dir() if backups else False
     if st.get("stage") in ("starting", "stopped", "finishing", "unreadable") and here:
         raise ForktoolError(f"a sync to {st.get('to_spec')} is in progress ({st.get('stage')}); the vendored tree "
-                            "is its", where=str(path), hint="run `forktool sync --continue`, `--skip` or "
+                            "belongs to it", where=str(path), hint="run `forktool sync --continue`, `--skip` or "
                             "`--abort` first (`forktool status` shows where it stands)")
