@@ -150,7 +150,7 @@ def _parse_profiles(raw: dict[str, Any], where: str) -> dict[str, Profile]:
 def load_config(project: Project) -> BuildConfig:
     """registry/build.yaml checked against its schema (forktool/schemas.py), then cross-checked."""
     path = project.registry_dir / "build.yaml"
-    raw = schema.load_yaml(path, "build", "the build profiles live there")
+    raw = schema.load_yaml(path, "build", "the build profiles live there", root=project.root)
     profiles = _parse_profiles(raw["profiles"], f"{path}: profiles")
     artifacts = tuple(_parse_artifact(a, f"{path}: artifacts[{i}]", set(profiles))
                       for i, a in enumerate(raw["artifacts"]))

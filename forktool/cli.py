@@ -6,6 +6,7 @@ so the everyday commands start fast; everything else, and any --help, goes throu
 
 from __future__ import annotations
 
+import errno
 import sys
 import traceback
 from collections.abc import Callable
@@ -39,10 +40,15 @@ def run(json_flag: bool, fn: Callable[[Project], Report]) -> None:
     except KeyboardInterrupt:
         output.error("interrupted")
         code = 130
-    except Exception as e:  # a bug: say so, with the traceback, and exit 3
-        output.error(f"internal error: {type(e).__name__}: {e}\n{traceback.format_exc()}",
-                     {"error": f"internal error: {e}", "kind": "InternalError"})
-        code = 3
+    except Exception as e:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):  # disk full: an expected failure
+            output.error(f"no space left on the device: {e}\n  next: free some space and run the command again",
+                         {"error": f"no space left on the device: {e}", "kind": "NoSpace"})
+            code = 1
+        else:  # a bug: say so, with the traceback, and exit 3
+            output.error(f"internal error: {type(e).__name__}: {e}\n{traceback.format_exc()}",
+                         {"error": f"internal error: {e}", "kind": "InternalError"})
+            code = 3
     finally:
         cache.forget_valid()  # what a failed command checked is not remembered
     raise Exit(code)

@@ -8,7 +8,20 @@ import stat
 import time
 from pathlib import Path
 
-from forktool.tree import EXECUTABLE, REGULAR, SYMLINK, Entry, Manifest, atomic_write, sha256_bytes, sha256_file
+from forktool.tree import (
+    EXECUTABLE,
+    REGULAR,
+    SYMLINK,
+    Entry,
+    Manifest,
+    atomic_write,
+    check_link,
+    check_name,
+    check_root,
+    sha256_bytes,
+    sha256_file,
+    special_file,
+)
 
 INDEX_VERSION = 1
 
@@ -47,6 +60,7 @@ def scan_indexed(root: Path, index_path: Path) -> tuple[Manifest, int]:
     out: Manifest = {}
     new: dict[str, tuple[Stat, Entry]] = {}
     hashed = 0
+    check_root(root)
     if not root.exists():
         return out, 0
     stack = [(root, "")]
@@ -55,12 +69,15 @@ def scan_indexed(root: Path, index_path: Path) -> tuple[Manifest, int]:
         with os.scandir(d) as it:
             for e in it:
                 rel = prefix + e.name
+                check_name(rel, root)
                 st = e.stat(follow_symlinks=False)
                 if stat.S_ISDIR(st.st_mode):
                     stack.append((Path(e.path), rel + "/"))
                     continue
                 if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
-                    continue
+                    raise special_file(rel, root)
+                if stat.S_ISLNK(st.st_mode):
+                    check_link(rel, os.readlink(e.path), root)
                 key = _stat_key(st)
                 prev = old.get(rel)
                 if stat.S_ISLNK(st.st_mode):

@@ -68,9 +68,10 @@ def parse_component(raw: Any, where: str) -> Component:
 def read_yaml_mapping(path: Path, keys: set[str], missing_hint: str = "", schema_name: str = "") -> dict[str, Any]:
     """A YAML file read safely; checked against `schema_name` when given, else a mapping with only these keys."""
     from forktool import schema
+    root = path.parent.parent  # the project: its config files live one directory down
     if schema_name:
-        return schema.load_yaml(path, schema_name, missing_hint)
-    text = schema.decode(schema.read_regular(path, path.name, schema.CONFIG_LIMIT, None, missing_hint), path)
+        return schema.load_yaml(path, schema_name, missing_hint, root=root)
+    text = schema.decode(schema.read_regular(path, path.name, schema.CONFIG_LIMIT, root, missing_hint), path)
     raw = schema.parse_yaml(text, str(path))
     if not isinstance(raw, dict):
         raise ConfigError(f"{path.name} must be a mapping", where=str(path))

@@ -32,17 +32,13 @@ CONFIG_LIMIT = 4 << 20  # a YAML config or a JSON record
 STATE_LIMIT = 256 << 20  # manifests of whole trees
 PATCH_LIMIT = 32 << 20  # one patch file
 MAX_DEPTH = 64  # nesting of mappings and lists in any document
-MAX_NODES = 20_000_000  # values in one document once YAML aliases are expanded
-
-
-class FileError(ConfigError):
-    """A file forktool reads is missing, unreadable, of the wrong kind or too large."""
+MAX_NODES = 2_000_000  # values in one document once YAML aliases are expanded
 
 
 # ---------------------------------------------------------------- reading bytes
 
 
-def check_no_symlink_out(path: Path, root: Path, what: str) -> None:
+def check_no_symlink_out(path: Path, root: Path, what: str, label: str = "") -> None:
     """Refuse when path, or a directory between root and path, is a symlink (nothing is followed out)."""
     try:
         rel = path.relative_to(root)
@@ -51,40 +47,46 @@ def check_no_symlink_out(path: Path, root: Path, what: str) -> None:
     cur = root
     for part in rel.parts:
         cur = cur / part
-        if cur.is_symlink():
+        try:
+            link = stat.S_ISLNK(os.lstat(cur).st_mode)
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            raise ConfigError(f"{label or path.name}: {path} cannot be read: {e.strerror}", where=str(path)) from None
+        if link:
             raise UnsafePathError(f"{cur} is a symlink; forktool does not follow links in {what}",
                                   where=str(cur), hint=f"replace the link with the real {'file' if cur == path else 'directory'}")
 
 
 def read_regular(path: Path, what: str = "", limit: int = CONFIG_LIMIT, root: Path | None = None,
-                 missing_hint: str = "") -> bytes:
+                 missing_hint: str = "", where: str = "") -> bytes:
     """The bytes of a regular file; anything else (FIFO, device, directory, link out of root, too big) is refused."""
     label = what or path.name
     if root is not None:
-        check_no_symlink_out(path, root, str(root.name))
+        check_no_symlink_out(path, root, str(root.name), label)
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise FileError(f"{label}: {path} not found", where=str(path), hint=missing_hint) from None
+        raise ConfigError(f"{label}: {path} not found", where=where or str(path), hint=missing_hint) from None
     except OSError as e:
-        raise FileError(f"{label}: {path} cannot be read: {e.strerror}", where=str(path)) from None
+        raise ConfigError(f"{label}: {path} cannot be read: {e.strerror}", where=str(path)) from None
     if not stat.S_ISREG(st.st_mode):
         kind = _kind(st.st_mode)
-        raise FileError(f"{label}: {path} is a {kind}, not a regular file", where=str(path),
+        raise ConfigError(f"{label}: {path} is a {kind}, not a regular file", where=str(path),
                         hint=f"replace it with the regular file forktool expects{'; ' + missing_hint if missing_hint else ''}")
     if st.st_size > limit:
-        raise FileError(f"{label}: {path} is {st.st_size} bytes, more than the {limit >> 20} MiB limit", where=str(path),
+        raise ConfigError(f"{label}: {path} is {st.st_size} bytes, more than the {limit >> 20} MiB limit", where=str(path),
                         hint="this is not a file forktool wrote or expects; check what replaced it")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) * (root is not None))
     except OSError as e:
-        raise FileError(f"{label}: {path} cannot be opened: {e.strerror}", where=str(path)) from None
+        raise ConfigError(f"{label}: {path} cannot be opened: {e.strerror}", where=str(path)) from None
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # swapped for something else since the stat
-            raise FileError(f"{label}: {path} is not a regular file", where=str(path))
+            raise ConfigError(f"{label}: {path} is not a regular file", where=str(path))
         data = f.read(limit + 1)
     if len(data) > limit:
-        raise FileError(f"{label}: {path} grew past the {limit >> 20} MiB limit while being read", where=str(path))
+        raise ConfigError(f"{label}: {path} grew past the {limit >> 20} MiB limit while being read", where=str(path))
     return data
 
 
@@ -292,6 +294,9 @@ def _message(err: Any) -> str:
         allowed = set(err.schema.get("properties", {}))
         extra = sorted(str(k) for k in err.instance if k not in allowed) if isinstance(err.instance, dict) else []
         return f"unknown key(s): {', '.join(extra)}"
+    if err.validator == "dependentRequired":
+        missing = sorted({k for v in err.validator_value.values() for k in v} - set(err.instance))
+        return f"missing key(s): {', '.join(missing)}"
     if err.validator == "required":
         missing = sorted(k for k in err.validator_value if k not in err.instance)
         return f"missing key(s): {', '.join(missing)}"
@@ -299,7 +304,7 @@ def _message(err: Any) -> str:
         return str(custom)
     if err.validator == "type":
         want = err.validator_value
-        wants = " or ".join(_TYPES.get(w, w) for w in (want if isinstance(want, list) else [want]))
+        wants = " or ".join(_TYPES.get(str(w), str(w)) for w in (want if isinstance(want, list) else [want]))
         quote = " (quote it in YAML)" if want == "string" else ""
         return f"{key or 'value'}: expected {wants}, got {_pytype(err.instance)}{quote}"
     if err.validator == "enum":
@@ -332,7 +337,7 @@ def _hint(err: Any) -> str:
 
 def load_yaml(path: Path, name: str, missing_hint: str = "", limit: int = CONFIG_LIMIT,
               root: Path | None = None) -> Any:
-    """A YAML file read safely and checked against the schema `name`."""
+    """A YAML file read safely and checked against the schema `name` (root: no symlink below it is followed)."""
     text = decode(read_regular(path, path.name, limit, root, missing_hint), path)
     return check(parse_yaml(text, str(path)), name, str(path))
 
@@ -356,6 +361,19 @@ def load_state(path: Path, state_dir: Path) -> dict[str, Any] | None:
     return load_json(path, "state", root=state_dir, limit=STATE_LIMIT,
                      hint="restore the newest backup (`forktool backup restore NAME`), or, with the tree pristine, "
                           f"delete {path}")
+
+
+def check_state_covers(path: Path, applied: list[dict], files: dict[str, Any], patches: dict[str, Any]) -> None:
+    """Every file an applied (unchanged) patch touches is recorded in the state: a cut state is refused, not
+    mistaken for local edits."""
+    for a in applied:
+        p = patches.get(a["id"])
+        if p is None or p.sha256 != a["sha256"]:
+            continue
+        missing = [r for r in p.paths if r not in files]
+        if missing:
+            raise ConfigError(f"{path.name} does not record {missing[0]}, which applied patch {a['id']} changes",
+                              where=f"{path}: files", hint="restore the newest backup (`forktool backup restore NAME`)")
 
 
 def no_space(e: OSError, where: str) -> ForktoolError:

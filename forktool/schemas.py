@@ -73,9 +73,10 @@ VENDOR_LOCK = obj({
         ["kind", "spec", "sha256", "upstream_commit", "include", "exclude", "subdir"])},
     "pristine_digest": SHA256,
     "pristine_files": COUNT,
-    "patched": {"anyOf": [obj({}), obj({"series_digest": SHA256, "tree_digest": SHA256, "top": PATCH_ID},
-                                       ["series_digest", "tree_digest", "top"])]},
-}, [])
+    "patched": obj({"series_digest": SHA256, "tree_digest": SHA256, "top": PATCH_ID},
+                   dependentRequired={"series_digest": ["tree_digest", "top"], "tree_digest": ["series_digest", "top"],
+                                      "top": ["series_digest", "tree_digest"]}),
+}, ["components", "pristine_digest", "pristine_files", "patched"])
 
 # ---------------------------------------------------------------- registry/UPSTREAM_SYNC.yaml
 
@@ -168,8 +169,6 @@ STATE = obj({
               "additionalProperties": {"anyOf": [{"type": "null"}, ENTRY], "x-error": "a file entry is [sha256, mode] "
                                        "or null (deleted)"}},
 }, ["version", "pristine_digest", "applied", "files"])
-# what backups made before the state carried a version hold
-STATE_ANY = {"anyOf": [obj({}), STATE], "x-error": "the saved state is malformed"}
 JOURNAL = obj({
     "entries": {"type": "array", "maxItems": 10_000_000, "items": obj({
         "path": REL_PATH,
@@ -182,7 +181,7 @@ BACKUP = obj({
     "name": {"type": "string", "pattern": r"^\d{8}-\d{6}-[a-z0-9-]+\Z", "maxLength": 200},
     "created": {"type": "string", "maxLength": 100}, "reason": TEXT, "tree_digest": SHA256, "files": FILES,
     "stored": {"type": "array", "items": REL_PATH, "maxItems": 10_000_000, "uniqueItems": True},
-    "state": STATE_ANY,
+    "state": {"type": "object", "maxProperties": 100}, "checksum": SHA256,
 }, ["name", "created", "reason", "tree_digest", "files", "stored", "state"])
 PRISTINE = FILES
 

@@ -146,8 +146,8 @@ def _read_plan(tree: Path, state_dir: Path, state_schema: str | None = None) -> 
         plan = schema.load_json(tdir / "plan.json", "journal", root=state_dir, limit=schema.STATE_LIMIT)
         if state_schema:
             schema.check(plan["state"], state_schema, f"{tdir / 'plan.json'}: state")
-    except ForktoolError as e:
-        raise _damaged(tdir, f"{e.what} ({e.where})") from None
+    except ForktoolError as err:
+        raise _damaged(tdir, f"{err.what} ({err.where})") from None
     seen: set[str] = set()
     for i, e in enumerate(plan["entries"]):
         w = f"entries[{i}]"

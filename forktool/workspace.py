@@ -8,9 +8,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from forktool import backup as bk
-from forktool import txn, vendor
+from forktool import schema, txn, vendor
 from forktool.apply import Applied, apply_series
-from forktool.errors import ConfigError, DirtyTreeError, ForktoolError, UsageError
+from forktool.errors import DirtyTreeError, ForktoolError, UsageError
 from forktool.index import scan_indexed
 from forktool.project import Project
 from forktool.series import Patch, SeriesEntry, parse_patch, read_series, series_digest_of
@@ -24,11 +24,9 @@ def load_patches(project: Project, entries: list[SeriesEntry]) -> list[Patch]:
     out = []
     for e in entries:
         p = project.patches_dir / e.name
-        try:
-            data = p.read_bytes()
-        except FileNotFoundError:
-            raise ConfigError(f"patches/series names {e.name}, which does not exist", where=f"patches/series:{e.line}",
-                              hint="add the file or remove the line") from None
+        data = schema.read_regular(p, f"patches/{e.name} (patches/series:{e.line})", schema.PATCH_LIMIT,
+                                   project.root, "add the file or remove the line from patches/series",
+                                   where=f"patches/series:{e.line}")
         out.append(parse_patch(data, e.name))
     return out
 
@@ -52,6 +50,8 @@ class Workspace:
         self.pristine, self.pristine_digest = vendor.read_pristine(project)
         self.store = vendor.objects(project)
         self.state = load_state(self.state_dir, self.pristine_digest, self.tree)
+        schema.check_state_covers(self.state_dir / "state.json", self.state.applied, self.state.files,
+                                  {q.id: q for q in self.patches})
         self._current: Manifest | None = None
         self.hashed = 0  # tree files hashed by this snapshot (the rest came from the stat index)
 
@@ -174,7 +174,7 @@ class Workspace:
 
     def restore(self, name: str) -> dict:
         path = bk.find(self.project.backups_dir, name)
-        manifest, contents, saved_state = bk.load_for_restore(path, self.store.get)
+        manifest, contents, saved_state = bk.load_for_restore(path, self.store.get, "state")
         current = self.current()
         writes = []
         for rel in sorted(set(manifest) | set(current)):
@@ -230,5 +230,5 @@ def _refuse_during_sync(project: Project) -> None:
     here = (project.backups_dir / str(backups.get("tree", ""))).is_dir() if backups else False
     if st.get("stage") in ("starting", "stopped", "finishing", "unreadable") and here:
         raise ForktoolError(f"a sync to {st.get('to_spec')} is in progress ({st.get('stage')}); the vendored tree "
-                            "is its", where=str(path), hint="run `forktool sync --continue`, `--skip` or "
+                            "belongs to it", where=str(path), hint="run `forktool sync --continue`, `--skip` or "
                             "`--abort` first (`forktool status` shows where it stands)")

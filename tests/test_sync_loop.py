@@ -215,3 +215,49 @@ def test_kill_inside_continue(moved, point, then):
     else:
         assert commit in (proj.root / "vendor" / "vendor.yaml").read_text()
         assert proj.sub("verify").returncode == 0
+
+
+def test_a_recorded_stop_is_reached_again_on_a_fresh_checkout(moved, tmp_path):
+    """What the CI job pushes (pin, patches carried so far, the state file) gives the same stop elsewhere."""
+    proj, commit, _ = moved
+    proj.run("sync", "--to", commit, "--start", expect=1)
+    stopped = (proj.tree / "up/src/a.c").read_bytes()
+    clone = tmp_path / "clone"
+    for rel in ("vendor/vendor.yaml", "vendor/vendor.lock", "registry/build.yaml", ".opencoti/sync/state.json"):
+        (clone / rel).parent.mkdir(parents=True, exist_ok=True)
+        (clone / rel).write_bytes((proj.root / rel).read_bytes())
+    (clone / "patches").mkdir()
+    for p in (proj.root / "patches").iterdir():
+        (clone / "patches" / p.name).write_bytes(p.read_bytes())
+    other = Proj(clone, proj.upstream)
+    _, _, err = other.run("status")
+    assert "forktool sync --start" in err  # recorded elsewhere: says how to reach it
+    other.run("sync", "--continue", expect=1)
+    code, out, _ = other.run("sync", "--start", "--json", expect=1)
+    data = json.loads(out)
+    assert data["stop"]["id"] == "0002" and (other.tree / "up/src/a.c").read_bytes() == stopped
+    resolve(other)
+    other.run("sync", "--continue")
+    other.run("verify")
+
+
+def test_registry_sites_are_rewritten_in_place(tmp_path):
+    """The finish rewrites only the sites: lists, so the registry keeps its comments and layout."""
+    import dataclasses
+
+    from forktool import registry as rg
+    from forktool.sync.loop import _registry_text
+    text = ("# the registry\nschema: 1\npatches:\n- id: '0001'\n  file: 0001-a.patch\n  title: a\n  bug: ''\n"
+            "  status: shipped\n  build_impact:\n  - host\n  files:\n  - up/src/a.c\n  hooks:\n  - a\n"
+            "hooks:\n  # the only hook\n  a:\n    patch: '0001'\n    sites:\n    - file: up/src/a.c\n"
+            "      symbol: a\n      line: 1\n")
+    path = tmp_path / "UPSTREAM_SYNC.yaml"
+    path.write_text(text)
+    reg = rg.load(path)
+    moved = dataclasses.replace(reg.hooks["a"], sites=(rg.Site("up/src/a.c", "a", 7), rg.Site("up/src/b.c", "b", 2)))
+    reg.hooks["a"] = moved
+    out = _registry_text(text, reg)
+    assert out.startswith("# the registry\n") and "  # the only hook\n" in out and "  bug: ''\n" in out
+    assert "      line: 7\n    - file: up/src/b.c\n      symbol: b\n      line: 2" in out
+    path.write_text(out)
+    assert rg.dump(rg.load(path)) == rg.dump(reg)

@@ -96,6 +96,8 @@ def sync_loop(project: Project, action: str, spec: str | None) -> Report:
         project, output.info), "skip": lambda: loop.skip(project, output.info),
         "abort": lambda: loop.abort(project, output.info)}[action]
     res = fn()
+    if res["stage"] == "finished":
+        _verify_and_plan(project, res)
     st = res["state"]
     data = dict(_summary(st), timings=res.get("timings", {}))
     if res["stage"] == "aborted":
@@ -141,6 +143,27 @@ def sync_loop(project: Project, action: str, spec: str | None) -> Report:
     if "tool_s" in t:
         lines.append(f"time: {t['tool_s']:.1f} s" + (f" (fetch {t['fetch_s']:.1f} s)" if "fetch_s" in t else ""))
     return Report(data, lines, exit_code=0 if res.get("verify", {}).get("ok") else 1)
+
+
+def _verify_and_plan(project: Project, res: dict) -> None:
+    """After the finish: verify (tree, re-export, lock, registry) and the cpu build plan; a sync that
+    verifies is done, one that does not stays for --continue (verify again) or --abort."""
+    from forktool.commands import build_cmds, tree_cmds
+    from forktool.errors import ForktoolError
+    from forktool.sync import loop
+    output.info("verifying the moved series")
+    try:
+        rep = tree_cmds.verify(project)
+    except ForktoolError as e:
+        res["verify"] = {"ok": False, "error": str(e), "details": e.details}
+        return
+    res["verify"] = {"ok": True, "lines": rep.lines}
+    try:
+        plan = build_cmds.build(project, "cpu", True, None)
+        res["build_plan"] = {"lines": plan.lines, "plan": plan.data}
+    except ForktoolError as e:
+        res["build_plan"] = {"error": str(e)}
+    loop.done(project)
 
 
 def status_report(project: Project) -> Report | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from forktool import authoring, output, vendor
 from forktool.commands import open_workspace
+from forktool.errors import check_id, check_line
 from forktool.output import Report
 from forktool.project import Project
 from forktool.workspace import Workspace
@@ -26,6 +27,7 @@ def _moved(ws: Workspace, what: str, res: dict) -> Report:
 
 
 def apply(project: Project, upto: str | None, force: bool, reanchor: bool = False) -> Report:
+    check_id(upto, "--upto")
     with open_workspace(project) as ws:
         end = ws.index(upto) + 1 if upto else len(ws.patches)
         label = f"apply-{ws.patches[end - 1].id}" if end else "apply-none"
@@ -45,6 +47,7 @@ def apply(project: Project, upto: str | None, force: bool, reanchor: bool = Fals
 
 
 def unapply(project: Project, to: str | None, force: bool) -> Report:
+    check_id(to, "--to")
     with open_workspace(project) as ws:
         end = ws.index(to) + 1 if to else 0
         label = f"unapply-to-{to}" if to else "unapply-all"
@@ -111,6 +114,7 @@ def verify(project: Project, use_cache: bool = True) -> Report:
 
 
 def refresh(project: Project, pid: str) -> Report:
+    check_id(pid, "ID")
     with open_workspace(project) as ws:
         res = authoring.refresh(ws, pid)
     word = "rewrote" if res["changed"] else "unchanged:"
@@ -119,6 +123,7 @@ def refresh(project: Project, pid: str) -> Report:
 
 
 def new(project: Project, slug: str, title: str, author: str, patch_id: str | None = None) -> Report:
+    check_line(title, "--title"), check_line(author, "--author"), check_id(patch_id, "--id")
     with open_workspace(project) as ws:
         res = authoring.new(ws, slug, title, author, patch_id)
     return Report(res, [f"created patches/{res['patch']} after {res['after'] or 'the start'}; "

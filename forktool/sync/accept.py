@@ -16,6 +16,13 @@ from forktool.sync.trial import PatchResult
 from forktool.tree import REGULAR, Entry, sha256_file
 
 
+def _scalar(value: str, was: str) -> str:
+    """value written the way the line it replaces was (plain or quoted), plain only where YAML reads a string."""
+    plain = not was.startswith(("'", '"')) and re.fullmatch(r"[0-9a-f]{40,64}", value) is not None \
+        and isinstance(yaml.safe_load(value), str)
+    return value if plain else json.dumps(value)
+
+
 def _repin_text(text: str, name: str, new: Component) -> str:
     """vendor.yaml with one component's pin moved, comments and layout kept; checked by re-parsing."""
     lines = text.split("\n")
@@ -40,7 +47,7 @@ def _repin_text(text: str, name: str, new: Component) -> str:
             seen.add(m.group(2))
             key_indent = m.group(1)
             if values[m.group(2)]:
-                out.append(f"{m.group(1)}{m.group(2)}: {json.dumps(values[m.group(2)])}")
+                out.append(f"{m.group(1)}{m.group(2)}: {_scalar(values[m.group(2)], ln[m.end():].strip())}")
             continue  # an unknown upstream commit: drop the stale line rather than keep a wrong one
         out.append(ln)
     missing = [k for k in keys if k not in seen and values[k]]

@@ -6,7 +6,6 @@ import dataclasses
 import io
 import json
 import re
-import sys
 import tarfile
 import tempfile
 import time
@@ -15,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from forktool import git as fgit
-from forktool import proc, vendor
+from forktool import vendor
 from forktool.errors import ForktoolError, UsageError
 from forktool.project import COMMIT_RE, Component, Project
 from forktool.tree import Entry, Manifest, atomic_write, sha256_bytes, sha256_file
@@ -82,12 +81,7 @@ def _fetch_sdist(project: Project, comp: Component, progress: Callable[[str], No
     with tempfile.TemporaryDirectory(prefix="forktool-sync-dl-") as tmp:
         want = f"{comp.package}=={comp.version}" if comp.version else comp.package
         progress(f"downloading {want} with pip")
-        proc.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                  "--disable-pip-version-check", "-d", tmp, want])
-        found = sorted(Path(tmp).glob("*.tar.gz"))
-        if len(found) != 1:
-            raise ForktoolError(f"pip did not produce one sdist for {want}", where=tmp,
-                                details=[p.name for p in found])
+        found = [vendor.pip_download(want, Path(tmp))]
         m = re.match(r"^(.+)-([^-]+)\.tar\.gz$", found[0].name)
         version = comp.version or (m.group(2) if m else "")
         if not version:

@@ -12,13 +12,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from forktool import backup as bk
 from forktool import series, txn, vendor
 from forktool.apply import apply_series
 from forktool.errors import DirtyTreeError, ForktoolError, UsageError
 from forktool.markers import hooks_in_patch
 from forktool.project import Component, Project
+from forktool.registry import Registry
 from forktool.series import Patch
+from forktool.state import State
 from forktool.sync.accept import _repin_text
 from forktool.sync.fetch import fetch_target, resolve_spec
 from forktool.sync.relocate import relocate
@@ -36,13 +40,13 @@ from forktool.tree import (
     scan,
     sha256_bytes,
 )
-from forktool.workspace import State, Workspace, series_digest
+from forktool.workspace import Workspace, series_digest
 
 STATE_VERSION = 1
 TREE = "vendor/llamafile"
 # what the loop keeps of the project besides the tree: restored byte for byte by --abort
 PROJECT_FILES = ("vendor/vendor.yaml", "vendor/vendor.lock", ".opencoti/state.json",
-                 "registry/UPSTREAM_SYNC.yaml")
+                 "registry/UPSTREAM_SYNC.yaml", "registry/UPSTREAM_SYNC.md")
 CONFLICT_PREFIXES = (b"<<<<<<< ", b"||||||| ", b">>>>>>> ")
 DROPPED = ("skipped", "upstreamed")
 Progress = Callable[[str], None]
@@ -266,7 +270,8 @@ def _finish(project: Project, st: dict, progress: Progress) -> dict:
     progress("relocating hook sites by symbol")
     registry = _relocated_registry(project, ctx, final.files, active, st)
     if registry is not None:
-        writes.append(txn.Write("registry/UPSTREAM_SYNC.yaml", registry.encode(), REGULAR))
+        writes.append(txn.Write("registry/UPSTREAM_SYNC.yaml", registry[0].encode(), REGULAR))
+        writes.append(txn.Write("registry/UPSTREAM_SYNC.md", registry[1].encode(), REGULAR))
     st["stage"] = "finished"
     txn.commit(project.root, sync_dir(project), writes, st)
     project._vendor = None  # vendor.yaml moved: read it again
@@ -274,22 +279,56 @@ def _finish(project: Project, st: dict, progress: Progress) -> dict:
 
 
 def _relocated_registry(project: Project, ctx: Context, final: dict[str, bytes | None], active: list[Patch],
-                        st: dict) -> str | None:
-    """The registry with each site moved to where its symbol now is, dropped patches' entries removed, and
-    each kept patch's files and build impact taken from its rebased form; None without a registry."""
+                        st: dict) -> tuple[str, str] | None:
+    """(UPSTREAM_SYNC.yaml, UPSTREAM_SYNC.md) on the new base, None without a registry: each hook's sites are
+    where its markers now stand (found sites keep their place in the list with the symbol's new line, sites
+    whose symbol holds no marker any more go, symbols that gained one are added), dropped patches' entries
+    go, and each kept patch's files and build impact come from its rebased form."""
     path = project.registry_dir / "UPSTREAM_SYNC.yaml"
     if not path.is_file():
         return None
     from forktool import registry as rg
+    from forktool import symbols
     from forktool.impact import impacts_for
+    from forktool.markers import scan_file
+    from forktool.regcheck import render_md
 
     def read(rel: str) -> bytes | None:
         return final[rel] if rel in final else ctx.new_read(rel)
 
     hooks, reg = relocate(project, read, ctx.new_manifest, f"{st['component']}/")
-    st["hooks"] = hooks
     if reg is None:
+        st["hooks"] = hooks
         return None
+    held: dict[str, dict[tuple[str, str], int]] = {}  # hook -> (file, symbol) -> advisory line
+    for rel, data in sorted(final.items()):
+        for m in scan_file(rel, data or b""):
+            sym = symbols.site_symbol(data or b"", m.line)
+            line = m.line if sym == symbols.FILE_SCOPE else (symbols.find_symbol(data or b"", sym) or m.line)
+            held.setdefault(m.hook, {}).setdefault((rel, sym), line)
+    for hid, hook in list(reg.hooks.items()):
+        here = held.get(hid)
+        if not here:
+            continue  # no marker left at all: the registry check says so; a human decides
+        sites = [s for s in hook.sites if (s.file, s.symbol) in here]
+        known = {(s.file, s.symbol) for s in sites}
+        for s in hook.sites:
+            if (s.file, s.symbol) not in here:
+                for row in hooks["sites"]:
+                    if (row["hook"], row["file"], row["symbol"]) == (hid, s.file, s.symbol):
+                        row.update(new_file=None, new_line=None, status="dropped")
+        for (f, sym), line in sorted(here.items()):
+            if (f, sym) in known:
+                continue
+            # before the first site of the same file that stands further down, else after that file's last
+            same = [i for i, x in enumerate(sites) if x.file == f]
+            later = [i for i in same if (x := sites[i].line) is not None and x > line]
+            at = later[0] if later else (same[-1] + 1 if same else len(sites))
+            sites.insert(at, rg.Site(f, sym, line))
+            hooks["sites"].append({"hook": hid, "patch": hook.patch, "symbol": sym, "file": None,
+                                   "line": None, "new_file": f, "new_line": line, "status": "added"})
+        reg.hooks[hid] = dataclasses.replace(hook, sites=tuple(sites))
+    st["hooks"] = hooks
     keep = {p.id: p for p in active}
     dropped_hooks = {h for e in reg.patches if e.id not in keep for h in e.hooks}
     reg.patches[:] = [dataclasses.replace(e, files=tuple(keep[e.id].paths),
@@ -297,7 +336,53 @@ def _relocated_registry(project: Project, ctx: Context, final: dict[str, bytes |
                       for e in reg.patches if e.id in keep]
     for h in dropped_hooks:
         reg.hooks.pop(h, None)
-    return rg.dump(reg)
+    return _registry_text(path.read_text(encoding="utf-8"), reg), render_md(reg)
+
+
+def _registry_text(text: str, reg: Registry) -> str:
+    """The registry file with only each hook's `sites:` list rewritten, so comments and layout stay; the
+    whole file dumped again when that does not give exactly `reg` (e.g. patches were dropped)."""
+    from forktool import registry as rg
+    lines = text.split("\n")
+    out: list[str] = []
+    hook = None
+    i = 0
+    in_hooks = False
+    while i < len(lines):
+        ln = lines[i]
+        if ln.startswith("hooks:"):
+            in_hooks = True
+        elif in_hooks and ln.startswith("  ") and not ln.startswith("   ") and ln.rstrip().endswith(":"):
+            hook = ln.strip()[:-1].strip("'\"")
+        if in_hooks and hook in reg.hooks and ln.rstrip() == "    sites:":
+            out.append(ln)
+            i += 1
+            while i < len(lines) and (lines[i].startswith("    - ") or lines[i].startswith("      ")):
+                i += 1
+            for site in reg.hooks[hook].sites:
+                item = {"file": site.file, "symbol": site.symbol, "line": site.line}
+                dumped = yaml.safe_dump([{k: v for k, v in item.items() if v is not None}], sort_keys=False,
+                                        width=110).rstrip("\n").split("\n")
+                out += ["    " + d for d in dumped]
+            continue
+        out.append(ln)
+        i += 1
+    again = "\n".join(out)
+    try:
+        tmp = _load_via_file(again, reg.path)
+    except ForktoolError:
+        return rg.dump(reg)
+    return again if rg.dump(tmp) == rg.dump(reg) else rg.dump(reg)
+
+
+def _load_via_file(text: str, path: Path) -> Registry:
+    from forktool import registry as rg
+    tmp = path.with_name(f".{path.name}.check")
+    atomic_write(tmp, text.encode())
+    try:
+        return rg.load(tmp)
+    finally:
+        tmp.unlink()
 
 
 # ---------------------------------------------------------------- the commands
@@ -380,7 +465,7 @@ def start(project: Project, spec: str | None, progress: Progress = lambda _m: No
         res = _run(project, st, {}, progress)
     res["timings"] = {"fetch_s": round(t_fetched - t0, 3), "tool_s": round(time.monotonic() - t_fetched, 3),
                       "fetch_from_cache": target.from_cache}
-    return _after(project, res, progress)
+    return res
 
 
 def _back_up(project: Project, st: dict, ws: Workspace, current: Manifest, progress: Progress) -> None:
@@ -484,7 +569,7 @@ def continue_(project: Project, progress: Progress = lambda _m: None) -> dict:
             st["position"] = k + 1
             res = _run(project, st, {patch.name: resolved.raw}, progress)
     res["timings"] = {"tool_s": round(time.monotonic() - t0, 3)}
-    return _after(project, res, progress)
+    return res
 
 
 def skip(project: Project, progress: Progress = lambda _m: None) -> dict:
@@ -501,7 +586,7 @@ def skip(project: Project, progress: Progress = lambda _m: None) -> dict:
         st["position"] += 1
         res = _run(project, st, {}, progress)
     res["timings"] = {"tool_s": round(time.monotonic() - t0, 3)}
-    return _after(project, res, progress)
+    return res
 
 
 def abort(project: Project, progress: Progress = lambda _m: None) -> dict:
@@ -522,7 +607,8 @@ def abort(project: Project, progress: Progress = lambda _m: None) -> dict:
         writes = [txn.Write(w.path, w.data, w.mode) for w in _tree_writes(
             project, {rel: (tree_c[rel], e.mode) for rel, e in tree_m.items()}, current)]
         now = _project_manifest(project)
-        for rel in sorted(set(proj_m) | set(now)):
+        # a file the start did not record goes only from patches/ (the loop never adds one elsewhere)
+        for rel in sorted(set(proj_m) | {r for r in now if r.startswith("patches/")}):
             if proj_m.get(rel) != now.get(rel):
                 writes.append(txn.Write(rel, proj_c.get(rel), REGULAR))
         st["stage"] = "aborted"
@@ -532,30 +618,13 @@ def abort(project: Project, progress: Progress = lambda _m: None) -> dict:
             "tree_digest": digest(scan(project.tree)), "backups": st["backups"]}
 
 
-def _after(project: Project, res: dict, progress: Progress) -> dict:
-    """Once finished: verify, the registry diff and the build plan; the state goes when verify passes."""
-    if res["stage"] != "finished":
-        return res
-    from forktool.commands import tree_cmds
-    progress("verifying the moved series")
-    try:
-        rep = tree_cmds.verify(project)
-    except ForktoolError as e:
-        res["verify"] = {"ok": False, "error": str(e), "details": e.details}
-        return res
-    res["verify"] = {"ok": True, "lines": rep.lines}
-    try:
-        from forktool.commands import build_cmds
-        plan = build_cmds.build(project, "cpu", True, None)
-        res["build_plan"] = {"lines": plan.lines, "plan": plan.data}
-    except ForktoolError as e:
-        res["build_plan"] = {"error": str(e)}
+def done(project: Project) -> None:
+    """A finished sync that verified: its state goes (kept as last.json beside it); the backups stay."""
     with txn.locked(project.state_dir):
         p = state_path(project)
         if p.is_file():
             shutil.copyfile(p, sync_dir(project) / "last.json")
             p.unlink()
-    return res
 
 
 def registry_diff(project: Project, st: dict) -> list[str]:
