@@ -21,7 +21,7 @@ main: setup
 	$(FT) verify
 	$(FT) build --plan
 	$(FT) build --profile cpu
-	$(PY) gates/demo.py --bin build/cpu/bin
+	$(PY) -m gates.demo --bin build/cpu/bin
 
 # the CPU gates: patched cpu build, an unpatched reference build (made by forktool), then 0072's gates
 gates-cpu: setup

@@ -14,19 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from unidiff import PatchSet
-from unidiff.errors import UnidiffParseError
-
-from forktool import proc
+from forktool import proc, schema
 from forktool.errors import ConfigError, ForktoolError, UsageError
-from forktool.project import Project, read_yaml_mapping
+from forktool.project import Project
+from forktool.series import parse_patch, series_digest
 from forktool.tree import atomic_write, sha256_bytes, sha256_file
 from forktool.vendor import matches
 
 RECORD = "forktool-build.json"
 CONFIGURE_RECORD = "forktool-configure.json"
-_ARTIFACT_KEYS = {"name", "impact", "paths", "targets", "outputs", "profiles"}
-_PROFILE_KEYS = {"generator", "flags", "targets", "inherits", "cuda_architectures"}
 IMPACTS = ("host", "cuda-dso")
 _OBJECT_RE = re.compile(r"Building (?:C|CXX|CUDA|ASM) object (\S+)")
 _LINK_RE = re.compile(r"Linking \S+ (?:shared library|shared module|executable|static library) (\S+)")
@@ -88,6 +84,12 @@ class BuildConfig:
                 unmatched.append(rel)
         return out, unmatched
 
+    def impacts(self, artifact_names: list[str] | dict[str, list[str]]) -> list[str]:
+        """The impacts (in IMPACTS order) of the named artifacts: the one place impact is computed."""
+        by_name = {a.name: a for a in self.artifacts}
+        found = {i for n in artifact_names for i in by_name[n].impact}
+        return [i for i in IMPACTS if i in found]
+
     def may_change(self, names: set[str]) -> set[str]:
         """names plus every artifact that links one of them, transitively: their bytes may move on a relink."""
         out = set(names)
@@ -101,50 +103,20 @@ class BuildConfig:
         return out
 
 
-def _strings(value: Any, where: str) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise ConfigError("expected a list of non-empty strings", where=where)
-    return tuple(value)
-
-
 def _parse_artifact(raw: Any, where: str, profile_names: set[str]) -> ArtifactSpec:
-    if not isinstance(raw, dict):
-        raise ConfigError("an artifact must be a mapping", where=where)
-    unknown = sorted(set(raw) - _ARTIFACT_KEYS)
-    if unknown:
-        raise ConfigError(f"unknown key(s) {', '.join(unknown)}", where=where,
-                          hint=f"allowed keys: {', '.join(sorted(_ARTIFACT_KEYS))}")
-    name = raw.get("name")
-    if not isinstance(name, str) or not name:
-        raise ConfigError("an artifact needs a name", where=f"{where}.name")
-    imp = raw.get("impact")
-    imps = tuple(imp) if isinstance(imp, list) else (imp,)
-    if not imps or any(x not in IMPACTS for x in imps):
-        raise ConfigError(f"impact must be one or more of {', '.join(IMPACTS)}", where=f"{where}.impact")
-    outputs = _strings(raw.get("outputs"), f"{where}.outputs")
-    for o in outputs:
-        if o.startswith("/") or ".." in o.split("/"):
-            raise ConfigError(f"output {o!r} must be relative to the build directory", where=f"{where}.outputs")
-    profiles = _strings(raw.get("profiles"), f"{where}.profiles")
+    schema.check(raw, "build-artifact", where)
+    imp = raw["impact"]
+    profiles = tuple(raw.get("profiles") or ())
     bad = sorted(set(profiles) - profile_names)
     if bad:
         raise ConfigError(f"unknown profile(s) {', '.join(bad)}", where=f"{where}.profiles")
-    return ArtifactSpec(name, imps, _strings(raw.get("paths"), f"{where}.paths"),
-                        _strings(raw.get("targets"), f"{where}.targets"), outputs, profiles)
+    return ArtifactSpec(raw["name"], tuple(imp) if isinstance(imp, list) else (imp,), tuple(raw.get("paths") or ()),
+                        tuple(raw.get("targets") or ()), tuple(raw.get("outputs") or ()), profiles)
 
 
-def _parse_profiles(raw: Any, where: str) -> dict[str, Profile]:
-    if not isinstance(raw, dict) or not raw:
-        raise ConfigError("`profiles` must be a non-empty mapping of name -> recipe", where=where)
+def _parse_profiles(raw: dict[str, Any], where: str) -> dict[str, Profile]:
     for name, body in raw.items():
-        if not isinstance(body, dict):
-            raise ConfigError("a profile must be a mapping", where=f"{where}.{name}")
-        unknown = sorted(set(body) - _PROFILE_KEYS)
-        if unknown:
-            raise ConfigError(f"unknown key(s) {', '.join(unknown)}", where=f"{where}.{name}",
-                              hint=f"allowed keys: {', '.join(sorted(_PROFILE_KEYS))}")
+        schema.check(body, "build-profile", f"{where}.{name}")
     out: dict[str, Profile] = {}
 
     def resolve(name: str, seen: tuple[str, ...]) -> Profile:
@@ -162,8 +134,8 @@ def _parse_profiles(raw: Any, where: str) -> dict[str, Profile]:
             # the incremental rebuild and the object count read make's output
             raise ConfigError(f"generator {generator!r} is not supported", where=f"{w}.generator",
                               hint="use \"Unix Makefiles\"")
-        flags = (base.flags if base else ()) + _strings(body.get("flags"), f"{w}.flags")
-        targets = _strings(body.get("targets"), f"{w}.targets") or (base.targets if base else ())
+        flags = (base.flags if base else ()) + tuple(body.get("flags") or ())
+        targets = tuple(body.get("targets") or ()) or (base.targets if base else ())
         if not targets:
             raise ConfigError("a profile needs make targets", where=f"{w}.targets")
         archs = str(body.get("cuda_architectures", base.cuda_architectures if base else ""))
@@ -176,21 +148,17 @@ def _parse_profiles(raw: Any, where: str) -> dict[str, Profile]:
 
 
 def load_config(project: Project) -> BuildConfig:
+    """registry/build.yaml checked against its schema (forktool/schemas.py), then cross-checked."""
     path = project.registry_dir / "build.yaml"
-    raw = read_yaml_mapping(path, {"artifacts", "links", "stamped", "profiles"}, "the build profiles live there")
-    profiles = _parse_profiles(raw.get("profiles"), f"{path}: profiles")
-    arts = raw.get("artifacts")
-    if not isinstance(arts, list) or not arts:
-        raise ConfigError("`artifacts` must be a non-empty list", where=f"{path}: artifacts")
-    artifacts = tuple(_parse_artifact(a, f"{path}: artifacts[{i}]", set(profiles)) for i, a in enumerate(arts))
+    raw = schema.load_yaml(path, "build", "the build profiles live there", root=project.root)
+    profiles = _parse_profiles(raw["profiles"], f"{path}: profiles")
+    artifacts = tuple(_parse_artifact(a, f"{path}: artifacts[{i}]", set(profiles))
+                      for i, a in enumerate(raw["artifacts"]))
     names = {a.name for a in artifacts}
     if len(names) != len(artifacts):
         raise ConfigError("artifact names must be unique", where=f"{path}: artifacts")
-    links_raw = raw.get("links") or {}
-    if not isinstance(links_raw, dict):
-        raise ConfigError("`links` must map an artifact to the artifacts it links", where=f"{path}: links")
-    links = {str(k): _strings(v, f"{path}: links.{k}") for k, v in links_raw.items()}
-    stamped = _strings(raw.get("stamped"), f"{path}: stamped")
+    links = {str(k): tuple(v) for k, v in (raw.get("links") or {}).items()}
+    stamped = tuple(raw.get("stamped") or ())
     for n in set(links) | {d for v in links.values() for d in v} | set(stamped):
         if n not in names:
             raise ConfigError(f"unknown artifact {n!r}", where=f"{path}: links/stamped")
@@ -200,13 +168,9 @@ def load_config(project: Project) -> BuildConfig:
 # ---------------------------------------------------------------- impact of one patch
 
 
-def touched_paths(raw: bytes) -> list[str]:
+def touched_paths(raw: bytes, name: str = "0000-patch.patch") -> list[str]:
     """The vendored paths a patch touches, read from its diff (new, changed and deleted files)."""
-    try:
-        ps = PatchSet(raw.decode("utf-8"))
-    except (UnicodeDecodeError, UnidiffParseError) as e:
-        raise ForktoolError(f"cannot read the diff: {e}", hint="run `forktool refresh ID` to rewrite it") from e
-    return sorted({f.path for f in ps})
+    return sorted(parse_patch(raw, name).paths)
 
 
 @dataclass
@@ -251,12 +215,9 @@ class PatchImpact:
 
 
 def patch_impact(cfg: BuildConfig, pid: str, name: str, title: str, raw: bytes, declared: str = "") -> PatchImpact:
-    files = touched_paths(raw)
+    files = touched_paths(raw, name)
     arts, unmatched = cfg.feeding(files)
-    by_name = {a.name: a for a in cfg.artifacts}
-    found = {i for n in arts for i in by_name[n].impact}
-    return PatchImpact(pid, name, title, sha256_bytes(raw), files, arts, [i for i in IMPACTS if i in found],
-                       unmatched, declared)
+    return PatchImpact(pid, name, title, sha256_bytes(raw), files, arts, cfg.impacts(arts), unmatched, declared)
 
 
 # ---------------------------------------------------------------- the stamp
@@ -264,11 +225,9 @@ def patch_impact(cfg: BuildConfig, pid: str, name: str, title: str, raw: bytes, 
 
 def stamp(upstream_commit: str, applied: list[tuple[str, str, str]], dirty: bool) -> tuple[str, int]:
     """(LLAMA_BUILD_COMMIT, LLAMA_BUILD_NUMBER) for the applied (id, name, sha256) prefix of the series."""
-    h = hashlib.sha256()
-    for _pid, name, sha in applied:
-        h.update(f"{name} {sha}\n".encode())  # the same recipe as workspace.series_digest
+    sd = series_digest((name, sha) for _pid, name, sha in applied)
     base = upstream_commit[:8] or "unknown"
-    commit = f"{base}+{applied[-1][0]}.{h.hexdigest()[:8]}" if applied else f"{base}+pristine"
+    commit = f"{base}+{applied[-1][0]}.{sd[:8]}" if applied else f"{base}+pristine"
     return (commit + ".dirty" if dirty else commit), len(applied)
 
 

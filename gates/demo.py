@@ -9,11 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+from gates.common import ensure_model
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m gates.demo", description=__doc__)
     ap.add_argument("--bin", type=Path, required=True, help="directory with llama-completion")
     ap.add_argument("--window", type=int, default=256, help="forced resident window (cells)")
     ap.add_argument("--work", type=Path, default=Path("build/demo"))
@@ -22,9 +22,7 @@ def main() -> int:
     if not exe.is_file():
         sys.exit(f"demo: {exe} not found; run `forktool build --profile cpu` first")
     a.work.mkdir(parents=True, exist_ok=True)
-    model = a.work / "tiny-llama.gguf"
-    if not model.is_file():
-        subprocess.run([sys.executable, str(HERE / "make_model.py"), "-o", str(model)], check=True)
+    model = ensure_model(a.work / "tiny-llama.gguf", [])
     # a prompt longer than the window, so the host tail holds cells and attention streams it
     prompt = "once upon a time the sky was blue and the grass was green. " * 40
     argv = [str(exe), "-m", str(model), "-p", prompt, "-n", "16", "-c", "2048", "-b", "512", "-ub", "512",

@@ -2,6 +2,7 @@
 # On a CUDA machine: build the cuda profile from the full-series source archive once, then switch the
 # sources to the other series positions writing only files whose bytes differ, so `make` rebuilds just
 # the host objects (the series is host-only: the CUDA DSO must come out byte-identical every time).
+# A position whose archive has the same sha256 as at its last build is not rebuilt (OUT/<position>/.archive).
 # usage: gates/device_build.sh BUNDLE_DIR OUT_DIR [JOBS]
 set -euo pipefail
 bundle=$1; out=$2; jobs=${3:-16}
@@ -12,22 +13,23 @@ flags=(-G "Unix Makefiles" -DCMAKE_BUILD_TYPE=Release -DLLAMA_OPENSSL=OFF -DLLAM
        -DGGML_CPU_ALL_VARIANTS=OFF -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON
        -DGGML_CUDA=ON -DGGML_CUDA_NCCL=OFF -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_SERVER=OFF)
 targets=(llama-completion llama-perplexity llama-bench ggml-cuda)
-for v in full pre0089 upstream; do
-  mkdir -p "$work/$v"
-  tar xzf "$bundle/$v.tar.gz" -C "$work/$v"
-done
+positions=(full)
+[ -f "$bundle/before.tar.gz" ] && positions+=(before)
+positions+=(pre0089 upstream)
 src=$work/src
-[ -d "$src" ] || cp -a "$work/full/llama.cpp" "$src"
 export GIT_CEILING_DIRECTORIES=$PWD/$work
-t0=$(date +%s)
-cmake -S "$src" -B "$work/bld" "${flags[@]}" -DLLAMA_BUILD_COMMIT=device-gates >"$out/configure.log" 2>&1
-t1=$(date +%s)
-make -C "$work/bld" -j"$jobs" "${targets[@]}" >"$out/make-full.log" 2>&1
-t2=$(date +%s)
-echo "full: configure $((t1-t0)) s, make $((t2-t1)) s, $(grep -c 'Building' "$out/make-full.log") objects"
-mkdir -p "$out/full" && cp -a "$work/bld/bin/." "$out/full/"
-for v in pre0089 upstream; do
-  python3 - "$work/$v/llama.cpp" "$src" <<'PY'
+for v in "${positions[@]}"; do
+  sum=$(sha256sum "$bundle/$v.tar.gz" | cut -d' ' -f1)
+  if [ -f "$out/$v/.archive" ] && [ "$(cat "$out/$v/.archive")" = "$sum" ] && [ -x "$out/$v/llama-completion" ]; then
+    echo "$v: unchanged since its last build (archive ${sum:0:12}), reused"
+    continue
+  fi
+  rm -rf "$work/$v" && mkdir -p "$work/$v"
+  tar xzf "$bundle/$v.tar.gz" -C "$work/$v"
+  if [ ! -d "$src" ]; then
+    cp -a "$work/$v/llama.cpp" "$src"
+  else
+    python3 - "$work/$v/llama.cpp" "$src" <<'PY'
 import filecmp, os, shutil, sys
 new, dst = sys.argv[1], sys.argv[2]
 changed = 0
@@ -35,7 +37,7 @@ for d, _, files in os.walk(new):
     for f in files:
         a = os.path.join(d, f); b = os.path.join(dst, os.path.relpath(a, new))
         if not os.path.exists(b) or not filecmp.cmp(a, b, shallow=False):
-            shutil.copy2(a, b); os.utime(b); changed += 1
+            os.makedirs(os.path.dirname(b), exist_ok=True); shutil.copy2(a, b); os.utime(b); changed += 1
 for d, _, files in os.walk(dst):
     for f in files:
         b = os.path.join(d, f)
@@ -43,10 +45,15 @@ for d, _, files in os.walk(dst):
             os.unlink(b); changed += 1
 print(f"switched {changed} files")
 PY
+  fi
   t0=$(date +%s)
+  if [ ! -f "$work/bld/CMakeCache.txt" ]; then
+    cmake -S "$src" -B "$work/bld" "${flags[@]}" -DLLAMA_BUILD_COMMIT=device-gates >"$out/configure.log" 2>&1
+  fi
   make -C "$work/bld" -j"$jobs" "${targets[@]}" >"$out/make-$v.log" 2>&1
   t1=$(date +%s)
-  echo "$v: make $((t1-t0)) s, $(grep -c 'Building' "$out/make-$v.log") objects: $(grep 'Building' "$out/make-$v.log" | sed 's/.*object //' | tr '\n' ' ' | cut -c1-400)"
-  mkdir -p "$out/$v" && cp -a "$work/bld/bin/." "$out/$v/"
+  echo "$v: make $((t1-t0)) s, $(grep -c 'Building' "$out/make-$v.log" || true) objects"
+  rm -rf "${out:?}/$v" && mkdir -p "$out/$v" && cp -a "$work/bld/bin/." "$out/$v/"
+  echo "$sum" > "$out/$v/.archive"
 done
 sha256sum "$out"/*/libggml-cuda.so "$out"/*/libggml-base.so "$out"/*/libllama.so | tee "$out/artifact-sha256.txt"

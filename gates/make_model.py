@@ -10,11 +10,6 @@ from pathlib import Path
 
 import numpy as np
 
-try:
-    import gguf
-except ImportError:  # the GPU machine has no network: the wheel must travel with this script
-    sys.exit("make_model.py: the 'gguf' package is missing: pip install gguf (or carry its wheel)")
-
 # SentencePiece token types as llama.cpp reads them (llama_token_type in llama-vocab.h).
 TT_NORMAL, TT_UNKNOWN, TT_CONTROL, TT_BYTE = 1, 2, 3, 6
 SPACE = "\u2581"  # SentencePiece's word-boundary marker
@@ -116,6 +111,10 @@ def tensor_chunks(seed: int, name: str, shape: tuple[int, ...], std: float, mean
 
 def write_model(a: argparse.Namespace) -> dict:
     tokens, scores, types = build_vocab(a.vocab)
+    try:
+        import gguf
+    except ImportError:  # the GPU machine has no network: the wheel must travel with the gates
+        sys.exit("gates.make_model: the 'gguf' package is missing: pip install gguf (or carry its wheel)")
     w = gguf.GGUFWriter(str(a.output), a.arch)
     w.add_name(f"forktool-synthetic-{a.arch}")
     w.add_context_length(a.ctx)

@@ -1,8 +1,20 @@
 #!/usr/bin/env bash
-# The GPU gates of 0089 on a CUDA machine with forktool installed: source archives of three series
-# positions, one CUDA build plus host-only switches, then gates (a)-(d). Results in build/gpu-gates/out.
+# The GPU gates of 0089 on a CUDA machine with forktool installed: source archives of the series positions, one
+# CUDA build plus host-only switches (positions whose archive is unchanged since the last build are reused), then
+# `python -m gates.gpu` and the curve's plot. Results in build/gpu-gates/out.
+#   GPU_GATES_ONLY   gates to run (default a,b,c,d,e; f = the per-token breakdown)
+#   a build/device-bundle/before.tar.gz placed beforehand is built too and compared as "before"
 set -euo pipefail
-python3 gates/device_bundle.py --out build/device-bundle
+py=${PYTHON:-python3}
+"$py" -m gates.bundle --out build/device-bundle
 bash gates/device_build.sh build/device-bundle build/device-out 16
-python3 gates/gpu_gates.py --full-bin build/device-out/full --pre-bin build/device-out/pre0089 \
-  --upstream-bin build/device-out/upstream --work build/gpu-gates --out build/gpu-gates/out
+before=()
+if [ -d build/device-out/before ]; then before=(--before-bin build/device-out/before); fi
+rc=0
+"$py" -m gates.gpu --full-bin build/device-out/full --pre-bin build/device-out/pre0089 \
+  --upstream-bin build/device-out/upstream "${before[@]}" --work build/gpu-gates --out build/gpu-gates/out \
+  --only "${GPU_GATES_ONLY:-a,b,c,d,e}" || rc=$?
+if [ -f build/gpu-gates/out/rolling_kv_curve.csv ]; then
+  "$py" -m gates.plot build/gpu-gates/out/rolling_kv_curve.csv -o build/gpu-gates/out/rolling_kv_curve.png
+fi
+exit $rc

@@ -135,3 +135,16 @@ def test_the_cache_action_picks_redis_else_the_actions_cache():
     for var in ("FORKTOOL_LAUNCHER", "SCCACHE_REDIS_ENDPOINT", "SCCACHE_GHA_ENABLED", "ACTIONS_RESULTS_URL",
                 "ACTIONS_RUNTIME_TOKEN", "SCCACHE_BASEDIRS"):
         assert f"'{var}'" in script
+
+
+def test_upstream_sync_follows_the_loop_on_a_conflict():
+    steps = {s.get("name"): s for s in load("upstream-sync.yml")["jobs"]["sync"]["steps"]}
+    stop = steps["Push the stopped state"]
+    assert "acceptable != 'true'" in stop["if"]
+    run = stop["run"]
+    assert 'forktool sync --to "$SPEC" --start' in run and "git push" in run
+    # the branch carries pin, patches and the state file, never the conflicted tree
+    assert "git add vendor/vendor.yaml patches" in run and "git add -f .opencoti/sync/state.json" in run
+    assert "vendor/llamafile" not in run
+    issue = steps["Open or update the issue"]["run"]
+    assert "forktool sync --start" in issue and "gh issue create" in issue

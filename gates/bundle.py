@@ -13,14 +13,14 @@ from forktool.series import read_series
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m gates.bundle", description=__doc__)
     ap.add_argument("--out", type=Path, default=Path("build/device-bundle"))
     ap.add_argument("--fixed", default="0089", help="the patch whose effect the gates isolate")
     a = ap.parse_args()
     project = find_project()
     ids = [e.id for e in read_series(project.series_file)]
     if a.fixed not in ids or ids.index(a.fixed) == 0:
-        sys.exit(f"device_bundle: {a.fixed} must be in the series after at least one patch")
+        sys.exit(f"gates.bundle: {a.fixed} must be in the series after at least one patch")
     before = ids[ids.index(a.fixed) - 1]
     a.out.mkdir(parents=True, exist_ok=True)
     ft = [sys.executable, "-m", "forktool"]

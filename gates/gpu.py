@@ -1,0 +1,496 @@
+"""GPU gates on a CUDA machine: (a) boot repro under a ballast, (b) resident unchanged, (c) window = resident,
+(d) the tail-share curve, plus the measurements behind the figures: (e) compute buffers, (f) per-token breakdown."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from gates.common import RE_WINDOW, TOL_SAME_TOP_PCT, TOL_TOOL_MAX_KLD, WINDOW_ENV, ensure_model, log, make_text, parse_stats
+
+RE_PROMPT = re.compile(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens .*?([\d.]+) tokens per second")
+RE_EVAL = re.compile(r"\s eval time =\s*([\d.]+) ms /\s*(\d+) runs .*?([\d.]+) tokens per second")
+RE_COMPUTE = re.compile(r"CUDA0 compute buffer size =\s*([\d.]+) MiB")
+RE_SPLITS = re.compile(r"graph splits = (\d+)")
+OOM_LINES = ("failed to allocate compute pp buffers", "graph_reserve: failed to allocate compute buffers",
+             "failed to allocate CUDA0 buffer")
+MIB = 1 << 20
+MODEL_ARGS = ["--arch", "llama", "--layers", "8", "--n-embd", "2048", "--n-head", "16", "--n-head-kv", "4",
+              "--head-dim", "128", "--n-ff", "8192", "--ctx", "1048576", "--vocab", "512"]
+KV_BYTES_PER_CELL = 8 * 2 * 4 * 128 * 2  # layers * (K+V) * kv heads * head dim * f16
+
+
+class Ballast:
+    """A separate process holding device memory with torch.empty, so that only `leave_mib` stays free."""
+
+    def __init__(self, leave_mib: int):
+        code = (
+            "import sys, time, torch\n"
+            "free, total = torch.cuda.mem_get_info()\n"
+            f"take = max(0, free - {leave_mib} * 2**20)\n"
+            "x = torch.empty(take, dtype=torch.uint8, device='cuda')\n"
+            "free2, _ = torch.cuda.mem_get_info()\n"
+            "print(f'ballast holds {take >> 20} MiB; free now {free2 >> 20} MiB of {total >> 20}', flush=True)\n"
+            "time.sleep(100000)\n")
+        self.proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        self.line = self.proc.stdout.readline().strip()
+        if not self.line.startswith("ballast holds"):
+            raise SystemExit(f"ballast failed to start: {self.line!r}")
+        log(self.line)
+
+    def close(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+
+class MemPeak:
+    """Peak device memory used by one process, polled with nvidia-smi."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self.pid: int | None = None
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._poll, daemon=True)
+        self._t.start()
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            if self.pid:
+                r = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                                   capture_output=True, text=True)
+                for ln in r.stdout.splitlines():
+                    parts = [p.strip() for p in ln.split(",")]
+                    if len(parts) == 2 and parts[0] == str(self.pid) and parts[1].isdigit():
+                        self.peak = max(self.peak, int(parts[1]))
+            time.sleep(0.1)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._t.join()
+        return self.peak
+
+
+def run(tag: str, argv: list[str], work: Path, env: dict | None = None, measure: bool = False,
+        timeout: int = 300) -> dict:
+    """Run one tool, keep its log under work/, and parse what the gates read from it."""
+    e = dict(os.environ)
+    e.pop(WINDOW_ENV, None)
+    e.update(env or {})
+    mp = MemPeak() if measure else None
+    t0 = time.monotonic()
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=e)
+    if mp:
+        mp.pid = p.pid
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, _ = p.communicate()
+    text = out.decode("utf-8", "replace")
+    (work / f"{tag}.log").write_text(" ".join(argv) + "\n\n" + text)
+    res: dict = {"tag": tag, "rc": p.returncode, "seconds": round(time.monotonic() - t0, 2)}
+    if mp:
+        res["device_mib_peak"] = mp.stop()
+    m = RE_PROMPT.search(text)
+    if m:
+        res["prefill_tps"] = float(m.group(3))
+        res["prompt_tokens"] = int(m.group(2))
+    m = RE_EVAL.search(text)
+    if m:
+        res["decode_tps"] = float(m.group(3))
+        res["decode_ms_per_token"] = float(m.group(1)) / max(1, int(m.group(2)))
+    found = list(RE_WINDOW.finditer(text))
+    w = found[-1] if found else None  # with two passes, the last line is the window the context runs with
+    if w:
+        res["window"] = {"resident": int(w.group(1)), "kv_size": int(w.group(2)), "tail": int(w.group(3)),
+                         "tail_mib": float(w.group(4))}
+    res["fully_resident"] = "FULLY RESIDENT" in text and not found
+    res["measure_pass"] = [ln.strip() for ln in text.splitlines() if "two-pass" in ln or "measure pass" in ln]
+    res["window_lines"] = [ln.strip() for ln in text.splitlines() if "position window" in ln]
+    res["oom_lines"] = [ln.strip() for ln in text.splitlines() if any(k in ln for k in OOM_LINES)]
+    res["compute_mib"] = [float(x) for x in RE_COMPUTE.findall(text)]
+    res["graph_splits"] = [int(x) for x in RE_SPLITS.findall(text)]
+    res["text"] = text
+    return res
+
+
+def completion(bin_dir: Path, model: Path, ctx: int, prompt_file: Path, n: int, extra: list[str]) -> list[str]:
+    return [str(bin_dir / "llama-completion"), "-m", str(model), "-f", str(prompt_file), "-n", str(n), "-c", str(ctx),
+            "-ngl", "99", "-fa", "on", "-ctk", "f16", "-ctv", "f16", "--temp", "0", "--seed", "1", "-no-cnv",
+            "--ignore-eos", "-t", "8", "-lv", "4", *extra]
+
+
+def strip(r: dict) -> dict:
+    return {k: v for k, v in r.items() if k != "text"}
+
+
+def link_bandwidth() -> dict:
+    """Host-to-device copy bandwidth (GB/s) from pinned and from pageable memory, measured with torch."""
+    code = (
+        "import json, time, torch\n"
+        "n = 1 << 30\n"
+        "d = torch.empty(n, dtype=torch.uint8, device='cuda')\n"
+        "out = {}\n"
+        "for name, pin in (('pinned', True), ('pageable', False)):\n"
+        "    h = torch.ones(n, dtype=torch.uint8, pin_memory=pin)\n"
+        "    d.copy_(h); torch.cuda.synchronize()\n"
+        "    ts = []\n"
+        "    for _ in range(5):\n"
+        "        t = time.perf_counter(); d.copy_(h, non_blocking=pin); torch.cuda.synchronize()\n"
+        "        ts.append(time.perf_counter() - t)\n"
+        "    ts.sort(); out[name + '_gbps'] = round(n / ts[len(ts) // 2] / 1e9, 2)\n"
+        "print(json.dumps(out))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    try:
+        return json.loads(r.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {"error": (r.stderr or r.stdout)[-400:]}
+
+
+# (a) ---------------------------------------------------------------------------------------------------------
+def gate_a(a: argparse.Namespace, model: Path, work: Path) -> dict:
+    prompt = work / "short.txt"
+    prompt.write_text(make_text(60, 7))
+    extra = ["--kv-residency-mode", "window", "-fit", "off"]
+    ballast = Ballast(a.leave_mib)
+    try:
+        pre = run("a-pre0089", completion(a.pre_bin, model, a.boot_ctx, prompt, 32, extra), work)
+        full = run("a-full", completion(a.full_bin, model, a.boot_ctx, prompt, 32, extra), work)
+        before = run("a-before", completion(a.before_bin, model, a.boot_ctx, prompt, 32, extra), work) \
+            if a.before_bin else None
+    finally:
+        ballast.close()
+    ok = (pre["rc"] != 0 and bool(pre["oom_lines"]) and full["rc"] == 0 and bool(full["window"])
+          and full.get("decode_tps", 0) > 0)
+    out = {"pass": ok, "ballast": ballast.line, "ctx": a.boot_ctx, "leave_mib": a.leave_mib,
+           "pre0089": {"rc": pre["rc"], "decisive": pre["oom_lines"][:3] + pre["window_lines"][:1]},
+           "full": {"rc": full["rc"], "decisive": full["measure_pass"][:3] + full["window_lines"][-1:],
+                    "resident_cells": (full.get("window") or {}).get("resident"),
+                    "decode_tps": full.get("decode_tps"), "compute_buffer_mib": full["compute_mib"]}}
+    if before:
+        out["before"] = {"rc": before["rc"], "resident_cells": (before.get("window") or {}).get("resident"),
+                         "decode_tps": before.get("decode_tps"), "compute_buffer_mib": before["compute_mib"]}
+    return out
+
+
+# (b) ---------------------------------------------------------------------------------------------------------
+def bench(bin_dir: Path, model: Path, tag: str, work: Path, a: argparse.Namespace, env: dict) -> dict[str, list[float]]:
+    """One llama-bench invocation: pp and tg samples (tokens/s), -r repetitions each."""
+    argv = [str(bin_dir / "llama-bench"), "-m", str(model), "-ngl", "99", "-fa", "1", "-p", str(a.bench_pp),
+            "-n", str(a.bench_tg), "-r", str(a.bench_reps), "-o", "json"]
+    r = run(tag, argv, work, env=env, timeout=600)
+    if r["rc"] != 0:
+        raise RuntimeError(f"{tag}: llama-bench exit {r['rc']}")
+    text = r["text"]
+    data = json.loads(text[text.index("["):text.rindex("]") + 1])
+    out: dict[str, list[float]] = {}
+    for t in data:
+        key = "pp" if t["n_prompt"] > 0 else "tg"
+        out[key] = [float(x) for x in t["samples_ts"]]
+    return out
+
+
+def gate_b(a: argparse.Namespace, model: Path, work: Path) -> dict:
+    """Resident unchanged: llama-bench, warm-up, interleaved rounds, ratio of medians against measured noise."""
+    builds = {"upstream": (a.upstream_bin, {}), "full": (a.full_bin, {"OPENCOTI_KV_RESIDENCY_MODE": "window"})}
+    for name, (b, env) in builds.items():  # warm-up: page cache, GPU clocks, JIT caches; discarded
+        bench(b, model, f"b-warmup-{name}", work, a, env)
+    samples: dict[str, dict[str, list[float]]] = {n: {"pp": [], "tg": []} for n in builds}
+    round_medians: dict[str, dict[str, list[float]]] = {n: {"pp": [], "tg": []} for n in builds}
+    for i in range(a.bench_rounds):
+        order = list(builds) if i % 2 == 0 else list(builds)[::-1]
+        for name in order:
+            b, env = builds[name]
+            s = bench(b, model, f"b-{name}-{i}", work, a, env)
+            for k in ("pp", "tg"):
+                samples[name][k] += s[k]
+                round_medians[name][k].append(statistics.median(s[k]))
+    res: dict = {"rounds": a.bench_rounds, "reps_per_round": a.bench_reps, "pp": a.bench_pp, "tg": a.bench_tg}
+    ok = True
+    for k in ("pp", "tg"):
+        med = {n: statistics.median(samples[n][k]) for n in builds}
+        ratio = med["full"] / med["upstream"]
+        # run-to-run noise: the spread of one build's round medians, relative to its median (each build)
+        noise = max((max(round_medians[n][k]) - min(round_medians[n][k])) / med[n] for n in builds)
+        # the spread of the per-round ratios (rounds are interleaved, so drift cancels within a round)
+        ratios = [f / u for f, u in zip(round_medians["full"][k], round_medians["upstream"][k], strict=True)]
+        threshold = max(a.bench_min_threshold, 2.0 * noise)
+        passed = abs(ratio - 1.0) <= threshold
+        ok = ok and passed
+        res[k] = {"median_tps": med, "ratio_full_over_upstream": round(ratio, 4),
+                  "round_ratio_min_max": [round(min(ratios), 4), round(max(ratios), 4)],
+                  "round_medians": round_medians_rounded(round_medians, k), "noise": round(noise, 4),
+                  "threshold": round(threshold, 4), "pass": passed}
+    # fully resident stays single-pass: one logged run of the window mode with nothing forced
+    prompt = work / "prompt-b.txt"
+    prompt.write_text(make_text(1500, 11))
+    r = run("b-full-logged", completion(a.full_bin, model, 131072, prompt, 16, ["--kv-residency-mode", "window"]), work)
+    single = r["rc"] == 0 and r["fully_resident"] and not r["measure_pass"]
+    res["fully_resident_single_pass"] = single
+    res["window_line"] = r["window_lines"][:1]
+    res["pass"] = ok and single
+    return res
+
+
+def round_medians_rounded(rm: dict, k: str) -> dict:
+    return {n: [round(x, 1) for x in v[k]] for n, v in rm.items()}
+
+
+# (c) ---------------------------------------------------------------------------------------------------------
+def gate_c(a: argparse.Namespace, model: Path, work: Path) -> dict:
+    text = work / "ppl.txt"
+    text.write_text(make_text(6000, 3))
+    ppl = str(a.full_bin / "llama-perplexity")
+
+    def common(ub: int) -> list[str]:
+        return ["-m", str(model), "-f", str(text), "-c", "2048", "-b", "512", "-ub", str(ub), "-ngl", "99", "-fa", "on",
+                "--chunks", "4" if ub > 1 else "1", "-t", "8", "-lv", "4"]
+
+    out: dict = {"windows": []}
+    ok = True
+    for ub in (512, 1):
+        base = work / f"resident-ub{ub}.kld"
+        r0 = run(f"c-resident-ub{ub}", [ppl, *common(ub), "--kl-divergence-base", str(base)], work)
+        ok = ok and r0["rc"] == 0
+        for w in a.windows:
+            stats: dict = {}
+            r: dict = {}
+            for _attempt in range(3):  # llama-perplexity can lose its last log lines at exit: retry
+                r = run(f"c-window-{w}-ub{ub}", [ppl, *common(ub), "--kv-residency-mode", "window",
+                                                 "--kl-divergence-base", str(base), "--kl-divergence"],
+                        work, env={WINDOW_ENV: str(w)})
+                stats = parse_stats(r["text"])
+                if "max_kld" in stats and "same_top_pct" in stats:
+                    break
+            row = {"window": w, "ubatch": ub, "rc": r["rc"], "window_line": r["window_lines"][:1], **stats}
+            ok = ok and r["rc"] == 0 and bool(r["window"]) and stats.get("max_kld", 1) <= TOL_TOOL_MAX_KLD \
+                and stats.get("same_top_pct", 0) >= TOL_SAME_TOP_PCT
+            out["windows"].append(row)
+    out["pass"] = ok
+    out["tolerance"] = {"max_kld": TOL_TOOL_MAX_KLD, "same_top_pct": TOL_SAME_TOP_PCT}
+    return out
+
+
+# (d) ---------------------------------------------------------------------------------------------------------
+def curve_row(config: str, share: float | str, r: dict, ctx: int) -> dict:
+    win = r.get("window") or {}
+    return {"config": config, "tail_share": share, "rc": r["rc"],
+            "resident_cells": win.get("resident", ctx if r["fully_resident"] else ""),
+            "device_mib_peak": r.get("device_mib_peak"), "prompt_tokens": r.get("prompt_tokens"),
+            "prefill_tps": r.get("prefill_tps"), "decode_tps": r.get("decode_tps")}
+
+
+def gate_d(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict:
+    """Prefill and decode against the share of the prompt in the host tail (forced windows), with references."""
+    prompt = work / "prompt-d.txt"
+    prompt.write_text(make_text(a.curve_words, 5))
+    ctx = a.curve_ctx
+    # the prompt length in tokens, from a fully resident run (also the share-0 point)
+    r0 = run("d-share-0", completion(a.full_bin, model, ctx, prompt, a.curve_n, ["--kv-residency-mode", "window"]),
+             work, measure=True)
+    n_prompt = r0.get("prompt_tokens") or 0
+    if not n_prompt:
+        return {"pass": False, "error": "the fully resident run printed no prompt timing"}
+    rows = [curve_row("window", 0.0, r0, ctx)]
+    builds = [("window", a.full_bin)] + ([("window before", a.before_bin)] if a.before_bin else [])
+    for share in a.shares:
+        cells = max(256, int(round(n_prompt * (1.0 - share))))
+        for config, b in builds:
+            if config != "window" and share not in a.before_shares:
+                continue
+            r = run(f"d-{config.replace(' ', '-')}-{share}", completion(b, model, ctx, prompt, a.curve_n,
+                    ["--kv-residency-mode", "window", "-fit", "off"]), work, env={WINDOW_ENV: str(cells)}, measure=True)
+            row = curve_row(config, round(1.0 - min(cells, n_prompt) / n_prompt, 4), r, ctx)
+            rows.append(row)
+            log(f"curve: {row}")
+    # the issue's table: the same prompt under --vram-target budgets, both builds
+    for target in a.targets:
+        for config, b in builds:
+            r = run(f"d-{config.replace(' ', '-')}-target-{target}", completion(b, model, ctx, prompt, a.curve_n,
+                    ["--kv-residency-mode", "window", "-fit", "off", "--vram-target", str(target)]), work, measure=True)
+            cells = (r.get("window") or {}).get("resident", ctx)
+            row = curve_row(f"{config} --vram-target {target}", round(max(0.0, 1.0 - cells / n_prompt), 4), r, ctx)
+            rows.append(row)
+            log(f"table: {row}")
+    r = run("d-nkvo", completion(a.upstream_bin, model, ctx, prompt, a.curve_n, ["-nkvo"]), work, measure=True)
+    rows.append(curve_row("upstream --no-kv-offload", 1.0, r, ctx) | {"resident_cells": 0})
+    # what else a user would pick: upstream with a q8_0 KV cache sized to the prompt (fits while its KV <= the window's)
+    q_ctx = (n_prompt + a.curve_n + 1023) // 1024 * 1024
+    r = run("d-q8", completion(a.upstream_bin, model, q_ctx, prompt, a.curve_n, ["-ctk", "q8_0", "-ctv", "q8_0"]), work,
+            measure=True)
+    q8_bytes = q_ctx * KV_BYTES_PER_CELL * 34 // 64  # q8_0: 34 bytes per 32 values
+    fits_share = max(0.0, 1.0 - q8_bytes / KV_BYTES_PER_CELL / n_prompt)
+    rows.append(curve_row(f"upstream q8_0 KV, ctx {q_ctx}", round(fits_share, 4), r, q_ctx))
+    link = link_bandwidth()
+    csv_path = outdir / "rolling_kv_curve.csv"
+    with open(csv_path, "w", newline="") as f:
+        wr = csv.DictWriter(f, fieldnames=list(rows[0]))
+        wr.writeheader()
+        wr.writerows(rows)
+    meta = {"prompt_tokens": n_prompt, "ctx": ctx, "kv_bytes_per_cell": KV_BYTES_PER_CELL, "link": link,
+            "decode_n": a.curve_n}
+    (outdir / "rolling_kv_curve.json").write_text(json.dumps(meta, indent=2))
+    nkvo = next(r for r in rows if r["config"] == "upstream --no-kv-offload")
+    at = {r["tail_share"]: r for r in rows if r["config"] == "window"}
+    last = max(at)
+    half = min(at, key=lambda s: abs(float(s) - 0.5))
+    targets = {
+        "decode_at_max_share_tps": at[last].get("decode_tps"),
+        "decode_vs_nkvo": (at[last].get("decode_tps") or 0) / (nkvo.get("decode_tps") or 1),
+        "prefill_at_half_vs_nkvo": (at[half].get("prefill_tps") or 0) / (nkvo.get("prefill_tps") or 1),
+    }
+    return {"pass": all(r["rc"] == 0 for r in rows), "csv": str(csv_path), "meta": meta, "rows": rows,
+            "targets": targets}
+
+
+# (e) ---------------------------------------------------------------------------------------------------------
+def gate_e(a: argparse.Namespace, model: Path, work: Path) -> dict:
+    """CUDA0 compute buffer in window mode (a forced host tail) against upstream, at several contexts."""
+    prompt = work / "short.txt"
+    prompt.write_text(make_text(60, 7))
+    rows = []
+    for ctx in a.buffer_ctxs:
+        row: dict = {"ctx": ctx}
+        for name, b, extra, env in (
+                ("upstream", a.upstream_bin, [], {}),
+                ("window", a.full_bin, ["--kv-residency-mode", "window", "-fit", "off"], {WINDOW_ENV: "16384"}),
+                ("window_before", a.before_bin, ["--kv-residency-mode", "window", "-fit", "off"], {WINDOW_ENV: "16384"})):
+            if b is None:
+                continue
+            r = run(f"e-{name}-{ctx}", completion(b, model, ctx, prompt, 4, extra), work, env=env)
+            row[f"{name}_mib"] = r["compute_mib"][-1] if r["compute_mib"] else None
+            row[f"{name}_rc"] = r["rc"]
+        rows.append(row)
+        log(f"buffers: {row}")
+    return {"pass": all(v == 0 for r in rows for k, v in r.items() if k.endswith("_rc")), "rows": rows}
+
+
+# (f) ---------------------------------------------------------------------------------------------------------
+def gate_f(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict:
+    """Where a decoded token's time goes with a host tail: the scheduler's splits and copies (GGML_SCHED_DEBUG),
+    and per-token time against the bytes of used tail read (a linear fit: fixed cost + bytes / bandwidth)."""
+    out: dict = {"link": link_bandwidth()}
+    prompt = work / "prompt-f.txt"
+    prompt.write_text(make_text(1600, 13))
+    builds = [("after", a.full_bin)] + ([("before", a.before_bin)] if a.before_bin else [])
+    for name, b in builds:
+        # splits of the decode graph with a 256-cell window and ~2k cells used (one graph printed per ubatch)
+        r = run(f"f-sched-{name}", completion(b, model, 4096, prompt, 2, ["--kv-residency-mode", "window", "-fit", "off"]),
+                work, env={WINDOW_ENV: "256", "GGML_SCHED_DEBUG": "2"})
+        lines = r["text"].splitlines()
+        # the last graph printed (the decode graph): its split headers and the nodes the CPU runs
+        start = max((i for i, ln in enumerate(lines) if ln.startswith("## SPLIT #0:")), default=0)
+        last = [ln for ln in lines[start:] if ln.startswith("## SPLIT") or (ln.startswith("node #") and "[  CPU" in ln)]
+        (outdir / f"sched-{name}.txt").write_text("\n".join(last) + "\n")
+        out[f"sched_{name}"] = {"rc": r["rc"], "graph_splits": r["graph_splits"],
+                                "decode_graph_splits": sum(ln.startswith("## SPLIT") for ln in last),
+                                "decode_graph_cpu_nodes": sum(ln.startswith("node #") for ln in last)}
+        # per-token decode time against the used tail (fixed prompt, growing tail share)
+        pts = []
+        prompt_d = work / "prompt-d.txt"
+        if not prompt_d.is_file():
+            prompt_d.write_text(make_text(a.curve_words, 5))
+        for cells in a.fit_windows:
+            r = run(f"f-fit-{name}-{cells}", completion(b, model, a.curve_ctx, prompt_d, 32,
+                    ["--kv-residency-mode", "window", "-fit", "off"]), work, env={WINDOW_ENV: str(cells)})
+            if r.get("decode_ms_per_token") and r.get("prompt_tokens"):
+                used_tail = max(0, r["prompt_tokens"] + 16 - cells)
+                pts.append({"window": cells, "tail_mib_read_per_token": round(used_tail * KV_BYTES_PER_CELL / MIB, 1),
+                            "ms_per_token": round(r["decode_ms_per_token"], 3)})
+        out[f"fit_{name}"] = {"points": pts, **linear_fit(pts)}
+    return {"pass": True, **out}
+
+
+def linear_fit(pts: list[dict]) -> dict:
+    if len(pts) < 2:
+        return {}
+    xs = [p["tail_mib_read_per_token"] for p in pts]
+    ys = [p["ms_per_token"] for p in pts]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        return {}
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    fixed = my - slope * mx
+    return {"fixed_ms": round(fixed, 3), "ms_per_mib": round(slope, 5),
+            "effective_gbps": round(MIB / 1e9 / (slope / 1e3), 2) if slope > 0 else None}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m gates.gpu", description=__doc__)
+    ap.add_argument("--full-bin", type=Path, required=True, help="CUDA build of the whole series")
+    ap.add_argument("--pre-bin", type=Path, required=True, help="CUDA build of the series without 0089")
+    ap.add_argument("--upstream-bin", type=Path, required=True, help="CUDA build of unpatched upstream")
+    ap.add_argument("--before-bin", type=Path, help="optional: another full-series build to compare (before a change)")
+    ap.add_argument("--work", type=Path, default=Path("build/gpu-gates"))
+    ap.add_argument("--out", type=Path, default=Path("build/gpu-gates/out"))
+    ap.add_argument("--only", default="a,b,c,d,e")
+    ap.add_argument("--boot-ctx", type=int, default=1048576)
+    ap.add_argument("--leave-mib", type=int, default=12288, help="device memory the ballast leaves free")
+    ap.add_argument("--bench-rounds", type=int, default=3)
+    ap.add_argument("--bench-reps", type=int, default=5)
+    ap.add_argument("--bench-pp", type=int, default=2048)
+    ap.add_argument("--bench-tg", type=int, default=128)
+    ap.add_argument("--bench-min-threshold", type=float, default=0.03, help="smallest |ratio-1| bound of gate b")
+    ap.add_argument("--windows", type=int, nargs="+", default=[1024, 256])
+    ap.add_argument("--curve-ctx", type=int, default=131072)
+    ap.add_argument("--curve-words", type=int, default=30000)
+    ap.add_argument("--curve-n", type=int, default=64)
+    ap.add_argument("--shares", type=float, nargs="+",
+                    default=[0.01, 0.03, 0.06, 0.1, 0.2, 0.35, 0.5, 0.65, 0.8, 0.9, 1.0])
+    ap.add_argument("--before-shares", type=float, nargs="*", default=[0.5, 1.0])
+    ap.add_argument("--targets", type=int, nargs="*", default=[2300, 2100, 1900, 1700], help="--vram-target rows")
+    ap.add_argument("--buffer-ctxs", type=int, nargs="+", default=[131072, 524288, 1048576])
+    ap.add_argument("--fit-windows", type=int, nargs="+", default=[256, 12288, 24576])
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    a.work.mkdir(parents=True, exist_ok=True)
+    a.out.mkdir(parents=True, exist_ok=True)
+    model = ensure_model(a.work / "synthetic-8l-2048.gguf", MODEL_ARGS)
+    results: dict = {}
+    names = {"a": "a_boot_repro", "b": "b_resident_unchanged", "c": "c_window_equals_resident", "d": "d_curve",
+             "e": "e_compute_buffers", "f": "f_breakdown"}
+    for g in a.only.split(","):
+        t0 = time.monotonic()
+        log(f"== gate {g}")
+        try:
+            if g == "a":
+                res = gate_a(a, model, a.work)
+            elif g == "b":
+                res = gate_b(a, model, a.work)
+            elif g == "c":
+                res = gate_c(a, model, a.work)
+            elif g == "d":
+                res = gate_d(a, model, a.work, a.out)
+            elif g == "e":
+                res = gate_e(a, model, a.work)
+            elif g == "f":
+                res = gate_f(a, model, a.work, a.out)
+            else:
+                res = {"pass": False, "error": f"unknown gate {g!r}"}
+        except Exception as e:  # keep going: one broken gate must not hide the others' results
+            res = {"pass": False, "error": f"{type(e).__name__}: {e}"}
+        res["seconds"] = round(time.monotonic() - t0, 1)
+        results[names.get(g, g)] = res
+        log(f"== gate {g}: {res['seconds']:.0f} s, {'pass' if res.get('pass') else 'FAIL'}")
+        (a.out / "gpu_gates.json").write_text(json.dumps(results, indent=2))
+    print(json.dumps(results, indent=2))
+    return 0 if all(v.get("pass") for v in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

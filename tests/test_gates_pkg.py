@@ -1,0 +1,136 @@
+"""The gates package: every gate runs as a module from the repo root, shared helpers parse what the tools print."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MODULES = ["gates.cpu", "gates.gpu", "gates.needle", "gates.demo", "gates.make_model", "gates.bundle"]
+
+
+def run_module(mod: str, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run([sys.executable, "-m", mod, *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("mod", MODULES)
+def test_every_gate_runs_as_a_module(mod: str):
+    r = run_module(mod, "--help")
+    assert r.returncode == 0, r.stderr
+    assert "usage:" in r.stdout
+
+
+def test_no_sys_path_edits_in_gates():
+    offenders = [p.name for p in (ROOT / "gates").glob("*.py") if re.search(r"sys\.path\.(insert|append)", p.read_text())]
+    assert offenders == []
+
+
+def test_parse_windows_and_stats():
+    from gates.common import parse_stats, parse_windows
+
+    log = ("llama_kv_cache: position window = 256 / 131072 cells resident + host tail 130816 cells (2044.00 MiB host) "
+           "[CUDA0, forced]\n"
+           "Mean    KLD:   0.000012 ±   0.000001\nMaximum KLD:   0.000029\nSame top p: 100.000 ± 0.000 %\n")
+    assert parse_windows(log) == [{"window": 256, "kv_size": 131072, "tail": 130816, "host_mib": 2044.0}]
+    assert parse_stats(log) == {"mean_kld": 0.000012, "max_kld": 0.000029, "same_top_pct": 100.0}
+    assert parse_windows("position window = FULLY RESIDENT (512 / 512 cells") == []
+
+
+def test_make_text_is_deterministic():
+    from gates.common import make_text
+
+    assert make_text(200, 3) == make_text(200, 3)
+    assert make_text(200, 3) != make_text(200, 4)
+
+
+def test_ensure_model_writes_the_same_bytes(tmp_path: Path):
+    pytest.importorskip("gguf")
+    from gates.common import ensure_model, sha256
+
+    a = ensure_model(tmp_path / "a.gguf", ["--layers", "1"])
+    b = ensure_model(tmp_path / "b.gguf", ["--layers", "1"])
+    assert sha256(a) == sha256(b)
+    mtime = a.stat().st_mtime_ns
+    ensure_model(a, ["--layers", "1"])  # present: left alone
+    assert a.stat().st_mtime_ns == mtime
+
+
+def fake_tool(path: Path, text: str) -> Path:
+    path.write_text("#!/bin/sh\ncat <<'EOF'\n" + text + "\nEOF\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+def test_gpu_run_parses_a_completion_log(tmp_path: Path):
+    from gates.gpu import run
+
+    tool = fake_tool(tmp_path / "llama-completion", "\n".join([
+        "llama_kv_cache: position window = 256 / 1048576 cells resident + host tail 1048320 cells (16380.00 MiB host) "
+        "[CUDA0, measure pass, budget 0.00 MiB]",
+        "llama_context: two-pass compute reserve: pass 1 (measure) with a minimal KV window",
+        "sched_reserve:      CUDA0 compute buffer size =  4111.76 MiB",
+        "llama_kv_cache: position window = 149760 / 1048576 cells resident + host tail 898816 cells (14044.00 MiB host) "
+        "[CUDA0, auto, budget 2343.56 MiB]",
+        "sched_reserve:      CUDA0 compute buffer size =  3965.76 MiB",
+        "sched_reserve: graph splits = 26",
+        "common_perf_print: prompt eval time =     573.10 ms / 35131 tokens (    0.02 ms per token, 61300.00 tokens per second)",
+        "common_perf_print:        eval time =      26.69 ms /    31 runs   (    0.86 ms per token,  1161.48 tokens per second)",
+    ]))
+    r = run("t", [str(tool)], tmp_path)
+    assert r["rc"] == 0
+    assert r["window"] == {"resident": 149760, "kv_size": 1048576, "tail": 898816, "tail_mib": 14044.0}
+    assert r["compute_mib"] == [4111.76, 3965.76]
+    assert r["graph_splits"] == [26]
+    assert (r["prompt_tokens"], r["prefill_tps"], r["decode_tps"]) == (35131, 61300.0, 1161.48)
+    assert r["decode_ms_per_token"] == pytest.approx(26.69 / 31)
+    assert r["measure_pass"] and not r["fully_resident"]
+    assert (tmp_path / "t.log").read_text().startswith(str(tool))
+
+
+def test_gpu_bench_reads_llama_bench_json(tmp_path: Path):
+    import argparse
+
+    from gates.gpu import bench
+
+    doc = [{"n_prompt": 2048, "n_gen": 0, "samples_ts": [146000.5, 145000.0]},
+           {"n_prompt": 0, "n_gen": 128, "samples_ts": [1750.0, 1748.5]}]
+    fake_tool(tmp_path / "llama-bench", "main: loading\n" + json.dumps(doc))
+    a = argparse.Namespace(bench_pp=2048, bench_tg=128, bench_reps=2)
+    assert bench(tmp_path, tmp_path / "m.gguf", "b", tmp_path, a, {}) == {"pp": [146000.5, 145000.0],
+                                                                        "tg": [1750.0, 1748.5]}
+
+
+def test_linear_fit_recovers_fixed_cost_and_bandwidth():
+    from gates.gpu import MIB, linear_fit
+
+    pts = [{"tail_mib_read_per_token": x, "ms_per_token": 2.0 + 0.02 * x} for x in (0.0, 100.0, 500.0)]
+    fit = linear_fit(pts)
+    assert fit["fixed_ms"] == pytest.approx(2.0)
+    assert fit["ms_per_mib"] == pytest.approx(0.02)
+    assert fit["effective_gbps"] == pytest.approx(round(MIB / 1e9 / 0.02e-3, 2))
+    assert linear_fit(pts[:1]) == {}
+
+
+def test_plot_writes_a_png(tmp_path: Path):
+    pytest.importorskip("matplotlib")
+    from gates.plot import main
+
+    csv_path = tmp_path / "c.csv"
+    csv_path.write_text("config,tail_share,rc,resident_cells,device_mib_peak,prompt_tokens,prefill_tps,decode_tps\n"
+                        "window,0.0,0,131072,3800,35131,61000,980\n"
+                        "window,0.5,0,17565,2900,35131,30000,90\n"
+                        "window,1.0,0,256,2600,35131,20000,60\n"
+                        "upstream --no-kv-offload,1.0,0,0,2000,35131,10959,15\n")
+    csv_path.with_suffix(".json").write_text(json.dumps({"prompt_tokens": 35131, "ctx": 131072,
+                                                         "link": {"pinned_gbps": 55.0}}))
+    assert main([str(csv_path), "-o", str(tmp_path / "c.png")]) == 0
+    assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
