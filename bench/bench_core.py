@@ -1,115 +1,171 @@
-"""Core benchmarks on the real pinned upstream: fetch, apply, verify, no-op apply, against git apply / git am."""
+"""Core benchmarks on the real pinned upstream and the shipped series, each beside its git anchor, in one run.
+
+Rows (whole processes, medians; forktool and its anchor run alternately, so both see the same machine load):
+  verify warm (series applied)                  vs `git status` on a git copy of the same tree
+  apply when nothing changed                    vs `git status`
+  unapply && apply (whole series)               vs `git reset --hard base && git am` of the same patches
+  edit a .cpp hunk of 0089 -> refresh -> verify -> build (cpu): forktool's share = total - make
+  --help, --version, status                     vs a bare `python -c pass`
+Python's bytecode cache is ON here: PYTHONDONTWRITEBYTECODE is removed from the environment of every command
+(this development environment sets it; users' installs keep their .pyc files), so start-up is what users see.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+MARK = "opencoti-hook: two-pass-compute-reserve"
+EDIT_FILE = "llama.cpp/src/llama-kv-cache.cpp"
 
 
-def sh(argv: list[str], cwd: Path, env: dict[str, str]) -> None:
+def run(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
     r = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)
     if r.returncode != 0:
-        sys.exit(f"failed: {' '.join(argv)}\n{r.stderr}")
+        sys.exit(f"failed ({r.returncode}): {' '.join(argv)}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
+    return r
 
 
-def timed(fn, repeat: int) -> list[float]:
-    out = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return out
+CPU: list[float] = []  # CPU seconds (user + sys) of the child processes of the last timed() call
+
+
+def timed(fn: Callable[[], object]) -> float:
+    """Wall seconds of fn; its children's CPU seconds are appended to CPU (steadier on a loaded machine)."""
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    fn()
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    CPU.append((r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime))
+    return wall
+
+
+def med(ts: list[float]) -> float:
+    return statistics.median(ts)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--repeat", type=int, default=5, help="runs per measurement (median reported)")
-    ap.add_argument("--cold-repeat", type=int, default=3, help="runs of the cold fetch (each downloads ~77 MB)")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeat", type=int, default=7, help="runs per row (medians reported)")
+    ap.add_argument("--build-repeat", type=int, default=3, help="runs of the edit -> build loop (0: skip that row)")
+    ap.add_argument("--jobs", type=int, default=2, help="make -jN for the build row")
+    ap.add_argument("--work", type=Path, default=REPO / "build" / "bench-core",
+                    help="scratch directory (under /work, ccache shares objects with other checkouts)")
     args = ap.parse_args()
-    ft = [sys.executable, "-m", "forktool"]
-    work = Path(tempfile.mkdtemp(prefix="forktool-bench-"))
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["FORKTOOL_CACHE"] = os.environ.get("FORKTOOL_CACHE") or str(Path.home() / ".cache" / "forktool")
+    work = args.work.resolve()
+    shutil.rmtree(work, ignore_errors=True)
     root = work / "proj"
     for d in ("vendor", "patches", "registry"):
         shutil.copytree(REPO / d, root / d, ignore=shutil.ignore_patterns("llamafile", ".*"))
-    warm_cache = Path(os.environ.get("FORKTOOL_CACHE") or Path.home() / ".cache" / "forktool")
-    env = dict(os.environ, FORKTOOL_ROOT=str(root), FORKTOOL_CACHE=str(warm_cache))
-    rows: list[tuple[str, list[float]]] = []
+    env["FORKTOOL_ROOT"] = str(root)
+    py = sys.executable
+    ft = [py, "-m", "forktool"]
 
-    def cold_fetch() -> None:
-        cache = work / f"cold-{time.monotonic_ns()}"
-        shutil.rmtree(root / "vendor" / "llamafile", ignore_errors=True)
-        (root / "vendor" / "vendor.lock").unlink(missing_ok=True)
-        sh(ft + ["vendor", "fetch"], root, dict(env, FORKTOOL_CACHE=str(cache)))
-        shutil.rmtree(cache)
+    def forktool(*a: str) -> subprocess.CompletedProcess:
+        return run([*ft, *a], root, env)
 
-    rows.append(("vendor fetch, cold (pip download + extract + materialise)", timed(cold_fetch, args.cold_repeat)))
-    shutil.rmtree(root / "vendor" / "llamafile", ignore_errors=True)
-    shutil.copy(REPO / "vendor" / "vendor.lock", root / "vendor" / "vendor.lock")
-    sh(ft + ["vendor", "fetch"], root, env)
-    n = sum(1 for ln in (root / "patches" / "series").read_text().splitlines() if ln.strip() and not ln.startswith("#"))
-
-    def apply_from_pristine() -> None:
-        sh(ft + ["apply"], root, env)
-
-    apply_t = []
-    for _ in range(args.repeat):
-        sh(ft + ["unapply"], root, env)
-        apply_t += timed(apply_from_pristine, 1)
-    rows.append((f"forktool apply, whole series ({n} patches) from pristine", apply_t))
-    rows.append(("forktool verify, warm", timed(lambda: sh(ft + ["verify"], root, env), args.repeat)))
-    rows.append(("forktool apply, no-op (already applied)", timed(apply_from_pristine, args.repeat)))
-
-    # the same series with git: a git repo of the pristine tree, then git apply per patch / git am
-    sh(ft + ["unapply"], root, env)
-    gitdir = work / "git"
-    shutil.copytree(root / "vendor" / "llamafile", gitdir, symlinks=True)
-    genv = dict(os.environ, GIT_AUTHOR_NAME="b", GIT_AUTHOR_EMAIL="b@b", GIT_COMMITTER_NAME="b",
-                GIT_COMMITTER_EMAIL="b@b")
-    for a in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "pristine"]):
-        sh(["git", *a], gitdir, genv)
-    patches = [str(root / "patches" / ln.strip()) for ln in (root / "patches" / "series").read_text().splitlines()
+    forktool("vendor", "fetch")
+    patches = [root / "patches" / ln.strip() for ln in (root / "patches" / "series").read_text().splitlines()
                if ln.strip() and not ln.startswith("#")]
 
-    base = subprocess.run(["git", "rev-parse", "HEAD"], cwd=gitdir, capture_output=True, text=True).stdout.strip()
+    # the anchor: a git repository of the same pristine tree, the same patches applied with git am
+    gitdir = work / "git"
+    shutil.copytree(root / "vendor" / "llamafile", gitdir, symlinks=True)
+    genv = {k: v for k, v in env.items() if not k.startswith("GIT_")}
+    genv.update(GIT_AUTHOR_NAME="b", GIT_AUTHOR_EMAIL="b@b", GIT_COMMITTER_NAME="b", GIT_COMMITTER_EMAIL="b@b")
 
-    def reset() -> None:
-        sh(["git", "reset", "-q", "--hard", base], gitdir, genv)
+    def git(*a: str) -> subprocess.CompletedProcess:
+        return run(["git", *a], gitdir, genv)
 
-    def git_apply() -> None:
-        for p in patches:
-            sh(["git", "apply", p], gitdir, genv)
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-qm", "pristine")
+    base = git("rev-parse", "HEAD").stdout.strip()
+    git("am", "-q", *map(str, patches))
+    forktool("apply")
+    forktool("verify")  # warm: stat index and caches filled
 
-    def git_am() -> None:
-        sh(["git", "am", "-q", *patches], gitdir, genv)
+    rows: list[tuple[str, list[float], str, list[float], list[float], list[float]]] = []
 
-    ga, gm = [], []
-    for _ in range(args.repeat):
-        reset()
-        ga += timed(git_apply, 1)
-        reset()
-        gm += timed(git_am, 1)
-    rows.append(("git apply, one call per patch (same tree, same series)", ga))
-    rows.append(("git am, whole series (same tree, same series)", gm))
+    def side_by_side(name: str, ours: Callable[[], object], anchor_name: str, anchor: Callable[[], object],
+                     before: Callable[[], object] | None = None) -> None:
+        a, b, ca, cb = [], [], [], []
+        for _ in range(args.repeat):
+            if before:
+                before()
+            a.append(timed(ours))
+            ca.append(CPU[-1])
+            if before:
+                before()
+            b.append(timed(anchor))
+            cb.append(CPU[-1])
+        rows.append((name, a, anchor_name, b, ca, cb))
 
-    print(f"{'measurement':62} {'median s':>9} {'min':>7} {'max':>7}  runs")
-    for name, ts in rows:
-        print(f"{name:62} {statistics.median(ts):9.3f} {min(ts):7.3f} {max(ts):7.3f}  {len(ts)}")
-    med = {name: statistics.median(ts) for name, ts in rows}
-    fa = med[f"forktool apply, whole series ({n} patches) from pristine"]
-    per_patch = med["git apply, one call per patch (same tree, same series)"]
-    print(f"\nratio forktool apply / git apply per patch: {fa / per_patch:.2f}")
-    print(f"ratio forktool apply / git am:              {fa / med['git am, whole series (same tree, same series)']:.2f}")
-    print(f"ratio no-op apply / full apply:             {med['forktool apply, no-op (already applied)'] / fa:.2f}")
-    shutil.rmtree(work)
+    git_status = ("git status (same tree)", lambda: git("status", "--porcelain"))
+    side_by_side("forktool verify, warm, full series", lambda: forktool("verify"), *git_status)
+    side_by_side("forktool verify --no-cache (from scratch)", lambda: forktool("verify", "--no-cache"), *git_status)
+    side_by_side("forktool apply, nothing changed", lambda: forktool("apply"), *git_status)
+
+    def git_reset_am() -> None:
+        git("reset", "-q", "--hard", base)
+        git("am", "-q", *map(str, patches))
+
+    side_by_side("forktool unapply && forktool apply", lambda: (forktool("unapply"), forktool("apply")),
+                 "git reset --hard base && git am", git_reset_am)
+    bare = ("python -c pass", lambda: run([py, "-c", "pass"], root, env))
+    side_by_side("forktool --version", lambda: forktool("--version"), *bare)
+    side_by_side("forktool --help", lambda: forktool("--help"), *bare)
+    side_by_side("forktool status", lambda: forktool("status"), *bare)
+    side_by_side("python -c 'import forktool.cli'", lambda: run([py, "-c", "import forktool.cli"], root, env), *bare)
+
+    loop: list[dict[str, float]] = []
+    if args.build_repeat:
+        forktool("build", "--profile", "cpu", "-j", str(args.jobs))  # the first build, not measured
+        target = root / "vendor" / "llamafile" / EDIT_FILE
+        original = target.read_text()
+        at = original.index(MARK)
+        line_end = original.index("\n", at) + 1
+        for n in range(args.build_repeat):
+            text = original[:line_end] + f"    // bench edit {n}\n" + original[line_end:] if n % 2 == 0 else original
+            target.write_text(text)
+            t0 = time.perf_counter()
+            forktool("refresh", "0089")
+            t1 = time.perf_counter()
+            forktool("verify")
+            t2 = time.perf_counter()
+            out = json.loads(forktool("build", "--profile", "cpu", "-j", str(args.jobs), "--json").stdout)
+            t3 = time.perf_counter()
+            loop.append({"refresh": t1 - t0, "verify": t2 - t1, "build": t3 - t2, "make": float(out["make_seconds"]),
+                         "objects": len(out["objects"]), "total": t3 - t0})
+
+    print("PYTHONDONTWRITEBYTECODE unset for every command (bytecode cache on, as users have it).")
+    print(f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    print(f"{'forktool':42} {'wall s':>7} {'cpu s':>6}   {'anchor':32} {'wall s':>7} {'cpu s':>6} "
+          f"{'ratio':>6} {'cpu r':>6}  runs")
+    for name, a, anchor_name, b, ca, cb in rows:
+        print(f"{name:42} {med(a):7.3f} {med(ca):6.3f}   {anchor_name:32} {med(b):7.3f} {med(cb):6.3f} "
+              f"{med(a) / med(b):6.2f} {med(ca) / max(med(cb), 1e-3):6.2f}  {len(a)}")
+    if loop:
+        m = {k: med([x[k] for x in loop]) for k in loop[0]}
+        share = m["refresh"] + m["verify"] + (m["build"] - m["make"])
+        print(f"\nedit 0089 -> refresh -> verify -> build (cpu), {len(loop)} runs, medians: total {m['total']:.2f} s; "
+              f"refresh {m['refresh']:.2f}, verify {m['verify']:.2f}, build {m['build']:.2f} of which make "
+              f"{m['make']:.2f} ({m['objects']:.0f} objects)")
+        print(f"forktool's share (total - make): {share:.2f} s")
+    shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

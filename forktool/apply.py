@@ -113,11 +113,45 @@ def apply_patch(patch: Patch, read: Reader, into: Applied) -> None:
     into.drift[patch.id] = drift
 
 
-def apply_series(patches: list[Patch], read: Reader) -> Applied:
-    state = Applied()
+def apply_series(patches: list[Patch], read: Reader, into: Applied | None = None) -> Applied:
+    """Apply patches in order on top of `into` (default: nothing applied yet); raises at the first failure."""
+    state = into if into is not None else Applied()
     for p in patches:
         apply_patch(p, read, state)
     return state
+
+
+@dataclass(frozen=True)
+class FileOutcome:
+    """One file of a patch tried on its own: the new bytes and drift, or the error that stopped it."""
+
+    path: str
+    content: bytes | None
+    drift: list[Drift]
+    error: ApplyError | None = None
+
+
+def try_patch(patch: Patch, read: Reader, into: Applied | None = None) -> list[FileOutcome]:
+    """Try every file of one patch on top of `into` (falling back to `read`), never raising, changing nothing.
+
+    For callers that classify rather than stop (an upstream trial): each file's outcome is independent; apply
+    the patch with apply_patch, or record the outcomes into an Applied with `record`, when they all succeeded.
+    """
+    out = []
+    for fd in patch.files:
+        current = into.files[fd.path] if into is not None and fd.path in into.files else read(fd.path)
+        try:
+            content, drift = apply_file(patch, fd, current)
+            out.append(FileOutcome(fd.path, content, drift))
+        except ApplyError as e:
+            out.append(FileOutcome(fd.path, current, [], e))
+    return out
+
+
+def record(patch_id: str, outcomes: list[FileOutcome], into: Applied) -> None:
+    """Put the successful outcomes of try_patch into `into` (failed files keep their contents)."""
+    into.files.update({o.path: o.content for o in outcomes if o.error is None})
+    into.drift[patch_id] = [d for o in outcomes for d in o.drift]
 
 
 def reverse(h: Hunk) -> Hunk:

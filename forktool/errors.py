@@ -61,3 +61,21 @@ class UnsafePathError(ForktoolError):
 
 class VerifyError(ForktoolError):
     """verify found differences."""
+
+
+def check_id(value: str | None, option: str) -> str | None:
+    """A patch id given on the command line: None (not given) or four digits; '' never means "all"."""
+    if value is None:
+        return None
+    if len(value) != 4 or not value.isascii() or not value.isdigit():
+        raise UsageError(f"{option} {value!r}: a patch id is four digits, e.g. 0072", where=option,
+                         hint="`forktool status` lists the ids of the series")
+    return value
+
+
+def check_line(value: str, option: str) -> str:
+    """Text that goes into one header line of a patch: no newline, carriage return or NUL (no header injection)."""
+    if any(ch in value for ch in "\n\r\0") or any(ord(ch) < 32 and ch != "\t" for ch in value):
+        raise UsageError(f"{option} must be a single line of text (no newline or control character)", where=option,
+                         hint="put longer text in the patch message after creating it")
+    return value

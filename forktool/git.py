@@ -6,14 +6,21 @@ import hashlib
 import io
 import tempfile
 from pathlib import Path
-
-import git
+from typing import Any
 
 from forktool.errors import ForktoolError
 
 
+def _git() -> Any:
+    """gitpython, imported by the commands that talk to git only (it costs a noticeable part of a start-up)."""
+    import git
+
+    return git
+
+
 def archive_commit(url: str, commit: str, cache: Path) -> bytes:
     """A tar archive of `commit` from `url`, through a bare mirror kept in the cache."""
+    git = _git()
     mirror = cache / "git" / hashlib.sha256(url.encode()).hexdigest()[:16]
     try:
         if mirror.is_dir():
@@ -32,12 +39,9 @@ def archive_commit(url: str, commit: str, cache: Path) -> bytes:
     return buf.getvalue()
 
 
-def init_repo(path: Path) -> git.Repo:
-    return git.Repo.init(path)
-
-
 def merge_file(ours: bytes, base: bytes, theirs: bytes, labels: tuple[str, str, str]) -> tuple[bytes, int]:
     """3-way merge of one file's bytes with `git merge-file -p --diff3`: (result, number of conflicts)."""
+    git = _git()
     with tempfile.TemporaryDirectory(prefix="forktool-merge-") as tmp:
         paths = []
         for name, data in (("ours", ours), ("base", base), ("theirs", theirs)):
@@ -58,6 +62,7 @@ def merge_file(ours: bytes, base: bytes, theirs: bytes, labels: tuple[str, str, 
 
 def gitlink_commit(git_dir: Path, path: str) -> str | None:
     """The commit a submodule at `path` points to in HEAD of the repository at git_dir (None if unknown)."""
+    git = _git()
     # a bare --git-dir call: the sdist's .git may carry worktree settings gitpython's Repo cannot open
     status, line, _ = git.Git(git_dir).execute(["git", "--git-dir", str(git_dir), "ls-tree", "HEAD", "--", path],
                                                with_extended_output=True, with_exceptions=False)

@@ -2,20 +2,36 @@
 
 from __future__ import annotations
 
-from forktool.build import IMPACTS, load_config
+import os
+
+from forktool.build import BuildConfig, load_config
 from forktool.project import Project
+
+_loaded: dict[tuple, BuildConfig] = {}
+
+
+def _config(project: Project) -> BuildConfig:
+    """registry/build.yaml, read once per version of the file (a check asks about many paths)."""
+    path = project.registry_dir / "build.yaml"
+    try:
+        st = os.stat(path)
+        key: tuple = (str(path), st.st_size, st.st_mtime_ns, st.st_ino)
+    except OSError:
+        return load_config(project)  # its own clear error
+    if key not in _loaded:
+        _loaded.clear()
+        _loaded[key] = load_config(project)
+    return _loaded[key]
 
 
 def artifacts_for(project: Project, paths: list[str]) -> dict[str, list[str]]:
     """artifact name -> touched paths that feed it (first matching rule wins; unmatched paths feed none)."""
-    return load_config(project).feeding(paths)[0]
+    return _config(project).feeding(paths)[0]
 
 
 def impacts_for(project: Project, paths: list[str]) -> list[str]:
-    cfg = load_config(project)
-    by_name = {a.name: a for a in cfg.artifacts}
-    found = {i for name in cfg.feeding(paths)[0] for i in by_name[name].impact}
-    return [i for i in IMPACTS if i in found]
+    cfg = _config(project)
+    return cfg.impacts(cfg.feeding(paths)[0])
 
 
 def impact_label(project: Project, paths: list[str]) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from forktool.series import Patch
 
@@ -36,12 +35,6 @@ def hooks_in_patch(patch: Patch) -> list[str]:
     return sorted(found)
 
 
-def markers_in_patch(patch: Patch) -> list[Marker]:
-    """Markers on added lines, with their line numbers in the patched file."""
-    return [Marker(f.path, n, m.group(1).decode()) for f in patch.files for n, t in f.added_lines()
-            for m in MARKER_RE.finditer(t)]
-
-
 def scan_file(rel: str, data: bytes) -> list[Marker]:
     if b"opencoti-hook" not in data:
         return []
@@ -49,13 +42,4 @@ def scan_file(rel: str, data: bytes) -> list[Marker]:
     for n, line in enumerate(data.split(b"\n"), 1):
         for m in MARKER_RE.finditer(line):
             out.append(Marker(rel, n, m.group(1).decode()))
-    return out
-
-
-def scan_tree(tree: Path, paths: list[str]) -> list[Marker]:
-    out = []
-    for rel in sorted(paths):
-        p = tree / rel
-        if p.is_file() and not p.is_symlink():
-            out.extend(scan_file(rel, p.read_bytes()))
     return out

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 import os
 import re
@@ -16,10 +15,11 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 import jinja2
-import yaml
 
+from forktool import archive
 from forktool.errors import ForktoolError, UnsafePathError, VerifyError
 from forktool.project import Project
+from forktool.series import series_digest, series_digest_of
 from forktool.tree import EXECUTABLE, REGULAR, SYMLINK, Entry, digest, sha256_bytes, sha256_file
 
 if TYPE_CHECKING:
@@ -104,17 +104,11 @@ def write_targz(root: Path, prefix: str, dest: Path, epoch: int) -> None:
 def archive_tree_digest(path: Path, prefix: str) -> str:
     """The forktool tree digest of what an archive holds under prefix/ (files and symlinks; dirs implied)."""
     manifest: dict[str, Entry] = {}
-    with tarfile.open(path, "r:gz") as tar:
-        for m in tar:
-            if not m.name.startswith(prefix + "/"):
-                continue
-            rel = m.name[len(prefix) + 1:]
-            if m.issym():
-                manifest[rel] = Entry(sha256_bytes(m.linkname.encode()), SYMLINK)
-            elif m.isfile():
-                f = tar.extractfile(m)
-                assert f is not None
-                manifest[rel] = Entry(sha256_bytes(f.read()), EXECUTABLE if m.mode & 0o100 else REGULAR)
+    for m in archive.members(path, str(path), subdir=prefix):
+        if m.kind == "symlink":
+            manifest[m.rel] = Entry(sha256_bytes(m.data), SYMLINK)
+        elif m.kind == "file":
+            manifest[m.rel] = Entry(sha256_bytes(m.data), EXECUTABLE if m.executable else REGULAR)
     return digest(manifest)
 
 
@@ -193,8 +187,7 @@ def verify_release(directory: Path) -> dict[str, Any]:
     """Re-check every sum and the manifest of a release directory (or its .tar.gz); raise on any difference."""
     if directory.is_file() and directory.name.endswith(".tar.gz"):
         with tempfile.TemporaryDirectory() as tmp:
-            with tarfile.open(directory, "r:gz") as tar:
-                tar.extractall(tmp, filter="data")  # the data filter refuses links and paths leading outside
+            archive.extract_to_dir(directory, Path(tmp))  # checked member by member before the first write
             tops = os.listdir(tmp)
             if len(tops) != 1:
                 raise VerifyError("the archive must hold exactly one release directory", where=str(directory))
@@ -258,10 +251,7 @@ def _check_manifest(directory: Path, manifest: dict[str, Any], sums: dict[str, s
         series = [(p["id"], p["name"], p["sha256"]) for p in patches]
     except (KeyError, TypeError):
         return problems + [f"{MANIFEST}: malformed patches list"]
-    h = hashlib.sha256()
-    for _pid, name, sha in series:
-        h.update(f"{name} {sha}\n".encode())
-    if h.hexdigest() != manifest.get("series_digest"):
+    if series_digest((name, sha) for _pid, name, sha in series) != manifest.get("series_digest"):
         problems.append(f"{MANIFEST}: series_digest does not match its patch list")
     commit = (manifest.get("upstream") or {}).get("upstream_commit", "")
     if stamp(commit, series, False)[0] != manifest.get("stamp"):
@@ -274,7 +264,7 @@ def _check_manifest(directory: Path, manifest: dict[str, Any], sums: dict[str, s
         try:
             if archive_tree_digest(arc, str(src.get("prefix"))) != src.get("tree_digest"):
                 problems.append(f"{src['file']}: its tree digest differs from the manifest")
-        except (tarfile.TarError, OSError, EOFError) as e:
+        except (tarfile.TarError, OSError, EOFError, ForktoolError) as e:
             problems.append(f"{src['file']}: unreadable archive ({e})")
     return problems
 
@@ -300,24 +290,13 @@ def compilers(bdir: Path) -> dict[str, str]:
 
 def registry_notes(project: Project) -> tuple[str | None, dict[str, dict[str, str]]]:
     """(sha256 of registry/UPSTREAM_SYNC.yaml or None, patch id -> {status, summary}) for the release notes."""
+    from forktool import registry
     path = project.registry_dir / "UPSTREAM_SYNC.yaml"
-    if not path.is_file():
+    if not os.path.lexists(path):
         return None, {}
-    data = path.read_bytes()
-    try:
-        raw = yaml.safe_load(data)
-    except yaml.YAMLError as e:
-        raise ForktoolError(f"{path} is not valid YAML: {e}", where=str(path)) from e
-    entries = raw.get("patches") if isinstance(raw, dict) else None
-    if isinstance(entries, dict):
-        entries = [dict(v, id=k) for k, v in entries.items() if isinstance(v, dict)]
-    out = {}
-    for ent in entries if isinstance(entries, list) else []:
-        if isinstance(ent, dict) and "id" in ent:
-            pid = str(ent["id"]).zfill(4)
-            summary = ent.get("summary") or ent.get("description") or ""
-            out[pid] = {"status": str(ent.get("status", "")), "summary": " ".join(str(summary).split())}
-    return sha256_bytes(data), out
+    reg = registry.load(path)
+    out = {p.id: {"status": p.status, "summary": " ".join(p.description.split())} for p in reg.patches}
+    return sha256_file(path), out
 
 
 def _release_files(bdir: Path, outputs: list[str]) -> dict[str, Path]:
@@ -337,7 +316,6 @@ def spec_from_build(project: Project, cfg: BuildConfig, profile: Profile, applie
                     pristine_digest: str) -> ReleaseSpec:
     """The release of the last `forktool build` of this profile; refuses when it is not of the applied series."""
     from forktool.build import build_dir, patch_impact, read_record, stamp
-    from forktool.workspace import series_digest
 
     bdir = build_dir(project, profile.name)
     rec = read_record(bdir)
@@ -363,7 +341,7 @@ def spec_from_build(project: Project, cfg: BuildConfig, profile: Profile, applie
         patches.append({"id": p.id, "name": p.name, "title": p.title, "sha256": p.sha256, "build_impact": label})
     manifest = {
         "profile": profile.name, "stamp": st, "build_number": number,
-        "top": applied[-1].id if applied else None, "series_digest": series_digest(applied),
+        "top": applied[-1].id if applied else None, "series_digest": series_digest_of(applied),
         "pristine_digest": pristine_digest, "patches": patches, "registry_digest": reg_digest,
         "upstream": {"component": comp.name, "package": comp.package, "version": comp.version,
                      "sdist_sha256": comp.sha256, "upstream_commit": comp.upstream_commit},

@@ -8,13 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from forktool.errors import ConfigError, UsageError
 
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 @dataclass(frozen=True)
@@ -52,74 +48,34 @@ class VendorConfig:
         raise ConfigError(f"no component named {name!r}", where=str(self.source))
 
 
-_COMPONENT_KEYS = {
-    "sdist": {"name", "kind", "package", "version", "sha256", "subdir", "upstream_commit", "include", "exclude"},
-    "git": {"name", "kind", "url", "commit", "subdir", "upstream_commit", "include", "exclude"},
-}
-_REQUIRED = {
-    "sdist": {"name", "kind", "package", "version", "sha256", "include"},
-    "git": {"name", "kind", "url", "commit", "include"},
-}
-
-
-def _patterns(value: Any, where: str) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise ConfigError("expected a list of glob patterns", where=where)
-    for v in value:
-        if v.startswith("/") or ".." in v.split("/"):
-            raise ConfigError(f"pattern {v!r} must be relative and stay inside the component", where=where)
-    return tuple(value)
-
-
 def parse_component(raw: Any, where: str) -> Component:
+    """One vendor.yaml component, checked against the schema of its kind."""
+    from forktool import schema
     if not isinstance(raw, dict):
         raise ConfigError("a component must be a mapping", where=where)
     kind = raw.get("kind")
-    if kind not in _COMPONENT_KEYS:
+    if kind not in ("sdist", "git"):
         raise ConfigError(f"unknown component kind {kind!r} (expected sdist or git)", where=f"{where}.kind")
-    unknown = sorted(set(raw) - _COMPONENT_KEYS[kind])
-    if unknown:
-        raise ConfigError(f"unknown key(s) {', '.join(unknown)} for a {kind} component", where=where,
-                          hint=f"allowed keys: {', '.join(sorted(_COMPONENT_KEYS[kind]))}")
-    missing = sorted(_REQUIRED[kind] - set(raw))
-    if missing:
-        raise ConfigError(f"missing key(s) {', '.join(missing)}", where=where)
-    name = str(raw["name"])
-    if not NAME_RE.match(name):
-        raise ConfigError(f"component name {name!r} must be a plain directory name", where=f"{where}.name")
-    sha = str(raw.get("sha256", ""))
-    if kind == "sdist" and not SHA256_RE.match(sha):
-        raise ConfigError("sha256 must be 64 lowercase hex digits", where=f"{where}.sha256")
-    commit = str(raw.get("commit", ""))
-    if kind == "git" and not COMMIT_RE.match(commit):
-        raise ConfigError("commit must be a full 40-hex commit id", where=f"{where}.commit")
-    up = str(raw.get("upstream_commit", ""))
-    if up and not COMMIT_RE.match(up):
-        raise ConfigError("upstream_commit must be a full 40-hex commit id", where=f"{where}.upstream_commit")
-    subdir = str(raw.get("subdir", "")).strip("/")
-    if subdir and ".." in subdir.split("/"):
-        raise ConfigError("subdir must stay inside the archive", where=f"{where}.subdir")
+    schema.check(raw, f"component-{kind}", where)
     return Component(
-        name=name, kind=kind, include=_patterns(raw.get("include"), f"{where}.include"),
-        exclude=_patterns(raw.get("exclude"), f"{where}.exclude"), upstream_commit=up,
-        package=str(raw.get("package", "")), version=str(raw.get("version", "")), sha256=sha,
-        subdir=subdir, url=str(raw.get("url", "")), commit=commit,
+        name=raw["name"], kind=kind, include=tuple(raw["include"]), exclude=tuple(raw.get("exclude") or ()),
+        upstream_commit=raw.get("upstream_commit", ""), package=raw.get("package", ""),
+        version=raw.get("version", ""), sha256=raw.get("sha256", ""), subdir=raw.get("subdir", "").strip("/"),
+        url=raw.get("url", ""), commit=raw.get("commit", ""),
     )
 
 
-def read_yaml_mapping(path: Path, keys: set[str], missing_hint: str = "") -> dict[str, Any]:
-    """A YAML file whose top level is a mapping with only the given keys; errors name the file and key."""
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as e:
-        raise ConfigError(f"{path} not found", where=str(path), hint=missing_hint) from e
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path} is not valid YAML: {e}", where=str(path)) from e
+def read_yaml_mapping(path: Path, keys: set[str], missing_hint: str = "", schema_name: str = "") -> dict[str, Any]:
+    """A YAML file read safely; checked against `schema_name` when given, else a mapping with only these keys."""
+    from forktool import schema
+    root = path.parent.parent  # the project: its config files live one directory down
+    if schema_name:
+        return schema.load_yaml(path, schema_name, missing_hint, root=root)
+    text = schema.decode(schema.read_regular(path, path.name, schema.CONFIG_LIMIT, root, missing_hint), path)
+    raw = schema.parse_yaml(text, str(path))
     if not isinstance(raw, dict):
         raise ConfigError(f"{path.name} must be a mapping", where=str(path))
-    unknown = sorted(set(raw) - keys)
+    unknown = sorted(str(k) for k in set(raw) - keys)
     if unknown:
         raise ConfigError(f"unknown top-level key(s) {', '.join(unknown)}", where=f"{path}: {unknown[0]}",
                           hint=f"allowed: {', '.join(sorted(keys))}")
@@ -127,14 +83,11 @@ def read_yaml_mapping(path: Path, keys: set[str], missing_hint: str = "") -> dic
 
 
 def load_vendor_config(path: Path) -> VendorConfig:
-    raw = read_yaml_mapping(path, {"components"}, "is this a forktool project?")
-    comps = raw.get("components")
-    if not isinstance(comps, list) or not comps:
-        raise ConfigError("components must be a non-empty list", where=f"{path}: components")
-    parsed = tuple(parse_component(c, f"{path}: components[{i}]") for i, c in enumerate(comps))
+    raw = read_yaml_mapping(path, {"components"}, "is this a forktool project?", schema_name="vendor")
+    parsed = tuple(parse_component(c, f"{path}: components[{i}]") for i, c in enumerate(raw["components"]))
     names = [c.name for c in parsed]
     if len(set(names)) != len(names):
-        raise ConfigError("component names must be unique", where=str(path))
+        raise ConfigError("component names must be unique", where=f"{path}: components")
     return VendorConfig(parsed, path)
 
 

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from forktool import registry as rg
+from forktool.apply import Applied
+from forktool.cache import Cache, key_of
+from forktool.errors import ForktoolError
 from forktool.impact import impacts_for
 from forktool.markers import MARKER_RE, Marker, hooks_in_patch, scan_file
 from forktool.project import Project
@@ -46,8 +50,27 @@ def _edited_upstream_lines(patch: Patch) -> list[Problem]:
     return out
 
 
-def check(ws: Workspace, reg: rg.Registry) -> tuple[list[Problem], list[str]]:
-    """(problems, warnings)."""
+def pristine_markers(ws: Workspace, cache_root: Path | None) -> list[Marker]:
+    """Markers upstream itself carries (normally none), cached by the pristine digest."""
+    cache = Cache(cache_root, "pristine-markers")
+    key = key_of("pristine-markers", ws.pristine_digest)
+    hit = cache.get(key)
+    if isinstance(hit, list):
+        try:
+            return [Marker(str(r), int(n), str(h)) for r, n, h in hit]
+        except (TypeError, ValueError):
+            pass
+    found: list[Marker] = []
+    for rel, pe in ws.pristine.items():
+        data = ws.base_bytes(rel) if pe.mode != "120000" else b""
+        found.extend(scan_file(rel, data or b""))
+    cache.put(key, [[m.path, m.line, m.hook] for m in found])
+    return found
+
+
+def check(ws: Workspace, reg: rg.Registry, final: Applied | None = None,
+          cache_root: Path | None = None) -> tuple[list[Problem], list[str]]:
+    """(problems, warnings). final: the fully applied series in memory, computed here when not given."""
     project: Project = ws.project
     P: list[Problem] = []
     warn: list[str] = []
@@ -97,7 +120,9 @@ def check(ws: Workspace, reg: rg.Registry) -> tuple[list[Problem], list[str]]:
             P.append(Problem(f"{regf}: hooks.{hid}", f"patch {hk.patch} does not list this hook"))
 
     # sites: checked on the fully applied series computed in memory, whatever the tree holds now
-    final = ws.compute(ws.patches)
+    if final is None:
+        final = ws.compute(ws.patches)
+    scopes_cache = Cache(cache_root, "scopes")
     markers: list[Marker] = []
     for rel, data in sorted(final.files.items()):
         if data is not None:
@@ -119,7 +144,7 @@ def check(ws: Workspace, reg: rg.Registry) -> tuple[list[Problem], list[str]]:
                 continue
             data = final.files.get(s.file)
             assert data is not None
-            syms = {m.line: site_symbol(data, m.line) for m in here}
+            syms = {m.line: site_symbol(data, m.line, scopes_cache) for m in here}
             if s.symbol not in syms.values():
                 P.append(Problem(w, "no marker inside the declared symbol (markers are in "
                                     f"{', '.join(sorted(set(syms.values())))})"))
@@ -128,7 +153,7 @@ def check(ws: Workspace, reg: rg.Registry) -> tuple[list[Problem], list[str]]:
                 if sym not in declared:
                     P.append(Problem(f"{s.file}:{line}", f"marker for {hid!r} is in {sym}, outside its declared "
                                                          f"site(s) {', '.join(sorted(declared))}"))
-            at = find_symbol(data, s.symbol)
+            at = find_symbol(data, s.symbol, scopes_cache)
             if s.line is not None and at is not None and at != s.line:
                 warn.append(f"{w}: advisory line {s.line}, now {at}")
         for m in found:
@@ -136,10 +161,8 @@ def check(ws: Workspace, reg: rg.Registry) -> tuple[list[Problem], list[str]]:
                 P.append(Problem(f"{m.path}:{m.line}", f"marker for {hid!r} in a file none of its sites names"))
 
     # the tree: unregistered markers anywhere, and markers upstream itself would carry
-    for rel, pe in ws.pristine.items():
-        data = ws.base_bytes(rel) if pe.mode != "120000" else b""
-        for m in scan_file(rel, data or b""):
-            P.append(Problem(f"{rel}:{m.line} (pristine)", f"upstream line carries marker {m.hook!r}"))
+    for m in pristine_markers(ws, cache_root):
+        P.append(Problem(f"{m.path}:{m.line} (pristine)", f"upstream line carries marker {m.hook!r}"))
     if project.tree.exists():
         for rel in sorted(set(ws.state.files) | {p for _, p in ws.local_changes()}):
             data = ws.disk_bytes(rel)
@@ -149,3 +172,52 @@ def check(ws: Workspace, reg: rg.Registry) -> tuple[list[Problem], list[str]]:
     # duplicates are rejected at load; keep the order of problems stable
     uniq = list(dict.fromkeys(P))
     return uniq, warn
+
+
+REGISTRY = "registry/UPSTREAM_SYNC.yaml"
+
+
+def render_md(reg: rg.Registry) -> str:
+    """registry/UPSTREAM_SYNC.md rendered from the registry (jinja2, loaded only here)."""
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.PackageLoader("forktool", "templates"), keep_trailing_newline=True,
+                             trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+    return env.get_template("UPSTREAM_SYNC.md.j2").render(reg=reg)
+
+
+def _md_stale(registry_dir: Path, yaml_path: Path, reg: rg.Registry, cache_root: Path | None) -> bool:
+    """Is UPSTREAM_SYNC.md other than what render_md makes of the YAML? Remembered by both files' digests."""
+    from forktool.cache import tool_fingerprint
+    from forktool.tree import sha256_bytes
+
+    md = registry_dir / "UPSTREAM_SYNC.md"
+    md_bytes = md.read_bytes() if md.is_file() else None
+    cache = Cache(cache_root, "registry-md")
+    key = key_of("registry-md", tool_fingerprint(), sha256_bytes(yaml_path.read_bytes()),
+                 sha256_bytes(md_bytes) if md_bytes is not None else None)
+    hit = cache.get(key)
+    if isinstance(hit, bool):
+        return hit
+    stale = md_bytes is None or md.read_text() != render_md(reg)
+    cache.put(key, stale)
+    return stale
+
+
+def registry_problems(ws: Workspace, final: Applied | None, cache_root: Path | None,
+                      ) -> tuple[list[Problem], list[str], dict] | None:
+    """(problems, advisories, summary) of the registry against the snapshot; None when there is no registry.
+
+    A registry that does not load is one problem among the others, not the end of the check.
+    """
+    path = ws.project.registry_dir / "UPSTREAM_SYNC.yaml"
+    if not path.is_file():
+        return None
+    try:
+        reg = rg.load(path)
+    except ForktoolError as e:
+        return [Problem(e.where or REGISTRY, e.what)], [], {"ok": False, "patches": 0, "hooks": 0}
+    problems, warnings = check(ws, reg, final, cache_root)
+    if _md_stale(ws.project.registry_dir, path, reg, cache_root):
+        problems.append(Problem("registry/UPSTREAM_SYNC.md", "is stale; run `forktool registry render`"))
+    return problems, warnings, {"ok": not problems, "patches": len(reg.patches), "hooks": len(reg.hooks)}

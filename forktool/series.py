@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -30,12 +31,9 @@ class SeriesEntry:
 
 
 def read_series(path: Path) -> list[SeriesEntry]:
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except FileNotFoundError as e:
-        raise ConfigError("patches/series not found", where=str(path), hint="create it (one patch name a line)") from e
-    except UnicodeDecodeError as e:
-        raise ConfigError("patches/series is not UTF-8", where=str(path)) from e
+    from forktool import schema
+    text = schema.decode(schema.read_regular(path, "patches/series", schema.CONFIG_LIMIT, path.parent.parent,
+                                             "create it (one patch name a line)"), path, "patches/series")
     out: list[SeriesEntry] = []
     seen: dict[str, int] = {}
     for n, raw in enumerate(text.splitlines(), 1):
@@ -147,6 +145,21 @@ class Patch:
         return [f.path for f in self.files]
 
 
+def series_digest(items: Iterable[tuple[str, str]]) -> str:
+    """The digest of a series prefix from its (patch file name, sha256 of the patch bytes) in order.
+
+    The one recipe behind vendor.lock's patched record, the build stamp and release manifests.
+    """
+    h = hashlib.sha256()
+    for name, sha in items:
+        h.update(f"{name} {sha}\n".encode())
+    return h.hexdigest()
+
+
+def series_digest_of(patches: Iterable[Patch]) -> str:
+    return series_digest((p.name, p.sha256) for p in patches)
+
+
 def git_blob_sha1(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
@@ -253,6 +266,13 @@ def _parse_file(lines: list[bytes], i: int, name: str) -> FileDiff:
         fd.hunks.append(h)
     if not fd.hunks and not (fd.is_new or fd.is_deleted):
         raise _fail(name, start + 1, f"{a}: no hunks")
+    for n, h in enumerate(fd.hunks, 1):
+        if fd.is_new and (h.old_start or h.old_count or any(op != b"+" for op, _ in h.lines)):
+            raise _fail(name, start + 1, f"{a}: hunk #{n} of a new file carries context or '-' lines",
+                        "a new file's hunk is `@@ -0,0 +1,N @@` with '+' lines only")
+        if fd.is_deleted and (h.new_start or h.new_count or any(op != b"-" for op, _ in h.lines)):
+            raise _fail(name, start + 1, f"{a}: hunk #{n} of a deleted file carries context or '+' lines",
+                        "a deleted file's hunk is `@@ -1,N +0,0 @@` with '-' lines only")
     fd._end = i  # type: ignore[attr-defined]
     return fd
 
@@ -269,6 +289,8 @@ def _parse_hunk(lines: list[bytes], i: int, name: str, path: str, number: int) -
         raise _fail(name, i + 1, f"{path} hunk #{number}: malformed @@ line {lines[i][:60]!r}")
     os_, oc, ns, nc = (int(m.group(1)), int(m.group(2) or 1) if m.group(2) is not None else 1,
                        int(m.group(3)), int(m.group(4)) if m.group(4) is not None else 1)
+    if max(os_, oc, ns, nc) > 100_000_000:
+        raise _fail(name, i + 1, f"{path} hunk #{number}: line numbers or counts beyond any real file")
     h = Hunk(os_, oc, ns, nc, [])
     i += 1
     old = new = 0
@@ -284,7 +306,8 @@ def _parse_hunk(lines: list[bytes], i: int, name: str, path: str, number: int) -
             raise _fail(name, i + 1, f"{path} hunk #{number}: unexpected line {ln[:60]!r}; "
                         f"the header promises {oc} old / {nc} new lines, found {old} / {new}")
         text = ln[1:] + b"\n"
-        if i + 1 < len(lines) and lines[i + 1] == NO_EOL:
+        no_eol = i + 1 < len(lines) and lines[i + 1] == NO_EOL
+        if no_eol:
             text = ln[1:]
             i += 1
         h.lines.append((op, text))
@@ -292,6 +315,10 @@ def _parse_hunk(lines: list[bytes], i: int, name: str, path: str, number: int) -
             old += 1
         if op in b" +":
             new += 1
+        # the marker may only follow the last line of the side(s) that line belongs to
+        if no_eol and ((op in b" -" and old != oc) or (op in b" +" and new != nc)):
+            raise _fail(name, i + 1, f"{path} hunk #{number}: `\\ No newline` marker after a line that is not "
+                        "the last of its file")
         i += 1
     if old != oc or new != nc:
         raise _fail(name, i, f"{path} hunk #{number}: header promises {oc} old / {nc} new lines, "

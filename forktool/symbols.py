@@ -1,179 +1,232 @@
-"""Enclosing C/C++ symbols by line: a small brace-and-header scanner, good enough to anchor hook sites."""
+"""Enclosing C/C++ symbols by line, from a real parse (tree-sitter with the tree-sitter-cpp grammar).
+
+Hook sites name the function or class a marker sits in. The parse handles what a brace-counting scanner gets
+wrong: digit separators (1'000), raw strings, templates, macros before a function head, nested namespaces
+and classes. Scopes are cached per file digest; the parser loads only when a file is not in the cache.
+"""
 
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import dataclass
+from typing import Any
 
-_CONTROL = {"if", "for", "while", "switch", "catch", "do", "else", "try", "return", "sizeof", "decltype",
-            "static_assert", "alignas", "defined"}
-_CLASS_RE = re.compile(r"^(?:template\s*<.*>\s*)?(?:typedef\s+)?(struct|class|union)\s+(?:\w+\s+)*?"
-                       r"([A-Za-z_]\w*)\s*(?:final\s*)?(?::[^{]*)?$")
-_NAME_RE = re.compile(r"((?:[A-Za-z_~][A-Za-z0-9_]*\s*(?:<[^<>()]*>)?\s*::\s*)*~?[A-Za-z_][A-Za-z0-9_]*|operator\s*[^\s(]+)\s*$")
+from forktool.cache import Cache, key_of, parser_fingerprint
+from forktool.tree import sha256_bytes
 
 
 @dataclass(frozen=True)
 class Scope:
-    kind: str  # function, class, namespace, block
+    kind: str  # function, class, namespace
     name: str
-    start: int  # 1-based line of the header
+    start: int  # 1-based line where the definition starts (its template<...> line, if any)
     end: int  # 1-based line of the closing brace
 
 
-def _strip(text: str) -> str:
-    """Blank out comments, string and char literals and preprocessor lines, keeping every newline."""
-    out = []
-    i, n = 0, len(text)
-    line_start = True
-    while i < n:
-        c = text[i]
-        if line_start and c == "#":
-            j = i
-            while j < n and text[j] != "\n":
-                j = j + 2 if text[j] == "\\" and j + 1 < n else j + 1
-            out.append("".join("\n" if ch == "\n" else " " for ch in text[i:j]))
-            i = j
-            continue
-        if c == "/" and i + 1 < n and text[i + 1] == "/":
-            j = text.find("\n", i)
-            j = n if j < 0 else j
-            out.append(" " * (j - i))
-            i = j
-            continue
-        if c == "/" and i + 1 < n and text[i + 1] == "*":
-            j = text.find("*/", i + 2)
-            j = n if j < 0 else j + 2
-            out.append("".join("\n" if ch == "\n" else " " for ch in text[i:j]))
-            i = j
-            continue
-        if c == 'R' and text.startswith('R"', i):
-            m = re.match(r'R"([^(\s]*)\(', text[i:])
-            if m:
-                end = text.find(")" + m.group(1) + '"', i)
-                j = n if end < 0 else end + len(m.group(1)) + 2
-                out.append("".join("\n" if ch == "\n" else " " for ch in text[i:j]))
-                i = j
+PARSER = "tree-sitter-cpp-2"
+
+_CLASSES = {"class_specifier", "struct_specifier", "union_specifier"}
+_NAMESPACES = {"namespace_definition", "linkage_specification"}
+# nodes that may hold definitions further down (in a function body, only its own statements are searched)
+_CONTAINERS = {"translation_unit", "compound_statement", "declaration_list", "field_declaration_list", "template_declaration",
+               "declaration", "field_declaration", "type_definition", "preproc_if", "preproc_ifdef",
+               "preproc_else", "preproc_elif", "preproc_elifdef", "ERROR", "access_specifier",
+               "friend_declaration", "export_declaration"}
+_DECLARATORS = {"pointer_declarator", "reference_declarator", "parenthesized_declarator", "attributed_declarator"}
+
+_parser: Any = None
+
+
+def _parse(data: bytes) -> Any:
+    global _parser
+    if _parser is None:
+        import tree_sitter_cpp
+        from tree_sitter import Language, Parser
+
+        _parser = Parser(Language(tree_sitter_cpp.language()))
+    return _parser.parse(_unwrap_macros(data))
+
+
+# macros a parser cannot see through, blanked before parsing (same length, so lines and columns stay):
+# export/attribute macros (LLAMA_API, GGML_API, or defined in the file as empty or as an attribute), and
+# wrappers defined in the file as `#define NAME(decl, ...) ... decl ...`, whose uses keep only `decl`
+_API_RE = re.compile(rb"\b[A-Z][A-Z0-9_]*_API\b")
+_DEFINE_RE = re.compile(rb"^[ \t]*#[ \t]*define[ \t]+([A-Za-z_]\w*)(\(([^)]*)\))?[ \t]*(.*)$", re.M)
+_ATTRIBUTE_BODY = re.compile(rb"^(__attribute__|__declspec|\[\[|$)")
+
+
+def _unwrap_macros(data: bytes) -> bytes:
+    attrs: set[bytes] = set()
+    wrappers: set[bytes] = set()
+    for m in _DEFINE_RE.finditer(data):
+        name, params, body = m.group(1), m.group(3), m.group(4).strip()
+        if params is None:
+            if _ATTRIBUTE_BODY.match(body):
+                attrs.add(name)
+        else:
+            first = params.split(b",")[0].strip()
+            if first and re.search(rb"\b" + re.escape(first) + rb"\b", body):
+                wrappers.add(name)
+    out = bytearray(data)
+
+    def blank(a: int, b: int) -> None:
+        out[a:b] = bytes(c if c == 0x0A else 0x20 for c in out[a:b])
+
+    for m in _API_RE.finditer(data):
+        blank(m.start(), m.end())
+    if attrs:
+        for m in re.finditer(rb"\b(" + b"|".join(re.escape(a) for a in sorted(attrs)) + rb")\b", data):
+            if not _in_directive(data, m.start()):
+                blank(m.start(), m.end())
+    if wrappers:
+        for m in re.finditer(rb"\b(" + b"|".join(re.escape(w) for w in sorted(wrappers)) + rb")\s*\(", data):
+            if _in_directive(data, m.start()):
                 continue
-        if c in "\"'":
+            comma, close = _first_argument(data, m.end())
+            if close is None:
+                continue
+            blank(m.start(), m.end())  # NAME(
+            blank(comma, close + 1)  # , rest)
+    return bytes(out)
+
+
+def _in_directive(data: bytes, at: int) -> bool:
+    line = data[data.rfind(b"\n", 0, at) + 1:at]
+    return line.lstrip().startswith(b"#")
+
+
+def _first_argument(data: bytes, i: int) -> tuple[int, int | None]:
+    """(end of the first argument, position of the closing parenthesis) of a call whose '(' ends before i."""
+    depth, comma, n = 0, -1, len(data)
+    while i < n:
+        c = data[i]
+        if c in b"\"'":
             j = i + 1
-            while j < n and text[j] != c and text[j] != "\n":
-                j += 2 if text[j] == "\\" else 1
-            j = min(j + 1, n)
-            out.append(c + " " * (j - i - 2) + c if j - i >= 2 else " " * (j - i))
-            i = j
+            while j < n and data[j] != c:
+                j += 2 if data[j] == 0x5C else 1
+            i = j + 1
             continue
-        out.append(c)
-        line_start = c == "\n" or (line_start and c in " \t")
-        i += 1
-    return "".join(out)
-
-
-def _classify(header: str) -> tuple[str, str]:
-    h = " ".join(header.split())
-    if not h:
-        return "block", ""
-    m = _CLASS_RE.match(h)
-    if m:
-        return "class", m.group(2)
-    m = re.match(r"^(?:inline\s+)?namespace\s*([A-Za-z_][\w:]*)?$", h)
-    if m:
-        return "namespace", m.group(1) or ""
-    if re.match(r'^extern\s+"C"$', h) or h.startswith("extern"):
-        return "namespace", ""
-    if h.startswith("enum"):
-        return "block", ""
-    if h.count("(") != h.count(")"):
-        return "block", ""  # a brace inside a call's arguments: an initializer, not a definition
-    # a function definition: NAME(args) [qualifiers] [: init-list]
-    depth = 0
-    for i, ch in enumerate(h):
-        if ch == "(":
-            if depth == 0:
-                before = h[:i]
-                if "=" in before.replace("==", "").replace("operator=", "") or before.rstrip().endswith(("]", ")")):
-                    return "block", ""
-                nm = _NAME_RE.search(before)
-                if not nm:
-                    return "block", ""
-                name = re.sub(r"\s+", "", nm.group(1))
-                if before[: nm.start()].rstrip().endswith((".", "->")):
-                    return "block", ""  # a member call, e.g. v.push_back({...})
-                if name.split("::")[-1] in _CONTROL:
-                    return "block", ""
-                if before.strip() == name and "::" not in name:
-                    return "block", ""  # no return type and unqualified: a macro invocation
-                return "function", name
+        if c in b"([{":
             depth += 1
-        elif ch == ")":
+        elif c in b")]}":
+            if depth == 0:
+                return (comma if comma >= 0 else i), i
             depth -= 1
-    return "block", ""
+        elif c == 0x2C and depth == 0 and comma < 0:
+            comma = i
+        i += 1
+    return comma, None
 
 
-def scopes(text: bytes | str) -> list[Scope]:
-    # a registry check asks about many lines of the same few files: parse each text once
-    return list(_scopes(text.decode("utf-8", "replace") if isinstance(text, bytes) else text))
+def _text(node: Any) -> str:
+    return re.sub(r"\s+", "", node.text.decode("utf-8", "replace"))
 
 
-@functools.lru_cache(maxsize=64)
-def _scopes(text: str) -> tuple[Scope, ...]:
-    src = _strip(text)
+def _start(node: Any) -> int:
+    while node.parent is not None and node.parent.type == "template_declaration":
+        node = node.parent
+    return int(node.start_point.row) + 1
+
+
+def _function_name(fn: Any) -> str | None:
+    d = fn.child_by_field_name("declarator")
+    while d is not None and d.type in _DECLARATORS:
+        d = d.child_by_field_name("declarator") or next((c for c in d.named_children if c.type != "attribute"), None)
+    if d is None or d.type != "function_declarator":
+        return None
+    name = d.child_by_field_name("declarator")
+    return _text(name) if name is not None else None
+
+
+def _walk(root: Any) -> list[Scope]:
     out: list[Scope] = []
-    stack: list[tuple[str, str, int]] = []
-    header_start = 0
-    line = 1
-    header_line = 1
-    header_seen = False  # has the current header a non-space character yet?
-    pdepth = 0  # braces and semicolons inside parentheses (lambdas in calls, init lists) are not boundaries
-    for i, ch in enumerate(src):
-        if ch == "\n":
-            line += 1
-            continue
-        if ch == "(":
-            pdepth += 1
-        elif ch == ")":
-            pdepth = max(0, pdepth - 1)
-        if ch in ";}{" and pdepth == 0:
-            if ch == "{":
-                header = src[header_start:i]
-                kind, name = _classify(header)
-                if kind == "function" and "::" not in name:
-                    owner = [n for k, n, _ in stack if k == "class"]
-                    if owner:
-                        name = "::".join(owner + [name])
-                if kind == "block" and stack and stack[-1][0] == "function":
-                    name = stack[-1][1]
-                stack.append((kind, name, header_line))
-            elif ch == "}" and stack:
-                kind, name, start = stack.pop()
-                if kind in ("function", "class", "namespace"):
-                    out.append(Scope(kind, name, start, line))
-            header_start = i + 1
-            header_line = line
-            header_seen = False
-        elif not header_seen and not ch.isspace():
-            header_line = line
-            header_seen = True
-    return tuple(sorted(out, key=lambda s: (s.start, -s.end)))
+    stack: list[tuple[Any, tuple[str, ...]]] = [(root, ())]
+    while stack:
+        node, owners = stack.pop()
+        for child in node.named_children:
+            t = child.type
+            if t == "function_definition":
+                name = _function_name(child)
+                if name is None:
+                    continue
+                if "::" not in name:
+                    if owners:
+                        name = "::".join((*owners, name))
+                    elif child.child_by_field_name("type") is None:
+                        continue  # no return type, unqualified, outside a class: a macro invocation with a block
+                out.append(Scope("function", name, _start(child), int(child.end_point.row) + 1))
+                body = child.child_by_field_name("body")
+                if body is not None:
+                    stack.append((body, owners))  # classes local to the function
+            elif t in _CLASSES:
+                body = child.child_by_field_name("body")
+                nm = child.child_by_field_name("name")
+                if body is None:
+                    continue
+                name = _text(nm) if nm is not None else ""
+                if name:
+                    out.append(Scope("class", name, _start(child), int(child.end_point.row) + 1))
+                stack.append((body, (*owners, name) if name else owners))
+            elif t in _NAMESPACES:
+                body = child.child_by_field_name("body")
+                nm = child.child_by_field_name("name")
+                out.append(Scope("namespace", _text(nm) if nm is not None else "", _start(child),
+                                 int(child.end_point.row) + 1))
+                if body is not None:
+                    stack.append((body, owners))
+            elif t in _CONTAINERS:
+                stack.append((child, owners))
+    return sorted(out, key=lambda s: (s.start, -s.end))
+
+
+def scopes(text: bytes | str, cache: Cache | None = None) -> list[Scope]:
+    """Function, class and namespace scopes of a C/C++ text, sorted by start; cached by the text's digest."""
+    data = text if isinstance(text, bytes) else text.encode()
+    key = _keys.get(data)  # a check asks about many lines of one text: hash it once
+    if key is None:
+        if len(_keys) > 64:
+            _keys.clear()
+        key = _keys[data] = key_of("scopes", PARSER, parser_fingerprint(), sha256_bytes(data))
+    if key in _memo:
+        return _memo[key]
+    out: list[Scope] | None = None
+    hit = cache.get(key) if cache is not None else None
+    if isinstance(hit, list):
+        try:
+            out = [Scope(str(k), str(n), int(a), int(b)) for k, n, a, b in hit]
+        except (TypeError, ValueError):
+            out = None
+    if out is None:
+        out = _walk(_parse(data).root_node)
+        if cache is not None:
+            cache.put(key, [[sc.kind, sc.name, sc.start, sc.end] for sc in out])
+    if len(_memo) > 64:
+        _memo.clear()
+    _memo[key] = out
+    return out
+
+
+_memo: dict[str, list[Scope]] = {}
+_keys: dict[bytes, str] = {}
 
 
 FILE_SCOPE = "<file scope>"
 
 
-def site_symbol(text: bytes | str, line: int) -> str:
+def site_symbol(text: bytes | str, line: int, cache: Cache | None = None) -> str:
     """The symbol a hook site names: the enclosing function or class, else a definition starting within
     the next three lines (a marker comment placed above a new function), else FILE_SCOPE."""
-    sym = enclosing_symbol(text, line)
+    sym = enclosing_symbol(text, line, cache)
     if sym is not None:
         return sym
-    following = [s for s in scopes(text) if s.kind in ("function", "class") and line < s.start <= line + 3]
+    following = [s for s in scopes(text, cache) if s.kind in ("function", "class") and line < s.start <= line + 3]
     return min(following, key=lambda s: s.start).name if following else FILE_SCOPE
 
 
-def enclosing_symbol(text: bytes | str, line: int) -> str | None:
+def enclosing_symbol(text: bytes | str, line: int, cache: Cache | None = None) -> str | None:
     """The innermost function (else class) whose braces contain the 1-based line."""
     best: Scope | None = None
-    for s in scopes(text):
+    for s in scopes(text, cache):
         if s.kind in ("function", "class") and s.start <= line <= s.end:
             if best is None or (s.kind == "function" and best.kind != "function") or (
                     s.kind == best.kind and s.start >= best.start):
@@ -181,9 +234,9 @@ def enclosing_symbol(text: bytes | str, line: int) -> str | None:
     return best.name if best else None
 
 
-def find_symbol(text: bytes | str, symbol: str) -> int | None:
+def find_symbol(text: bytes | str, symbol: str, cache: Cache | None = None) -> int | None:
     """1-based line where the named function or class is defined (first definition)."""
-    for s in scopes(text):
+    for s in scopes(text, cache):
         if s.name == symbol and s.kind in ("function", "class"):
             return s.start
     return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import stat
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -76,6 +77,7 @@ def resolve_inside(root: Path, rel: str, where: str = "") -> Path:
 def scan(root: Path) -> Manifest:
     """Manifest of every regular file and symlink under root (directories are implied)."""
     out: Manifest = {}
+    check_root(root)
     if not root.exists():
         return out
     stack = [root]
@@ -84,15 +86,50 @@ def scan(root: Path) -> Manifest:
         with os.scandir(d) as it:
             for e in it:
                 rel = Path(e.path).relative_to(root).as_posix()
+                check_name(rel, root)
                 if e.is_symlink():
-                    out[rel] = Entry(sha256_bytes(os.readlink(e.path).encode()), SYMLINK)
+                    target = os.readlink(e.path)
+                    check_link(rel, target, root)
+                    out[rel] = Entry(sha256_bytes(target.encode()), SYMLINK)
                 elif e.is_dir():
                     stack.append(Path(e.path))
                 elif e.is_file():
                     st = e.stat()
                     mode = EXECUTABLE if st.st_mode & stat.S_IXUSR else REGULAR
                     out[rel] = Entry(sha256_file(Path(e.path)), mode)
+                else:
+                    raise special_file(rel, root)
     return out
+
+
+def check_root(root: Path) -> None:
+    if root.is_symlink():
+        raise UnsafePathError(f"{root} is a symlink; the vendored tree must be a real directory", where=str(root),
+                              hint=f"remove the link (`rm {root}`) and run `forktool apply`")
+
+
+def special_file(rel: str, root: Path) -> UnsafePathError:
+    return UnsafePathError(f"{rel} in the vendored tree is not a file, directory or symlink (a FIFO, socket or "
+                           "device)", where=str(root / rel),
+                           hint=f"remove it (`rm {root / rel}`); forktool never reads such files")
+
+
+def check_link(rel: str, target: str, root: Path) -> None:
+    """A symlink in the vendored tree must point inside it, judged from its own directory (never followed)."""
+    inside = os.path.normpath(os.path.join(os.path.dirname(rel), target))
+    if target.startswith("/") or inside == ".." or inside.startswith("../"):
+        raise UnsafePathError(f"{rel} in the vendored tree is a symlink pointing outside it ({target})",
+                              where=str(root / rel), hint=f"remove the link (`rm {root / rel}`)")
+
+
+_UNRECORDABLE = re.compile("[\n\r\\\\\udc80-\udcff]")  # newline, backslash, or a byte that is not UTF-8
+
+
+def check_name(rel: str, root: Path) -> None:
+    if _UNRECORDABLE.search(rel):
+        raise UnsafePathError(f"{rel!r} in the vendored tree has a name forktool cannot record (a newline, backslash "
+                              "or bytes that are not UTF-8)", where=str(root),
+                              hint="rename or remove that file")
 
 
 def digest(manifest: Mapping[str, Entry]) -> str:

@@ -6,13 +6,16 @@ import fcntl
 import json
 import os
 import shutil
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import Any
 
-from forktool.errors import ForktoolError
-from forktool.tree import EXECUTABLE, SYMLINK, atomic_write, remove_empty_parents, resolve_inside
+from forktool import schema
+from forktool.errors import ForktoolError, UnsafePathError
+from forktool.tree import EXECUTABLE, SYMLINK, atomic_write, remove_empty_parents, resolve_inside, sha256_bytes
 
 
 @dataclass(frozen=True)
@@ -28,81 +31,217 @@ def _fault(point: str) -> None:
         os._exit(137)
 
 
+def check_state_dir(state_dir: Path) -> None:
+    """The state directory (and the project root's own entry for it) must be a real directory, not a link."""
+    if state_dir.is_symlink():
+        raise UnsafePathError(f"{state_dir} is a symlink; forktool keeps its state only in a real directory",
+                              where=str(state_dir), hint=f"remove the link and run again (`rm {state_dir}`)")
+    if os.path.lexists(state_dir) and not state_dir.is_dir():
+        raise UnsafePathError(f"{state_dir} is not a directory", where=str(state_dir),
+                              hint=f"move it away (`mv {state_dir} {state_dir}.bad`) and run again")
+
+
 @contextmanager
 def locked(state_dir: Path) -> Iterator[None]:
+    check_state_dir(state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
-    with open(state_dir / "lock", "w") as f:
+    lock = state_dir / "lock"
+    try:
+        # O_NOFOLLOW: a planted link must never make forktool truncate or create a file elsewhere
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise UnsafePathError(f"{lock} cannot be opened as the project lock ({e.strerror})", where=str(lock),
+                              hint=f"it must be a regular file: remove it (`rm -r {lock}`) and run again") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UnsafePathError(f"{lock} is not a regular file", where=str(lock),
+                                  hint=f"remove it (`rm -r {lock}`) and run again")
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise ForktoolError("another forktool command is running in this project", where=str(state_dir),
                                 hint="wait for it to finish") from None
         yield
+    finally:
+        os.close(fd)
 
 
 def txn_dir(state_dir: Path) -> Path:
     return state_dir / "txn"
 
 
+def _feasible(tree: Path, writes: list[Write]) -> None:
+    """Refuse, before anything is committed, writes the filesystem cannot carry out (a file where a directory
+    must be, a directory where a file must be), so a committed plan always rolls forward."""
+    deleted = {w.path for w in writes if w.data is None}
+    for w in writes:
+        if w.data is None:
+            continue
+        target = tree / w.path
+        if target.is_dir() and not target.is_symlink():
+            raise ForktoolError(f"{w.path} is a directory in the vendored tree, but a file must be written there",
+                                where=str(target), hint="nothing was changed; remove or rename the directory, or fix "
+                                "the patch that writes this path")
+        parts = w.path.split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            parent = "/".join(parts[:i])
+            p = tree / parent
+            if os.path.lexists(p) and not p.is_dir() and parent not in deleted:
+                raise ForktoolError(f"{w.path} needs {parent} to be a directory, but it is a file", where=str(p),
+                                    hint="nothing was changed; fix the patch that writes this path")
+
+
 def commit(tree: Path, state_dir: Path, writes: list[Write], state_after: dict) -> None:
     """Apply writes to tree and record state_after, all or nothing (recoverable after a kill)."""
     tdir = txn_dir(state_dir)
-    if tdir.exists():
-        shutil.rmtree(tdir)
-    (tdir / "new").mkdir(parents=True)
-    entries = []
-    for n, w in enumerate(writes):
+    check_state_dir(state_dir)
+    for w in writes:
         resolve_inside(tree, w.path, "transaction")
-        staged = None
-        if w.data is not None:
-            staged = str(n)
-            atomic_write(tdir / "new" / staged, w.data)
-        entries.append({"path": w.path, "staged": staged, "mode": w.mode})
-        if n == 0:
-            _fault("staging")
-    plan = {"entries": entries, "state": state_after}
-    atomic_write(tdir / "plan.json", json.dumps(plan, sort_keys=True).encode())
+    _feasible(tree, writes)
+    try:
+        if tdir.is_symlink() or tdir.is_file():
+            tdir.unlink()
+        elif tdir.exists():
+            shutil.rmtree(tdir)
+        (tdir / "new").mkdir(parents=True)
+        entries = []
+        for n, w in enumerate(writes):
+            staged = None
+            if w.data is not None:
+                staged = str(n)
+                atomic_write(tdir / "new" / staged, w.data)
+            entries.append({"path": w.path, "staged": staged, "mode": w.mode,
+                            "sha256": sha256_bytes(w.data) if w.data is not None else None})
+            if n == 0:
+                _fault("staging")
+        plan = {"entries": entries, "state": state_after}
+        atomic_write(tdir / "plan.json", json.dumps(plan, sort_keys=True).encode())
+    except OSError as e:
+        # nothing in the tree moved yet: drop the half-made journal and say why
+        shutil.rmtree(tdir, ignore_errors=True)
+        if schema.is_no_space(e):
+            raise schema.no_space(e, str(tdir)) from None
+        raise ForktoolError(f"could not stage the update: {e}", where=str(tdir),
+                            hint="nothing was changed; fix the cause and run the command again") from None
     _fault("committed")
-    _roll_forward(tree, state_dir)
+    _roll_forward(tree, state_dir, _read_plan(tree, state_dir))
 
 
-def _roll_forward(tree: Path, state_dir: Path) -> None:
+def _damaged(tdir: Path, why: str) -> ForktoolError:
+    return ForktoolError(
+        f"the journal of an interrupted update is damaged: {why}", where=str(tdir / "plan.json"),
+        hint=f"nothing was changed. Look at it; to discard it run `rm -rf {tdir}`, then `forktool status` and "
+             "`forktool verify` (restore a backup with `forktool backup restore NAME` if the tree is not right)")
+
+
+def _read_plan(tree: Path, state_dir: Path, state_schema: str | None = None) -> dict[str, Any]:
+    """The committed plan, checked against the journal schema and against the tree, before anything moves."""
     tdir = txn_dir(state_dir)
-    plan = json.loads((tdir / "plan.json").read_text())
-    removed = []
-    for n, e in enumerate(plan["entries"]):
-        target = resolve_inside(tree, e["path"], "journal")
+    if tdir.is_symlink() or not tdir.is_dir():
+        raise _damaged(tdir, f"{tdir} is not a directory")
+    new = tdir / "new"
+    if new.is_symlink() or (os.path.lexists(new) and not new.is_dir()):
+        raise _damaged(tdir, f"{new} is not a directory")
+    try:
+        plan = schema.load_json(tdir / "plan.json", "journal", root=state_dir, limit=schema.STATE_LIMIT)
+        if state_schema:
+            schema.check(plan["state"], state_schema, f"{tdir / 'plan.json'}: state")
+    except ForktoolError as err:
+        raise _damaged(tdir, f"{err.what} ({err.where})") from None
+    seen: set[str] = set()
+    for i, e in enumerate(plan["entries"]):
+        w = f"entries[{i}]"
+        if e["path"] in seen:
+            raise _damaged(tdir, f"{w}: {e['path']} appears twice")
+        seen.add(e["path"])
+        try:
+            resolve_inside(tree, e["path"], f"journal {w}")
+        except ForktoolError as err:
+            raise _damaged(tdir, f"{w}: {err.what}") from None
         if e["staged"] is None:
-            if target.is_symlink() or target.exists():
-                target.unlink()
-            removed.append(e["path"])
-        else:
-            src = tdir / "new" / e["staged"]
-            if src.exists():  # gone: already moved before a crash
-                target.parent.mkdir(parents=True, exist_ok=True)
-                if e["mode"] == SYMLINK:
-                    if target.is_symlink() or target.exists():
-                        target.unlink()
-                    target.symlink_to(src.read_text())
-                    src.unlink()
-                else:
-                    os.chmod(src, 0o755 if e["mode"] == EXECUTABLE else 0o644)
-                    os.replace(src, target)
-        if n == 0:
-            _fault("replacing")
-    remove_empty_parents(tree, removed)
-    atomic_write(state_dir / "state.json", json.dumps(plan["state"], indent=1, sort_keys=True).encode())
+            continue
+        src = new / e["staged"]
+        if not os.path.lexists(src):
+            continue  # already moved before a crash
+        if src.is_symlink() or not src.is_file():
+            raise _damaged(tdir, f"{w}: staged file {src} is not a regular file")
+        data = src.read_bytes()
+        if e.get("sha256") and sha256_bytes(data) != e["sha256"]:
+            raise _damaged(tdir, f"{w}: staged file {src} does not match its sha256")
+        if e["mode"] == SYMLINK:
+            _check_link(e["path"], data, tdir, w)
+    return plan
+
+
+def _check_link(rel: str, target: bytes, tdir: Path, where: str) -> None:
+    """A symlink the journal would create must point inside the tree, judged from the link's own directory."""
+    try:
+        text = target.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _damaged(tdir, f"{where}: symlink target of {rel} is not UTF-8") from None
+    parts = list(PurePosixPath(rel).parent.parts)
+    if not text or text.startswith("/") or "\0" in text:
+        raise _damaged(tdir, f"{where}: symlink {rel} -> {text!r} points outside the vendored tree")
+    for part in text.split("/"):
+        if part == "..":
+            if not parts:
+                raise _damaged(tdir, f"{where}: symlink {rel} -> {text!r} points outside the vendored tree")
+            parts.pop()
+        elif part not in ("", "."):
+            parts.append(part)
+
+
+def _roll_forward(tree: Path, state_dir: Path, plan: dict[str, Any]) -> None:
+    tdir = txn_dir(state_dir)
+    removed = []
+    try:
+        for n, e in enumerate(plan["entries"]):
+            target = resolve_inside(tree, e["path"], "journal")
+            if e["staged"] is None:
+                if target.is_symlink() or target.is_file():
+                    target.unlink()
+                elif target.exists():
+                    raise ForktoolError(f"{e['path']} is not a file and cannot be removed", where=str(target))
+                removed.append(e["path"])
+            else:
+                src = tdir / "new" / e["staged"]
+                if src.exists():  # gone: already moved before a crash
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    if e["mode"] == SYMLINK:
+                        if target.is_symlink() or target.is_file():
+                            target.unlink()
+                        target.symlink_to(src.read_text())
+                        src.unlink()
+                    else:
+                        os.chmod(src, 0o755 if e["mode"] == EXECUTABLE else 0o644)
+                        os.replace(src, target)
+            if n == 0:
+                _fault("replacing")
+        remove_empty_parents(tree, removed)
+        atomic_write(state_dir / "state.json", json.dumps(plan["state"], indent=1, sort_keys=True).encode())
+    except OSError as e:
+        what = "no space left on the device" if schema.is_no_space(e) else str(e)
+        raise ForktoolError(
+            f"the update could not finish: {what}", where=str(tdir),
+            hint="the journal is kept, so no work is lost: fix the cause and run any forktool command to finish it "
+                 f"(or discard it with `rm -rf {tdir}` and restore the backup made before, `forktool backup list`)"
+        ) from None
     _fault("state-written")
     shutil.rmtree(tdir)
 
 
-def recover(tree: Path, state_dir: Path) -> str | None:
-    """Finish or discard an interrupted transaction; returns what was done, if anything."""
+def recover(tree: Path, state_dir: Path, state_schema: str | None = None) -> str | None:
+    """Finish or discard an interrupted transaction; returns what was done, if anything.
+
+    A journal that fails its checks is refused as a whole: nothing is moved, and the error says how to discard it.
+    """
     tdir = txn_dir(state_dir)
-    if not tdir.exists():
+    check_state_dir(state_dir)
+    if not os.path.lexists(tdir):
         return None
-    if (tdir / "plan.json").is_file():
-        _roll_forward(tree, state_dir)
+    if os.path.lexists(tdir / "plan.json") or tdir.is_symlink() or not tdir.is_dir():
+        plan = _read_plan(tree, state_dir, state_schema)
+        _roll_forward(tree, state_dir, plan)
         return "finished an interrupted update (rolled forward from the journal)"
     shutil.rmtree(tdir)
     return "discarded an interrupted update that had not started writing (tree untouched)"

@@ -3,32 +3,29 @@
 from __future__ import annotations
 
 import fnmatch
-import io
 import json
+import os
 import shutil
 import sys
-import tarfile
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
+from forktool import archive, proc, schema
 from forktool import git as fgit
-from forktool import proc
 from forktool.errors import ConfigError, ForktoolError, UnsafePathError
 from forktool.project import Component, Project
 from forktool.store import ObjectStore
 from forktool.tree import (
     EXECUTABLE,
-    REGULAR,
     SYMLINK,
-    Entry,
     Manifest,
     atomic_write,
-    check_rel_path,
     digest,
     manifest_from_json,
     manifest_to_json,
+    resolve_inside,
     sha256_file,
 )
 
@@ -51,22 +48,24 @@ def sdist_path(project: Project, comp: Component) -> Path:
     return project.cache_dir / "sdist" / f"{comp.sha256}.tar.gz"
 
 
+def pip_download(requirement: str, dest: Path) -> Path:
+    """The one place forktool downloads: `pip download` of one source distribution into dest; returns its path."""
+    proc.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+              "--disable-pip-version-check", "-d", dest, requirement])
+    found = sorted(dest.glob("*.tar.gz"))
+    if len(found) != 1:
+        raise ForktoolError(f"pip did not produce one sdist for {requirement}", where=str(dest),
+                            details=[p.name for p in found])
+    return found[0]
+
+
 def download_sdist(project: Project, comp: Component, local: Path | None = None) -> Path:
     """The sdist in the cache, downloaded by name with pip when missing; refuses a sha256 mismatch."""
     dest = sdist_path(project, comp)
     if dest.is_file() and sha256_file(dest) == comp.sha256:
         return dest
     with tempfile.TemporaryDirectory(prefix="forktool-dl-") as tmp:
-        if local is not None:
-            candidate = local
-        else:
-            proc.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                      "--disable-pip-version-check", "-d", tmp, comp.spec])
-            found = sorted(Path(tmp).glob("*.tar.gz"))
-            if len(found) != 1:
-                raise ForktoolError(f"pip did not produce one sdist for {comp.spec}",
-                                    where=tmp, details=[p.name for p in found])
-            candidate = found[0]
+        candidate = local if local is not None else pip_download(comp.spec, Path(tmp))
         got = sha256_file(candidate)
         if got != comp.sha256:
             raise ForktoolError(
@@ -89,71 +88,10 @@ class Extracted:
     skipped: int
 
 
-def _member_rel(name: str, comp: Component, strip_top: bool) -> str | None:
-    if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
-        raise UnsafePathError(f"archive member {name!r} has an absolute name", where=comp.spec,
-                              hint="the archive is unsafe; nothing was extracted")
-    parts = [p for p in name.split("/") if p not in ("", ".")]
-    if ".." in parts:
-        raise UnsafePathError(f"archive member {name!r} contains '..'", where=comp.spec,
-                              hint="the archive is unsafe; nothing was extracted")
-    if strip_top:
-        parts = parts[1:]
-    sub = comp.subdir.split("/") if comp.subdir else []
-    if parts[: len(sub)] != sub or len(parts) <= len(sub):
-        return None
-    return "/".join(parts[len(sub):])
-
-
 def extract(data: bytes, comp: Component, store: ObjectStore, strip_top: bool) -> Extracted:
-    """Filtered extraction into the object store; never touches the filesystem outside the store."""
-    manifest: Manifest = {}
-    skipped = 0
-    links: dict[str, str] = {}
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
-        for m in tar:
-            rel = _member_rel(m.name, comp, strip_top)
-            if m.ischr() or m.isblk() or m.isfifo():
-                raise UnsafePathError(f"archive member {m.name!r} is a device or fifo", where=comp.spec,
-                                      hint="the archive is unsafe; nothing was extracted")
-            if rel is None or m.isdir():
-                continue
-            if not keep(rel, comp):
-                skipped += 1
-                continue
-            if m.issym() or m.islnk():
-                target = m.linkname
-                base = PurePosixPath(rel).parent if m.issym() else PurePosixPath()
-                resolved: list[str] = []
-                for part in (base / target).parts if not target.startswith("/") else ["/"]:
-                    if part == "/":
-                        resolved = ["..", ".."]
-                        break
-                    if part == "..":
-                        if not resolved:
-                            resolved = [".."]
-                            break
-                        resolved.pop()
-                    elif part != ".":
-                        resolved.append(part)
-                if not resolved or resolved[0] == "..":
-                    raise UnsafePathError(f"archive link {m.name!r} -> {target!r} leaves the root",
-                                          where=comp.spec, hint="the archive is unsafe; nothing was extracted")
-                if m.issym():
-                    manifest[rel] = Entry(store.put(target.encode()), SYMLINK)
-                else:
-                    links[rel] = "/".join(resolved)
-                continue
-            if not m.isfile():
-                raise UnsafePathError(f"archive member {m.name!r} has an unsupported type", where=comp.spec)
-            f = tar.extractfile(m)
-            assert f is not None
-            manifest[rel] = Entry(store.put(f.read()), EXECUTABLE if m.mode & 0o100 else REGULAR)
-    for rel, target in links.items():
-        if target not in manifest:
-            raise UnsafePathError(f"hard link {rel!r} points at {target!r}, which is not extracted",
-                                  where=comp.spec)
-        manifest[rel] = manifest[target]
+    """Filtered extraction into the object store (forktool/archive.py checks every member first)."""
+    manifest, skipped = archive.extract_to_store(data, store, comp.spec, strip_top=strip_top, subdir=comp.subdir,
+                                                 keep=lambda rel: keep(rel, comp))
     if not manifest:
         raise ConfigError(f"the filters of component {comp.name!r} keep no file", where=comp.spec,
                           hint="check subdir/include/exclude in vendor/vendor.yaml")
@@ -172,13 +110,18 @@ def pristine_path(project: Project, tree_digest: str) -> Path:
 
 
 def load_lock(project: Project) -> dict:
-    try:
-        return json.loads(project.vendor_lock.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    """vendor/vendor.lock checked against its schema ({} before the first fetch)."""
+    if not os.path.lexists(project.vendor_lock):
         return {}
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"vendor.lock is not valid JSON: {e}", where=str(project.vendor_lock),
-                          hint="restore it from git") from e
+    return schema.load_json(project.vendor_lock, "vendor-lock", root=project.root,
+                            hint="restore vendor/vendor.lock from git, or delete it and run `forktool vendor fetch`")
+
+
+def load_pristine_manifest(path: Path) -> Manifest:
+    """A cached pristine manifest; a damaged one is refused (the cache is rebuilt by `forktool vendor fetch`)."""
+    raw = schema.load_json(path, "pristine", limit=schema.STATE_LIMIT,
+                           hint="delete it and run `forktool vendor fetch` to rebuild the pristine cache")
+    return manifest_from_json(raw)
 
 
 def write_lock(project: Project, lock: dict) -> None:
@@ -209,7 +152,7 @@ def fetch_pristine(project: Project, *, local_sdist: Path | None = None,
     if cached_digest and lock.get("components") == pinned:
         p = pristine_path(project, cached_digest)
         if p.is_file():
-            cached = manifest_from_json(json.loads(p.read_text()))
+            cached = load_pristine_manifest(p)
             if all(objects(project).has(e.sha256) for e in cached.values()):
                 return FetchResult(cached, cached_digest, len(cached), True, 0)
     store = objects(project)
@@ -254,30 +197,46 @@ def read_pristine(project: Project) -> tuple[Manifest, str]:
     if not p.is_file():
         res = fetch_pristine(project)
         return res.manifest, res.digest
-    return manifest_from_json(json.loads(p.read_text())), d
+    return load_pristine_manifest(p), d
 
 
 def materialise(project: Project, manifest: Manifest) -> None:
     """Write the pristine tree to the vendored root, into a temp dir renamed into place."""
-    store = objects(project)
-    dest = project.tree
-    if dest.exists():
-        raise ForktoolError("the vendored tree already exists", where=str(dest))
-    tmp = Path(tempfile.mkdtemp(prefix=".llamafile-", dir=dest.parent))
+    if project.tree.is_symlink():
+        raise UnsafePathError(f"{project.tree} is a symlink; the vendored tree must be a real directory",
+                              where=str(project.tree), hint=f"remove the link (`rm {project.tree}`) and run again")
+    materialise_to(objects(project), manifest, project.tree)
+
+
+def materialise_to(store: ObjectStore, manifest: Manifest, dest: Path) -> None:
+    """The one materialiser: manifest's files and symlinks (each checked to stay inside) written to dest, which
+    must not exist yet, through a temp dir renamed into place."""
+    if os.path.lexists(dest):
+        raise ForktoolError(f"{dest} already exists", where=str(dest))
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
     try:
         for rel in sorted(manifest):
-            check_rel_path(rel, "pristine manifest")
+            p = resolve_inside(tmp, rel, "pristine manifest")
             e = manifest[rel]
-            p = tmp / rel
             p.parent.mkdir(parents=True, exist_ok=True)
             data = store.get(e.sha256)
             if e.mode == SYMLINK:
-                p.symlink_to(data.decode())
+                target = data.decode("utf-8", "surrogateescape")
+                inside = os.path.normpath(os.path.join(os.path.dirname(rel), target))
+                if target.startswith("/") or inside == ".." or inside.startswith("../"):
+                    raise UnsafePathError(f"pristine symlink {rel} -> {target} points outside the tree", where=rel)
+                p.symlink_to(target)
             else:
                 p.write_bytes(data)
                 if e.mode == EXECUTABLE:
                     p.chmod(0o755)
         tmp.rename(dest)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if schema.is_no_space(e):
+            raise schema.no_space(e, str(dest)) from None
+        raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -297,7 +256,7 @@ def verify_pristine_cache(project: Project) -> list[str]:
     p = pristine_path(project, d)
     if not p.is_file():
         return problems + [f"pristine manifest {d[:12]} is not in the cache; run `forktool vendor fetch`"]
-    manifest = manifest_from_json(json.loads(p.read_text()))
+    manifest = load_pristine_manifest(p)
     if digest(manifest) != d:
         problems.append(f"cached pristine manifest {p} does not hash to {d[:12]}")
     if len(manifest) != lock.get("pristine_files"):

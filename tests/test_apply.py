@@ -303,3 +303,24 @@ def test_verify_names_a_patch_that_no_longer_applies(proj: Proj):
     p.write_text(make_patch("0071-two.patch", {"up/src/b.c": (B.replace("line 9\n", "line nine\n"), B1)}, "two", "two"))
     code, out, err = proj.run("verify", expect=1)
     assert "0071-two.patch" in err and "does not apply" in err
+
+
+def test_try_patch_reports_each_file_and_changes_nothing():
+    from forktool.apply import Applied, apply_series, record, try_patch
+    from forktool.series import parse_patch
+
+    upstream = {"up/src/a.c": A.encode(), "up/src/b.c": B.replace("line 25\n", "line XXV\n").encode()}
+    three = parse_patch(make_patch("0089-three.patch", {"up/src/b.c": (B1, B2), "up/src/new.c": (None, "int n;\n")},
+                                   "three", "three").encode(), "0089-three.patch")
+    one = parse_patch(make_patch("0070-one.patch", {"up/src/a.c": (A, A1)}, "one", "one").encode(), "0070-one.patch")
+    acc = apply_series([one], upstream.get)
+    before = dict(acc.files)
+    outcomes = try_patch(three, upstream.get, acc)
+    assert acc.files == before  # trying changes nothing
+    by_path = {o.path: o for o in outcomes}
+    assert by_path["up/src/b.c"].error is not None and "hunk #1" in by_path["up/src/b.c"].error.what
+    assert by_path["up/src/b.c"].content == upstream["up/src/b.c"]
+    assert by_path["up/src/new.c"].error is None and by_path["up/src/new.c"].content == b"int n;\n"
+    record(three.id, outcomes, acc)
+    assert acc.files["up/src/new.c"] == b"int n;\n" and "up/src/b.c" not in acc.files
+    assert apply_series([one], upstream.get, Applied()).files == before

@@ -269,7 +269,7 @@ def test_accept_moves_pin_and_patches(tmp_path, upstream):
     rep = sync_cmds.sync(project, c2, accept=True, build=False, out="dist/sync")
     assert rep.exit_code == 0 and rep.data["acceptable"]
     yaml_text = project.vendor_yaml.read_text()
-    assert f"commit: \"{c2}\"" in yaml_text and f"upstream_commit: \"{c2}\"" in yaml_text
+    assert f"commit: {c2}\n" in yaml_text and f"upstream_commit: {c2}\n" in yaml_text
     assert "# the commit we build on" in yaml_text and c1 not in yaml_text
     out = project.root / "dist" / "sync" / "patches"
     for name in ("0001-a.patch", "0002-b.patch", "0003-c.patch", "0007-new.patch"):
@@ -297,7 +297,8 @@ def test_repin_keeps_comments_of_the_real_vendor_yaml():
     new = dataclasses.replace(new, sha256="ab" * 32, upstream_commit="cd" * 20)
     out = fsync._repin_text(text, old.name, new)
     assert out.count("\n") == text.count("\n")
-    assert 'version: "0.3.35"' in out and f'sha256: "{"ab" * 32}"' in out
+    # each value keeps its line's style: the version quoted, the digests plain as they were
+    assert 'version: "0.3.35"' in out and f'sha256: {"ab" * 32}\n' in out
     assert [ln for ln in out.splitlines() if ln.lstrip().startswith("#")] == \
         [ln for ln in text.splitlines() if ln.lstrip().startswith("#")]
     # an unknown upstream commit drops the stale line instead of keeping a wrong one

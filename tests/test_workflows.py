@@ -109,6 +109,42 @@ def test_upstream_sync_is_scheduled_and_manual_and_publishes():
 def test_release_on_tag_builds_packages_and_attaches():
     wf = load("release.yml")
     assert wf["on"]["push"]["tags"] == ["v*"]
-    runs = "\n".join(s.get("run", "") for s in wf["jobs"]["release"]["steps"])
-    for cmd in ("forktool build", "forktool package", "forktool package verify", "gh release"):
+    build, release = wf["jobs"]["build"], wf["jobs"]["release"]
+    assert [m["profile"] for m in build["strategy"]["matrix"]["include"]] == ["cpu", "cuda"]
+    runs = "\n".join(s.get("run", "") for s in build["steps"])
+    for cmd in ("forktool build", "forktool package", "forktool package verify"):
         assert cmd in runs
+    assert release["needs"] == "build" and "gh release" in "\n".join(s.get("run", "") for s in release["steps"])
+
+
+@pytest.mark.parametrize("name,job", [("ci.yml", "verify"), ("release.yml", "build"), ("upstream-sync.yml", "sync")])
+def test_builds_go_through_sccache(name, job):
+    steps = load(name)["jobs"][job]["steps"]
+    uses = [s.get("uses", "") for s in steps]
+    at = uses.index("./.github/actions/sccache")
+    assert steps[at]["with"]["redis-endpoint"] == "${{ secrets.SCCACHE_REDIS_ENDPOINT }}"
+    install = next(i for i, s in enumerate(steps) if s.get("name") == "Install")
+    assert "[cache]" in steps[install]["run"] or "cache]" in steps[install]["run"]
+    builds = [i for i, s in enumerate(steps) if "forktool build" in s.get("run", "") or "forktool sync" in s.get("run", "")]
+    assert builds and install < at < min(builds)
+
+
+def test_the_cache_action_picks_redis_else_the_actions_cache():
+    action = yaml.safe_load((WORKFLOWS.parent / "actions" / "sccache" / "action.yml").read_text())
+    script = action["runs"]["steps"][0]["with"]["script"]
+    for var in ("FORKTOOL_LAUNCHER", "SCCACHE_REDIS_ENDPOINT", "SCCACHE_GHA_ENABLED", "ACTIONS_RESULTS_URL",
+                "ACTIONS_RUNTIME_TOKEN", "SCCACHE_BASEDIRS"):
+        assert f"'{var}'" in script
+
+
+def test_upstream_sync_follows_the_loop_on_a_conflict():
+    steps = {s.get("name"): s for s in load("upstream-sync.yml")["jobs"]["sync"]["steps"]}
+    stop = steps["Push the stopped state"]
+    assert "acceptable != 'true'" in stop["if"]
+    run = stop["run"]
+    assert 'forktool sync --to "$SPEC" --start' in run and "git push" in run
+    # the branch carries pin, patches and the state file, never the conflicted tree
+    assert "git add vendor/vendor.yaml patches" in run and "git add -f .opencoti/sync/state.json" in run
+    assert "vendor/llamafile" not in run
+    issue = steps["Open or update the issue"]["run"]
+    assert "forktool sync --start" in issue and "gh issue create" in issue

@@ -5,13 +5,16 @@ from __future__ import annotations
 import os
 
 from forktool import build as b
-from forktool.errors import ForktoolError
+from forktool import output
+from forktool.commands import open_workspace
+from forktool.errors import ForktoolError, UsageError
 from forktool.output import Report
 from forktool.project import Project
-from forktool.workspace import open_workspace
 
 
 def build(project: Project, profile: str, plan: bool, jobs: int | None) -> Report:
+    if jobs is not None and not 1 <= jobs <= 1024:
+        raise UsageError(f"-j {jobs}: the number of make jobs must be between 1 and 1024", where="--jobs")
     cfg = b.load_config(project)
     prof = cfg.profile(profile)
     # the lock is held through make: the tree must not move under the compiler
@@ -27,13 +30,23 @@ def build(project: Project, profile: str, plan: bool, jobs: int | None) -> Repor
         data = pl.to_json()
         if plan:
             return Report(dict(data, built=False), lines)
-        res = b.run_build(project, cfg, pl, jobs or os.cpu_count() or 1)
+        with output.progress(f"build {prof.name}") as bar:
+            def show(e: b.BuildEvent) -> None:
+                current = {"configure": e.text, "start": "make"}.get(e.kind, e.target)
+                bar.update(e.done, e.total, current, e.text)
+
+            res = b.run_build(project, cfg, pl, jobs or os.cpu_count() or 1, show)
     by_target = res.objects_by_target()
     shown = ", ".join(f"{t}: {n}" for t, n in by_target.items())
     lines.append(f"built in {res.seconds:.1f} s (make {res.make_seconds:.1f} s): {len(res.objects)} object(s) "
                  f"recompiled{f' ({shown})' if shown else ''}, {len(res.linked)} relinked")
+    if res.cache:
+        lines.append(f"compiler cache: {res.cache.describe()}")
+    elif res.launcher:
+        lines.append(f"compiler cache: {res.launcher} (its counters are not readable)")
     if res.changed_outputs:
         lines.append(f"changed: {', '.join(res.changed_outputs)}")
+    lines.append(f"make's log: {res.log}")
     code = 0
     if res.unexpected:
         lines.append(f"[red]bytes moved outside the impact: {', '.join(res.unexpected)}[/red] "
@@ -47,5 +60,6 @@ def build(project: Project, profile: str, plan: bool, jobs: int | None) -> Repor
     data.update(built=True, objects=res.objects, objects_by_target=by_target, linked=res.linked,
                 seconds=round(res.seconds, 3), make_seconds=round(res.make_seconds, 3),
                 changed_outputs=res.changed_outputs, kept=res.kept, unexpected=res.unexpected, outputs=res.outputs,
-                cuda_dso_rebuilt=prof.has_cuda and "ggml-cuda" not in res.kept)
+                cuda_dso_rebuilt=prof.has_cuda and "ggml-cuda" not in res.kept, log=str(res.log),
+                launcher=res.launcher, cache=res.cache.to_json() if res.cache else None)
     return Report(data, lines, exit_code=code)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from forktool import output, proc
 from forktool import registry as rg
-from forktool.errors import ForktoolError, UsageError
+from forktool.errors import ForktoolError, UsageError, check_id
 from forktool.output import Report
 from forktool.project import Project
 
@@ -51,13 +51,7 @@ def ensure_reference_build(project: Project, profile_name: str) -> Path:
     if not stamp_file.is_file() or stamp_file.read_text() != digest_:
         if src_root.exists():
             shutil.rmtree(src_root)
-        store = vendor.objects(project)
-        for rel, e in sorted(manifest.items()):
-            p = src_root / rel
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_bytes(store.get(e.sha256))
-            if e.mode == "100755":
-                p.chmod(0o755)
+        vendor.materialise_to(vendor.objects(project), manifest, src_root)
         stamp_file.write_text(digest_)
     src = src_root / "llama.cpp"
     env = {"GIT_CEILING_DIRECTORIES": str(src_root)}
@@ -72,6 +66,7 @@ def ensure_reference_build(project: Project, profile_name: str) -> Path:
 
 
 def gates(project: Project, patch_id: str | None, name: str | None, list_only: bool) -> Report:
+    check_id(patch_id, "ID")
     reg = rg.load(project.registry_dir / "UPSTREAM_SYNC.yaml")
     selected = [(p.id, g) for p in reg.patches for g in p.gates
                 if (patch_id is None or p.id == patch_id) and (name is None or g.name == name)]

@@ -6,10 +6,10 @@ from pathlib import Path
 
 from forktool import build as b
 from forktool import package as pk
-from forktool.errors import ForktoolError
+from forktool.commands import open_workspace
+from forktool.errors import ForktoolError, UsageError
 from forktool.output import Report
 from forktool.project import Project
-from forktool.workspace import open_workspace
 
 
 def package(project: Project, profile: str, out: str | None) -> Report:
@@ -26,6 +26,8 @@ def package(project: Project, profile: str, out: str | None) -> Report:
                                 hint="a release carries only reviewed patches: refresh them into a patch first")
         applied = ws.patches[:len(ws.state.applied)]
         spec = pk.spec_from_build(project, cfg, prof, applied, ws.pristine_digest)
+        if out is not None and not out.strip():
+            raise UsageError("--out must name a directory", where="--out", hint="leave it out for dist/")
         dest = Path(out) if out else project.root / "dist"
         res = pk.write_release(spec, dest if dest.is_absolute() else project.root / dest)
     lines = [f"release {res['name']}: {res['files']} files",
@@ -36,6 +38,9 @@ def package(project: Project, profile: str, out: str | None) -> Report:
 
 
 def verify(project: Project, directory: str) -> Report:
+    if not directory.strip():
+        raise UsageError("package verify needs the release directory (or its .tar.gz), not an empty name",
+                         where="DIRECTORY", hint="pass what `forktool package` printed, e.g. dist/NAME")
     res = pk.verify_release(Path(directory))
     return Report(res, [f"{res['files']} file(s) match SHA256SUMS; manifest agrees (stamp {res['stamp']}, "
                         f"series {str(res['series_digest'])[:12]})", "[green]package verify: OK[/green]"])

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import jinja2
-
 from forktool import registry as rg
+from forktool.cache import caches_root
+from forktool.commands import open_workspace
 from forktool.errors import ForktoolError
 from forktool.markers import scan_file
 from forktool.output import Report
 from forktool.project import Project
-from forktool.regcheck import Problem
-from forktool.regcheck import check as run_check
+from forktool.regcheck import registry_problems, render_md
 from forktool.tree import atomic_write
-from forktool.workspace import open_workspace
 
 
 def _path(project: Project) -> Path:
@@ -22,25 +20,16 @@ def _path(project: Project) -> Path:
 
 
 def check(project: Project) -> Report:
-    reg = rg.load(_path(project))
+    rg.load(_path(project))  # a registry that does not load is a refusal here, with its own error
     with open_workspace(project) as ws:
-        problems, warnings = run_check(ws, reg)
-    md = _md_path(project)
-    if not md.exists() or md.read_text() != render_text(project, reg):
-        problems.append(Problem("registry/UPSTREAM_SYNC.md", "is stale; run `forktool registry render`"))
+        problems, warnings, summary = registry_problems(ws, None, caches_root(ws.state_dir)) or ([], [], {})
     lines = [f"[red]✗[/red] {p}" for p in problems] + [f"[yellow]advisory:[/yellow] {w}" for w in warnings]
     if not problems:
-        lines.append(f"registry: OK ({len(reg.patches)} patches, {len(reg.hooks)} hooks, all markers at their sites)")
+        lines.append(f"registry: OK ({summary['patches']} patches, {summary['hooks']} hooks, "
+                     "all markers at their sites)")
     return Report({"ok": not problems, "problems": [{"where": p.where, "what": p.what} for p in problems],
-                   "advisories": warnings, "patches": len(reg.patches), "hooks": len(reg.hooks)},
+                   "advisories": warnings, "patches": summary["patches"], "hooks": summary["hooks"]},
                   lines, exit_code=1 if problems else 0)
-
-
-def check_if_present(project: Project) -> Report | None:
-    """The registry check, or None when the project keeps no registry."""
-    if not _path(project).is_file():
-        return None
-    return check(project)
 
 
 def markers(project: Project) -> Report:
@@ -56,15 +45,9 @@ def _md_path(project: Project) -> Path:
     return project.registry_dir / "UPSTREAM_SYNC.md"
 
 
-def render_text(project: Project, reg: rg.Registry) -> str:
-    env = jinja2.Environment(loader=jinja2.PackageLoader("forktool", "templates"), keep_trailing_newline=True,
-                             trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
-    return env.get_template("UPSTREAM_SYNC.md.j2").render(reg=reg)
-
-
 def render(project: Project, check_only: bool) -> Report:
     reg = rg.load(_path(project))
-    text = render_text(project, reg)
+    text = render_md(reg)
     md = _md_path(project)
     current = md.read_text() if md.exists() else None
     if check_only:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from forktool import vendor
+from forktool import authoring, output, vendor
+from forktool.commands import open_workspace
+from forktool.errors import check_id, check_line
 from forktool.output import Report
 from forktool.project import Project
-from forktool.workspace import Workspace, open_workspace
+from forktool.workspace import Workspace
 
 
 def _moved(ws: Workspace, what: str, res: dict) -> Report:
@@ -25,12 +27,13 @@ def _moved(ws: Workspace, what: str, res: dict) -> Report:
 
 
 def apply(project: Project, upto: str | None, force: bool, reanchor: bool = False) -> Report:
+    check_id(upto, "--upto")
     with open_workspace(project) as ws:
         end = ws.index(upto) + 1 if upto else len(ws.patches)
         label = f"apply-{ws.patches[end - 1].id}" if end else "apply-none"
-        reanchored = ws.reanchor(end) if reanchor else []
+        reanchored = authoring.reanchor(ws, end) if reanchor else []
         res = ws.goto(ws.patches[:end], force=force, label=label)
-        ws.write_patches(reanchored)
+        authoring.write_patches(ws, reanchored)
         rep = _moved(ws, "apply", res)
         rep.data["reanchored"] = reanchored
         if reanchored:
@@ -44,6 +47,7 @@ def apply(project: Project, upto: str | None, force: bool, reanchor: bool = Fals
 
 
 def unapply(project: Project, to: str | None, force: bool) -> Report:
+    check_id(to, "--to")
     with open_workspace(project) as ws:
         end = ws.index(to) + 1 if to else 0
         label = f"unapply-to-{to}" if to else "unapply-all"
@@ -51,6 +55,11 @@ def unapply(project: Project, to: str | None, force: bool) -> Report:
 
 
 def status(project: Project) -> Report:
+    if (project.state_dir / "sync" / "state.json").is_file():  # a sync in progress: say where it stands
+        from forktool.commands import sync_cmds
+        rep = sync_cmds.status_report(project)
+        if rep is not None:
+            return rep
     with open_workspace(project) as ws:
         applied = {a["id"]: a for a in ws.state.applied}
         stale = set(ws.applied_stale())
@@ -77,37 +86,46 @@ def status(project: Project) -> Report:
                        "pristine_digest": ws.pristine_digest}, lines)
 
 
-def verify(project: Project) -> Report:
-    from forktool.commands import registry_cmds
-    with open_workspace(project) as ws:
-        res = ws.verify()
-    lines = [f"pristine cache matches vendor.lock ({ws.pristine_digest[:12]})",
-             f"{res['exported']} applied patch(es) re-exported byte for byte",
-             f"tree digest {res['tree_digest'][:12]}" + (" equals vendor.lock's record for this series"
-                                                         if res["full_series"] else " (series not fully applied)")]
-    reg = registry_cmds.check_if_present(project)
-    if reg is not None:
-        res["registry"] = reg.data
-        if reg.exit_code:
-            from forktool.errors import VerifyError
-            raise VerifyError("verify: the registry check failed", where="registry/UPSTREAM_SYNC.yaml",
-                              details=[f"{p['where']}: {p['what']}" for p in reg.data["problems"]],
-                              hint="fix each item (`forktool registry check` shows them)")
-        lines += reg.lines
-    return Report(res, lines + ["[green]verify: OK[/green]"])
+def verify(project: Project, use_cache: bool = True) -> Report:
+    from forktool.verification import verify as run_verify
+
+    with open_workspace(project, use_cache) as ws:
+        v = run_verify(ws)
+    data = v.to_json()
+    full = v.full_series
+    if v.ok:
+        lines = [f"pristine cache matches vendor.lock ({ws.pristine_digest[:12]})",
+                 f"{v.exported} applied patch(es) re-exported byte for byte",
+                 f"tree digest {v.tree_digest[:12]}" + (" equals vendor.lock's record for this series" if full
+                                                        else " (series not fully applied)")]
+        if v.registry is not None:
+            lines.append(f"registry: OK ({v.registry['patches']} patches, {v.registry['hooks']} hooks, "
+                         "all markers at their sites)")
+        lines += [f"[yellow]advisory:[/yellow] {a}" for a in v.advisories]
+        lines.append("[green]verify: OK[/green]" + (" (cached verdict: no input changed)" if v.cached else ""))
+        return Report(data, lines)
+    data["error"] = f"verify found {len(v.problems)} difference(s)"
+    lines = [f"[red]✗[/red] {output.escape(str(p))}" for p in v.problems]
+    lines += [f"[yellow]advisory:[/yellow] {a}" for a in v.advisories]
+    lines.append(f"[red]error:[/red] verify found {len(v.problems)} difference(s) "
+                 f"(tree digest {v.tree_digest[:12]})")
+    lines.append("  next: fix each item, then run `forktool verify` again")
+    return Report(data, lines, exit_code=1)
 
 
 def refresh(project: Project, pid: str) -> Report:
+    check_id(pid, "ID")
     with open_workspace(project) as ws:
-        res = ws.refresh(pid)
+        res = authoring.refresh(ws, pid)
     word = "rewrote" if res["changed"] else "unchanged:"
     return Report(res, [f"{word} patches/{res['patch']} ({len(res['files'])} file(s); hooks: {res['hooks'] or 'none'}; "
                         f"build impact: {res['build_impact'] or 'none'})"])
 
 
 def new(project: Project, slug: str, title: str, author: str, patch_id: str | None = None) -> Report:
+    check_line(title, "--title"), check_line(author, "--author"), check_id(patch_id, "--id")
     with open_workspace(project) as ws:
-        res = ws.new(slug, title, author, patch_id)
+        res = authoring.new(ws, slug, title, author, patch_id)
     return Report(res, [f"created patches/{res['patch']} after {res['after'] or 'the start'}; "
                         f"edit the tree, then `forktool refresh {res['id']}`"])
 
@@ -115,7 +133,6 @@ def new(project: Project, slug: str, title: str, author: str, patch_id: str | No
 def vendor_fetch(project: Project, sdist: str | None) -> Report:
     from pathlib import Path
 
-    from forktool import output
     res = vendor.fetch_pristine(project, local_sdist=Path(sdist) if sdist else None, progress=output.info)
     lines = [f"pristine {res.digest[:12]}: {res.files} files" + (" (from cache)" if res.from_cache else
                                                                    f" ({res.skipped} filtered out)")]

@@ -1,0 +1,167 @@
+"""Authoring patches from the tree: export, refresh, new (which edits patches/series), re-anchor."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+
+from forktool.apply import Applied, apply_patch
+from forktool.errors import ForktoolError, UsageError
+from forktool.markers import hooks_in_patch
+from forktool.series import Patch, diff_file, make_header, parse_patch, set_trailers, with_files
+from forktool.tree import REGULAR, SYMLINK, atomic_write
+from forktool.workspace import Workspace
+
+Reader = Callable[[str], bytes | None]
+
+
+def export(ws: Workspace, patch: Patch, before: Applied, after_read: Reader) -> Patch:
+    """The patch regenerated from tree contents, keeping its message; paths = its own."""
+    files = []
+    for rel in patch.paths:
+        old = before.files[rel] if rel in before.files else ws.base_bytes(rel)
+        new = after_read(rel)
+        mode = ws.pristine[rel].mode if rel in ws.pristine else REGULAR
+        fd = diff_file(rel, old, new, mode, mode)
+        if fd is not None:
+            files.append(fd)
+    return with_files(patch, files)
+
+
+def refresh(ws: Workspace, pid: str) -> dict:
+    if ws.state.top != pid:
+        raise UsageError(f"patch {pid} is not the top applied patch (top: {ws.state.top or 'none'})",
+                         where=str(ws.tree), hint=f"run `forktool apply --upto {pid}` first, edit, then refresh")
+    idx = ws.index(pid)
+    patch = ws.patches[idx]
+    stale = ws.applied_stale()
+    if pid in stale and ws.state.applied[-1].get("diff_sha256") == patch.diff_sha256:
+        stale.remove(pid)  # only its message was edited: refresh keeps the new message
+    if stale:
+        raise ForktoolError(f"applied patch(es) {', '.join(stale)} changed on disk since they were applied",
+                            where="patches/", hint="run `forktool apply --upto ID` to re-apply them first")
+    before = ws.compute(ws.patches[:idx])
+    current = ws.current()
+    changed = {p for _, p in ws.local_changes()}
+    for rel in sorted(changed):
+        e = current.get(rel)
+        if e is not None and e.mode == SYMLINK:
+            raise ForktoolError(f"{rel} is a symlink; patches carry regular files only", where=rel)
+    rels = sorted(set(patch.paths) | changed)
+    files_diff = []
+    for rel in rels:
+        old = before.files[rel] if rel in before.files else ws.base_bytes(rel)
+        new = ws.disk_bytes(rel)
+        old_mode = ws.pristine[rel].mode if rel in ws.pristine else REGULAR
+        new_mode = current[rel].mode if rel in current else old_mode
+        fd = diff_file(rel, old, new, old_mode if old is not None else None,
+                       new_mode if new is not None else None)
+        if fd is not None:
+            files_diff.append(fd)
+    from forktool.impact import impact_label  # the build config, read only when a patch is rewritten
+
+    diff_only = with_files(patch, files_diff)
+    trailers = {"Opencoti-Hooks": ", ".join(hooks_in_patch(diff_only)),
+                "Build-Impact": impact_label(ws.project, diff_only.paths) if diff_only.paths else ""}
+    refreshed = with_files(replace(diff_only, header=set_trailers(patch.header, trailers)), files_diff)
+    old_bytes = patch.raw
+    new_bytes = refreshed.raw
+    if new_bytes != old_bytes:
+        atomic_write(ws.project.patches_dir / patch.name, new_bytes)
+    ws.patches[idx] = parse_patch(new_bytes, patch.name)
+    # the tree already holds the refreshed result: record it as applied
+    files = {rel: current.get(rel) for rel in set(ws.state.files) | set(rels)}
+    ws.state.applied[-1] = {"id": pid, "name": patch.name, "sha256": ws.patches[idx].sha256,
+                            "diff_sha256": ws.patches[idx].diff_sha256, "drift": []}
+    ws.state.files = files
+    ws._write_state()
+    ws.record_patched()
+    return {"patch": patch.name, "changed": new_bytes != old_bytes, "files": refreshed.paths,
+            "hooks": trailers["Opencoti-Hooks"], "build_impact": trailers["Build-Impact"]}
+
+
+def new(ws: Workspace, slug: str, title: str, author: str, want: str | None = None) -> dict:
+    if not re.match(r"^[a-z0-9][a-z0-9._-]*$", slug):
+        raise UsageError(f"bad slug {slug!r}", hint="use lowercase letters, digits, '-', '.', '_'")
+    top = ws.state.top
+    pos = ws.index(top) + 1 if top else 0
+    ids = {int(p.id) for p in ws.patches}
+    lo = int(top) if top else 0
+    hi = int(ws.patches[pos].id) if pos < len(ws.patches) else 10000
+    # the series, not the number, gives the order: with no room between the neighbours, take the
+    # next number after the highest one
+    free = [n for n in range(lo + 1, hi) if n not in ids] or [max(ids) + 1]
+    if free[0] > 9999:
+        raise ForktoolError("no free patch id left", where="patches/series", hint="renumber the series")
+    pid = f"{free[0]:04d}"
+    if want is not None:
+        if not re.match(r"^\d{4}$", want) or want in {p.id for p in ws.patches}:
+            raise UsageError(f"--id {want} is not a free four-digit id", where="patches/series",
+                             hint=f"the next free one after the top is {pid}")
+        pid = want
+    name = f"{pid}-{slug}.patch"
+    header = make_header(title or slug, author=author,
+                         date=time.strftime("%a, %d %b %Y %H:%M:%S +0000", time.gmtime()))
+    data = header + b"---\n"
+    atomic_write(ws.project.patches_dir / name, data)
+    _insert_in_series(ws, pos, name)
+    patch = parse_patch(data, name)
+    ws.state.applied.append({"id": pid, "name": name, "sha256": patch.sha256,
+                             "diff_sha256": patch.diff_sha256, "drift": []})
+    ws._write_state()
+    return {"patch": name, "id": pid, "after": top}
+
+
+def _insert_in_series(ws: Workspace, pos: int, name: str) -> None:
+    """Add name to patches/series after the entry at pos - 1, keeping comments where they are."""
+    lines = ws.project.series_file.read_text().splitlines(keepends=True)
+    if pos == 0:
+        first = next((e.line for e in ws.entries), len(lines) + 1)
+        insert_at = first - 1
+    else:
+        insert_at = ws.entries[pos - 1].line
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    lines.insert(insert_at, name + "\n")
+    atomic_write(ws.project.series_file, "".join(lines).encode())
+
+
+def reanchor(ws: Workspace, end: int) -> list[str]:
+    """Canonical re-exports of patches[:end] on the base they now apply to, in memory.
+
+    After a lower patch changes, a later one may apply only at an offset, or its index lines name
+    blobs that no longer exist: its content is the same, its canonical bytes are not. This rewrites
+    the in-memory patches (message kept, diff re-exported) and returns the ids that changed; the
+    caller moves the tree first and writes the files after, so a failed apply writes nothing.
+    """
+    changed = []
+    for k, patch, before, read in steps(ws, end):  # lazily: each reader sees its own step
+        again = export(ws, patch, before, read)
+        if again.raw != patch.raw:
+            ws.patches[k] = parse_patch(again.raw, patch.name)
+            changed.append(patch.id)
+    return changed
+
+
+def steps(ws: Workspace, end: int, top_from_disk: bool = False,
+          acc: Applied | None = None) -> Iterator[tuple[int, Patch, Applied, Reader]]:
+    """(index, patch, contents before it, reader of contents after it) for patches[:end], applied one by one
+    from pristine into acc. With top_from_disk the last one's "after" is the tree on disk."""
+    acc = acc if acc is not None else Applied()
+    for k, patch in enumerate(ws.patches[:end]):
+        before = Applied(dict(acc.files))
+        apply_patch(patch, ws.base_bytes, acc)
+        if top_from_disk and k == end - 1:
+            read: Reader = ws.disk_bytes
+        else:
+            def read(rel: str, a: Applied = acc) -> bytes | None:
+                return a.files[rel] if rel in a.files else ws.base_bytes(rel)
+        yield k, patch, before, read
+
+
+def write_patches(ws: Workspace, ids: list[str]) -> None:
+    for p in ws.patches:
+        if p.id in ids:
+            atomic_write(ws.project.patches_dir / p.name, p.raw)

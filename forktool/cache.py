@@ -1,0 +1,165 @@
+"""Content-addressed caches under .opencoti/cache/: values keyed by the digests they were derived from.
+
+A cache is only an optimisation. An entry records its full key and a checksum of its value; an entry whose
+key or checksum does not match (stale, corrupt, truncated, from another version) is ignored, never trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from forktool.tree import atomic_write
+
+CACHE_VERSION = 1
+
+
+def key_of(*parts: object) -> str:
+    """One digest for an ordered list of JSON-able key parts."""
+    return hashlib.sha256(json.dumps([CACHE_VERSION, *parts], sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _checksum(value_json: str) -> str:
+    return hashlib.sha256(value_json.encode()).hexdigest()
+
+
+class Cache:
+    """One kind of derived value (e.g. "reexport", "scopes", "verdict") stored by key digest."""
+
+    def __init__(self, root: Path | None, kind: str):
+        self.root = root / kind if root is not None else None
+        self.kind = kind
+        self.hits = 0
+        self.misses = 0
+
+    def _path(self, key: str) -> Path:
+        assert self.root is not None
+        return self.root / key[:2] / f"{key[2:]}.json"
+
+    def get(self, key: str) -> Any | None:
+        """The stored value for key, or None when absent or not provably the value stored for this key."""
+        if self.root is None:
+            return None
+        try:
+            raw = json.loads(self._path(key).read_bytes())
+            value_json = json.dumps(raw["value"], sort_keys=True, separators=(",", ":"))
+            if raw.get("kind") != self.kind or raw.get("key") != key or raw.get("sha256") != _checksum(value_json):
+                self.misses += 1
+                return None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            self.misses += 1
+            return None
+        self.hits += 1
+        return raw["value"]
+
+    def put(self, key: str, value: Any) -> None:
+        if self.root is None:
+            return
+        value_json = json.dumps(value, sort_keys=True, separators=(",", ":"))
+        entry = {"kind": self.kind, "key": key, "sha256": _checksum(value_json), "value": value}
+        try:
+            atomic_write(self._path(key), json.dumps(entry, sort_keys=True, separators=(",", ":")).encode())
+        except OSError:
+            pass  # a cache that cannot be written only costs speed
+
+
+def tool_fingerprint() -> str:
+    """The tool version plus the stat fields of its own files, so a changed forktool never reuses a verdict."""
+    import forktool
+
+    pkg = Path(forktool.__file__).parent
+    parts: list[object] = [forktool.__version__]
+    for d in (pkg, pkg / "commands", pkg / "templates"):
+        try:
+            with os.scandir(d) as it:
+                for e in sorted(it, key=lambda x: x.name):
+                    if e.is_file():
+                        st = e.stat()
+                        parts.append([d.name, e.name, st.st_size, st.st_mtime_ns])
+        except OSError:
+            parts.append([d.name, None])
+    parts.append(parser_fingerprint())
+    return key_of("tool", parts)
+
+
+_parser_fp: list[str] = []
+
+
+def parser_fingerprint() -> str:
+    """The installed C++ parser (tree-sitter and its grammar) by the stat fields of their files, not imported."""
+    if not _parser_fp:
+        import importlib.util
+
+        parts: list[object] = []
+        for mod in ("tree_sitter", "tree_sitter_cpp"):
+            spec = importlib.util.find_spec(mod)
+            locs = list(spec.submodule_search_locations or []) if spec else []
+            for d in locs:
+                try:
+                    with os.scandir(d) as it:
+                        parts += sorted([mod, e.name, e.stat().st_size, e.stat().st_mtime_ns] for e in it if e.is_file())
+                except OSError:
+                    parts.append([mod, d, None])
+            if not locs:
+                parts.append([mod, None])
+        _parser_fp.append(key_of("parser", parts))
+    return _parser_fp[0]
+
+
+def caches_root(state_dir: Path, enabled: bool = True) -> Path | None:
+    return state_dir / "cache" if enabled else None
+
+
+def user_cache_dir() -> Path:
+    """The per-user cache (FORKTOOL_CACHE, else $XDG_CACHE_HOME/forktool, else ~/.cache/forktool)."""
+    env = os.environ.get("FORKTOOL_CACHE")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "forktool"
+
+
+def _validated_path(schema_name: str, schema: Any, data: Any) -> Path | None:
+    try:
+        doc = json.dumps([schema_name, schema, data], sort_keys=True, separators=(",", ":"),
+                         default=lambda o: f"<{type(o).__name__}:{o}>")
+    except (TypeError, ValueError):
+        return None
+    key = hashlib.sha256(doc.encode()).hexdigest()
+    return user_cache_dir() / "validated" / key[:2] / key[2:]
+
+
+def known_valid(schema_name: str, schema: Any, data: Any) -> bool:
+    """Has exactly this document already passed exactly this schema? (keyed by both; an entry says only that)"""
+    p = _validated_path(schema_name, schema, data)
+    try:
+        return p is not None and p.read_bytes() == p.name.encode()
+    except OSError:
+        return False
+
+
+def remember_valid(schema_name: str, schema: Any, data: Any) -> None:
+    """Note a passed check; written by flush_valid when the command succeeds (a refused command writes nothing)."""
+    p = _validated_path(schema_name, schema, data)
+    if p is not None:
+        _pending_valid.append(p)
+
+
+_pending_valid: list[Path] = []
+
+
+def flush_valid() -> None:
+    while _pending_valid:
+        p = _pending_valid.pop()
+        try:
+            if not p.is_file():
+                atomic_write(p, p.name.encode())
+        except OSError:
+            pass
+
+
+def forget_valid() -> None:
+    _pending_valid.clear()

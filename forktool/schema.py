@@ -1,0 +1,386 @@
+"""Every file forktool reads, read safely and checked against its JSON Schema (forktool/schemas.py).
+
+Why JSON Schema checked with `jsonschema` rather than typed models: the files are YAML and JSON
+documents written by people and by other tools, so their contract is best stated as data that
+anyone can read, diff and reuse outside Python; one generic checker then reports every file's
+errors the same way (file, key path, what was expected, what to do). What a schema cannot say
+(cross-references, inheritance loops, paths that must stay inside a root) is checked in code
+right after, by the module that owns the file.
+
+Reading is as strict as checking: only regular files (a FIFO, device, directory or symlink out
+of its root is refused before it is opened), a size cap, UTF-8 only, YAML through a safe loader
+with a depth limit and without anchors, duplicate keys or non-finite numbers, JSON without NaN,
+Infinity or duplicate keys.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import stat
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from forktool.errors import ConfigError, ForktoolError, UnsafePathError
+
+CONFIG_LIMIT = 4 << 20  # a YAML config or a JSON record
+STATE_LIMIT = 256 << 20  # manifests of whole trees
+PATCH_LIMIT = 32 << 20  # one patch file
+MAX_DEPTH = 64  # nesting of mappings and lists in any document
+MAX_NODES = 2_000_000  # values in one document once YAML aliases are expanded
+
+
+# ---------------------------------------------------------------- reading bytes
+
+
+def check_no_symlink_out(path: Path, root: Path, what: str, label: str = "") -> None:
+    """Refuse when path, or a directory between root and path, is a symlink (nothing is followed out)."""
+    try:
+        rel = path.relative_to(root)
+    except ValueError:
+        return
+    cur = root
+    for part in rel.parts:
+        cur = cur / part
+        try:
+            link = stat.S_ISLNK(os.lstat(cur).st_mode)
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            raise ConfigError(f"{label or path.name}: {path} cannot be read: {e.strerror}", where=str(path)) from None
+        if link:
+            raise UnsafePathError(f"{cur} is a symlink; forktool does not follow links in {what}",
+                                  where=str(cur), hint=f"replace the link with the real {'file' if cur == path else 'directory'}")
+
+
+def read_regular(path: Path, what: str = "", limit: int = CONFIG_LIMIT, root: Path | None = None,
+                 missing_hint: str = "", where: str = "") -> bytes:
+    """The bytes of a regular file; anything else (FIFO, device, directory, link out of root, too big) is refused."""
+    label = what or path.name
+    if root is not None:
+        check_no_symlink_out(path, root, str(root.name), label)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise ConfigError(f"{label}: {path} not found", where=where or str(path), hint=missing_hint) from None
+    except OSError as e:
+        raise ConfigError(f"{label}: {path} cannot be read: {e.strerror}", where=str(path)) from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = _kind(st.st_mode)
+        raise ConfigError(f"{label}: {path} is a {kind}, not a regular file", where=str(path),
+                        hint=f"replace it with the regular file forktool expects{'; ' + missing_hint if missing_hint else ''}")
+    if st.st_size > limit:
+        raise ConfigError(f"{label}: {path} is {st.st_size} bytes, more than the {limit >> 20} MiB limit", where=str(path),
+                        hint="this is not a file forktool wrote or expects; check what replaced it")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) * (root is not None))
+    except OSError as e:
+        raise ConfigError(f"{label}: {path} cannot be opened: {e.strerror}", where=str(path)) from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # swapped for something else since the stat
+            raise ConfigError(f"{label}: {path} is not a regular file", where=str(path))
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ConfigError(f"{label}: {path} grew past the {limit >> 20} MiB limit while being read", where=str(path))
+    return data
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "directory"
+    if stat.S_ISFIFO(mode):
+        return "FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "device"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    return "special file"
+
+
+def decode(data: bytes, path: Path | str, label: str = "") -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise ConfigError(f"{label or Path(path).name} is not valid UTF-8 (byte {e.start}, line {line})",
+                          where=f"{path}:{line}", hint="save the file as UTF-8") from None
+
+
+# ---------------------------------------------------------------- YAML and JSON
+
+
+class _Loader(yaml.SafeLoader):
+    """yaml.SafeLoader without duplicate keys, non-finite floats or deep nesting (aliases are measured after)."""
+
+    depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:  # type: ignore[override]
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise yaml.constructor.ConstructorError(None, None, f"nested more than {MAX_DEPTH} levels deep",
+                                                    self.peek_event().start_mark)
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:  # type: ignore[override]
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                hashable = key in seen
+            except TypeError:
+                raise yaml.constructor.ConstructorError(None, None, "a mapping key must be a plain value",
+                                                        key_node.start_mark) from None
+            if hashable:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+    def construct_yaml_float(self, node: Any) -> float:
+        value = super().construct_yaml_float(node)
+        if not math.isfinite(value):
+            raise yaml.constructor.ConstructorError(None, None, f"{node.value!r}: infinite or NaN numbers are not "
+                                                    "allowed", node.start_mark)
+        return value
+
+
+_Loader.add_constructor("tag:yaml.org,2002:float", _Loader.construct_yaml_float)
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    try:
+        data = yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        at = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise ConfigError(f"{Path(where).name} is not valid YAML: {problem}", where=f"{where}{at}",
+                          hint="fix the YAML (plain mappings, lists and scalars only)") from None
+    except RecursionError:
+        raise ConfigError(f"{Path(where).name} is nested too deeply", where=where) from None
+    measure(data, where)
+    return data
+
+
+def measure(data: Any, where: str) -> None:
+    """Refuse documents nested too deeply or too large once aliases are expanded (a 'billion laughs')."""
+    stack = [(data, 1)]
+    nodes = 0
+    while stack:
+        obj, d = stack.pop()
+        nodes += 1
+        if d > MAX_DEPTH:
+            raise ConfigError(f"{Path(where).name} is nested more than {MAX_DEPTH} levels deep", where=where)
+        if nodes > MAX_NODES:
+            raise ConfigError(f"{Path(where).name} expands to more than {MAX_NODES} values (anchors and aliases?)",
+                              where=where, hint="write the values out; forktool's files are small")
+        if isinstance(obj, dict):
+            stack.extend((v, d + 1) for v in obj.values())
+        elif isinstance(obj, list):
+            stack.extend((v, d + 1) for v in obj)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not allowed")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text} is out of range")
+    return value
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {k!r}")
+        out[k] = v
+    return out
+
+
+def parse_json(text: str, where: str) -> Any:
+    try:
+        data = json.loads(text, parse_constant=_no_constant, parse_float=_finite, object_pairs_hook=_pairs)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{Path(where).name} is not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})",
+                          where=f"{where}:{e.lineno}") from None
+    except ValueError as e:
+        raise ConfigError(f"{Path(where).name} is not valid JSON: {e}", where=where) from None
+    except RecursionError:
+        raise ConfigError(f"{Path(where).name} is nested too deeply", where=where) from None
+    measure(data, where)
+    return data
+
+
+# ---------------------------------------------------------------- checking against a schema
+
+
+@cache
+def _validator(name: str) -> Any:
+    import jsonschema
+
+    from forktool import schemas
+    schema = schemas.SCHEMAS[name]
+    cls = jsonschema.validators.validator_for(schema)
+    return cls(schema, format_checker=None)
+
+
+def where_of(path: Any) -> str:
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out
+
+
+def check(data: Any, name: str, where: str, hint: str = "") -> Any:
+    """data checked against the schema `name`; the first error becomes a ConfigError naming file and key."""
+    from forktool import cache, schemas
+    if cache.known_valid(name, schemas.SCHEMAS[name], data):  # the same bytes passed before: skip loading jsonschema
+        return data
+    v = _validator(name)
+    import jsonschema
+    err = jsonschema.exceptions.best_match(v.iter_errors(data), key=_relevance)
+    if err is None:
+        cache.remember_valid(name, schemas.SCHEMAS[name], data)
+        return data
+    # report the deepest error of a oneOf/anyOf when it names a concrete key
+    while err.context:
+        err = min(err.context, key=lambda e: -len(e.absolute_path))
+    at = where_of(err.absolute_path)
+    msg = _message(err)
+    raise ConfigError(msg, where=f"{where}: {at}" if at else where, hint=hint or _hint(err))
+
+
+def _relevance(err: Any) -> Any:
+    import jsonschema
+    return jsonschema.exceptions.relevance(err)
+
+
+_TYPES = {"string": "a string", "integer": "a whole number", "number": "a number", "boolean": "true or false",
+          "array": "a list", "object": "a mapping", "null": "null"}
+
+
+def _pytype(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "a number"
+    if isinstance(value, float):
+        return "a decimal number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return type(value).__name__
+
+
+def _message(err: Any) -> str:
+    custom = err.schema.get("x-error") if isinstance(err.schema, dict) else None
+    key = next((str(p) for p in reversed(err.absolute_path) if isinstance(p, str)), "")
+    if err.validator == "additionalProperties":
+        allowed = set(err.schema.get("properties", {}))
+        extra = sorted(str(k) for k in err.instance if k not in allowed) if isinstance(err.instance, dict) else []
+        return f"unknown key(s): {', '.join(extra)}"
+    if err.validator == "dependentRequired":
+        missing = sorted({k for v in err.validator_value.values() for k in v} - set(err.instance))
+        return f"missing key(s): {', '.join(missing)}"
+    if err.validator == "required":
+        missing = sorted(k for k in err.validator_value if k not in err.instance)
+        return f"missing key(s): {', '.join(missing)}"
+    if custom:
+        return str(custom)
+    if err.validator == "type":
+        want = err.validator_value
+        wants = " or ".join(_TYPES.get(str(w), str(w)) for w in (want if isinstance(want, list) else [want]))
+        quote = " (quote it in YAML)" if want == "string" else ""
+        return f"{key or 'value'}: expected {wants}, got {_pytype(err.instance)}{quote}"
+    if err.validator == "enum":
+        return f"{key or 'value'} must be one of {', '.join(str(x) for x in err.validator_value)}"
+    if err.validator in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        return f"{key or 'value'} {err.instance!r} is out of range ({err.validator} {err.validator_value})"
+    if err.validator == "pattern":
+        return f"{key or 'value'} {str(err.instance)[:80]!r} is malformed"
+    if err.validator == "propertyNames":
+        return f"key {str(err.instance)[:80]!r} is malformed"
+    if err.validator in ("minItems", "minProperties"):
+        return f"{key or 'value'} must not be empty"
+    if err.validator in ("maxItems", "maxProperties", "maxLength"):
+        return f"{key or 'value'} is too long"
+    if err.validator == "minLength":
+        return f"{key or 'value'} must not be empty"
+    if err.validator == "const":
+        return f"{key or 'value'} must be {err.validator_value!r}"
+    return f"{key or 'value'}: {err.message[:200]}"
+
+
+def _hint(err: Any) -> str:
+    if err.validator == "additionalProperties":
+        return f"allowed: {', '.join(sorted(err.schema.get('properties', {})))}"
+    return str(err.schema.get("x-hint", "")) if isinstance(err.schema, dict) else ""
+
+
+# ---------------------------------------------------------------- one call per file
+
+
+def load_yaml(path: Path, name: str, missing_hint: str = "", limit: int = CONFIG_LIMIT,
+              root: Path | None = None) -> Any:
+    """A YAML file read safely and checked against the schema `name` (root: no symlink below it is followed)."""
+    text = decode(read_regular(path, path.name, limit, root, missing_hint), path)
+    return check(parse_yaml(text, str(path)), name, str(path))
+
+
+def load_json(path: Path, name: str, missing_hint: str = "", limit: int = CONFIG_LIMIT, root: Path | None = None,
+              hint: str = "") -> Any:
+    """A JSON file read safely and checked against the schema `name`."""
+    try:
+        text = decode(read_regular(path, path.name, limit, root, missing_hint), path)
+        return check(parse_json(text, str(path)), name, str(path), hint=hint)
+    except ConfigError as e:
+        if hint and not e.hint:
+            e.hint = hint
+        raise
+
+
+def load_state(path: Path, state_dir: Path) -> dict[str, Any] | None:
+    """.opencoti/state.json checked against its schema; None when there is none yet."""
+    if not os.path.lexists(path):
+        return None
+    return load_json(path, "state", root=state_dir, limit=STATE_LIMIT,
+                     hint="restore the newest backup (`forktool backup restore NAME`), or, with the tree pristine, "
+                          f"delete {path}")
+
+
+def check_state_covers(path: Path, applied: list[dict], files: dict[str, Any], patches: dict[str, Any]) -> None:
+    """Every file an applied (unchanged) patch touches is recorded in the state: a cut state is refused, not
+    mistaken for local edits."""
+    for a in applied:
+        p = patches.get(a["id"])
+        if p is None or p.sha256 != a["sha256"]:
+            continue
+        missing = [r for r in p.paths if r not in files]
+        if missing:
+            raise ConfigError(f"{path.name} does not record {missing[0]}, which applied patch {a['id']} changes",
+                              where=f"{path}: files", hint="restore the newest backup (`forktool backup restore NAME`)")
+
+
+def no_space(e: OSError, where: str) -> ForktoolError:
+    """The error to raise for a write that failed because the disk is full (ENOSPC/EDQUOT)."""
+    return ForktoolError(f"no space left on the device while writing {where}", where=where,
+                         hint="free some space and run the command again; nothing was changed")
+
+
+def is_no_space(e: BaseException) -> bool:
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)

@@ -1,0 +1,71 @@
+"""The recorded state of the vendored tree (.opencoti/state.json): one load and one save."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from forktool import schema
+from forktool.errors import ForktoolError
+from forktool.tree import Entry, atomic_write
+
+if TYPE_CHECKING:
+    from forktool.project import Project
+
+STATE_VERSION = 1
+STATE_FILE = "state.json"
+
+
+@dataclass
+class State:
+    pristine_digest: str = ""
+    applied: list[dict] = field(default_factory=list)  # {id, name, sha256, diff_sha256, drift}
+    files: dict[str, Entry | None] = field(default_factory=dict)  # touched paths after the applied patches
+
+    def to_json(self) -> dict:
+        return {"version": STATE_VERSION, "pristine_digest": self.pristine_digest, "applied": self.applied,
+                "files": {p: (e.to_json() if e else None) for p, e in sorted(self.files.items())}}
+
+    @classmethod
+    def from_json(cls, raw: dict) -> State:
+        return cls(raw.get("pristine_digest", ""), list(raw.get("applied", [])),
+                   {p: (Entry(v[0], v[1]) if v else None) for p, v in raw.get("files", {}).items()})
+
+    @property
+    def top(self) -> str | None:
+        return self.applied[-1]["id"] if self.applied else None
+
+
+def load_state(state_dir: Path, pristine_digest: str, tree: Path) -> State:
+    """The recorded state, or an empty one on pristine_digest when none is recorded yet."""
+    p = state_dir / STATE_FILE
+    raw = schema.load_state(p, state_dir)
+    if raw is None:
+        return State(pristine_digest)
+    st = State.from_json(raw)
+    if st.pristine_digest != pristine_digest and tree.exists():
+        raise ForktoolError("the vendored tree was made from another upstream than vendor.lock pins",
+                            where=str(tree), hint="run `forktool unapply` on the old pin, or remove "
+                            "vendor/llamafile and run `forktool apply` to start from the new pin")
+    return st
+
+
+def save_state(state_dir: Path, state: State) -> None:
+    atomic_write(state_dir / STATE_FILE, json.dumps(state.to_json(), indent=1, sort_keys=True).encode())
+
+
+def applied_stamp(project: Project) -> str:
+    """The build stamp (LLAMA_BUILD_COMMIT) of the series prefix the state records as applied."""
+    from forktool.build import stamp
+
+    try:
+        st = State.from_json(json.loads((project.state_dir / STATE_FILE).read_text()))
+    except FileNotFoundError:
+        st = State()
+    except (json.JSONDecodeError, KeyError, TypeError, IndexError, AttributeError) as e:
+        raise ForktoolError(f"{project.state_dir / STATE_FILE} is unreadable: {e}") from e
+    comps = project.vendor.components
+    commit = comps[0].upstream_commit if comps else ""
+    return stamp(commit, [(a["id"], a["name"], a["sha256"]) for a in st.applied], False)[0]

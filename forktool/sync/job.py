@@ -1,0 +1,74 @@
+"""The whole trial job: fetch SPEC, trial the series, relocate hooks, diff build files, build, write outputs."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from forktool import series, txn, vendor
+from forktool.project import Project
+from forktool.sync.accept import _repin_text, _series_text
+from forktool.sync.buildfiles import build_file_drift
+from forktool.sync.fetch import fetch_target, pinned_manifest, resolve_spec
+from forktool.sync.relocate import relocate_hooks
+from forktool.sync.report import SyncResult, write_outputs
+from forktool.sync.scratch import run_build
+from forktool.sync.trial import Reader, final_state, trial
+from forktool.tree import REGULAR, Manifest
+
+
+def sync(project: Project, spec: str, *, build: bool, out: Path,
+         progress: Callable[[str], None] = lambda _m: None) -> SyncResult:
+    """Fetch SPEC, trial the series on it, relocate hooks, diff the build files, optionally build; write outputs."""
+    from forktool.workspace import load_patches
+    t_start = time.monotonic()
+    note = txn.recover(project.root, project.state_dir / "sync-txn")
+    if note:
+        progress(f"an interrupted --accept: {note}")
+    old, new = resolve_spec(project, spec)
+    pinned = pinned_manifest(project, progress)
+    target = fetch_target(project, old, new, pinned, progress)
+    t_fetched = time.monotonic()
+    store = vendor.objects(project)
+
+    def reader(m: Manifest) -> Reader:
+        def read(rel: str) -> bytes | None:
+            e = m.get(rel)
+            return None if e is None else store.get(e.sha256)
+        return read
+
+    old_read, new_read = reader(pinned), reader(target.manifest)
+    patches = load_patches(project, series.read_series(project.series_file))
+    progress(f"trying {len(patches)} patch(es) on {target.new.spec}")
+    results = trial(patches, old_read, new_read,
+                    lambda rel: target.manifest[rel].mode if rel in target.manifest else REGULAR)
+    t_trial = time.monotonic()
+    # re-applying the refreshed patches proves they apply exactly on the new upstream
+    final = final_state(results, new_read)
+
+    def result_read(rel: str) -> bytes | None:
+        return final[rel] if rel in final else new_read(rel)
+
+    prefix = f"{old.name}/"
+    progress("relocating hook sites")
+    hooks, registry_yaml = relocate_hooks(project, result_read, target.manifest, prefix)
+    t_hooks = time.monotonic()
+    drift = build_file_drift(old_read, new_read, sorted(pinned), sorted(target.manifest), prefix)
+    series_text = _series_text(results, project.series_file.read_text(encoding="utf-8"), target.new.spec)
+    yaml_text = _repin_text(project.vendor_yaml.read_text(encoding="utf-8"), old.name, target.new)
+    t_analysis = time.monotonic()
+    build_res: dict = {"status": "not_run", "reason": "--build not given"}
+    if build:
+        if any(r.status in ("conflict", "blocked") for r in results):
+            build_res = {"status": "skipped", "reason": "some patches do not apply on the new upstream"}
+        else:
+            build_res = run_build(project, out / "build-project", yaml_text, results, series_text, progress)
+    timings = {"fetch_s": round(t_fetched - t_start, 3), "trial_s": round(t_trial - t_fetched, 3),
+               "hooks_s": round(t_hooks - t_trial, 3), "analysis_s": round(t_analysis - t_fetched, 3),
+               "build_s": build_res.get("seconds", 0.0), "fetch_from_cache": target.from_cache}
+    res = SyncResult(target, results, hooks, drift, build_res, timings, series_text, yaml_text, registry_yaml)
+    write_outputs(out, res)
+    res.timings["total_s"] = round(time.monotonic() - t_start, 3)
+    return res
+

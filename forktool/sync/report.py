@@ -1,0 +1,104 @@
+"""The sync result and its outputs: report.json, report.md, the refreshed patches."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from forktool.sync.fetch import Target
+from forktool.sync.trial import NEEDS_HUMAN, STATUSES, PatchResult
+from forktool.tree import atomic_write, digest
+
+CONFLICT_LINES_MAX = 80
+
+
+@dataclass
+class SyncResult:
+    target: Target
+    results: list[PatchResult]
+    hooks: dict
+    build_files: list[dict]
+    build: dict
+    timings: dict
+    series_text: str
+    yaml_text: str
+    registry_yaml: str | None = None  # UPSTREAM_SYNC.yaml with relocated sites (a proposal, never applied)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {s: sum(1 for r in self.results if r.status == s) for s in STATUSES}
+
+    @property
+    def needs_human(self) -> bool:
+        moved = any(s["status"] in ("vanished", "moved_file") for s in self.hooks.get("sites", [])) \
+            or bool(self.hooks.get("error"))
+        return any(r.status in NEEDS_HUMAN for r in self.results) or moved or self.build.get("status") == "failed"
+
+    @property
+    def acceptable(self) -> bool:
+        return not any(r.status in ("conflict", "blocked") for r in self.results)
+
+    def report(self) -> dict:
+        """report.json: only facts that follow from the inputs (no timings), so reruns are byte-identical."""
+        t = self.target
+        return {
+            "schema": 1,
+            "from": {"spec": t.old.spec, "sha256": t.old.sha256, "upstream_commit": t.old.upstream_commit},
+            "to": {"spec": t.new.spec, "sha256": t.new.sha256, "upstream_commit": t.new.upstream_commit,
+                   "files": t.component_files, "pristine_digest": digest(t.manifest)},
+            "component": t.old.name,
+            "counts": self.counts,
+            "needs_human": self.needs_human,
+            "acceptable": self.acceptable,
+            "patches": [r.to_json() for r in self.results],
+            "hooks": self.hooks,
+            "build_files": self.build_files,
+            "build": {k: v for k, v in self.build.items() if k not in ("seconds", "project")},
+        }
+
+
+def _conflict_excerpt(text: str) -> str:
+    lines = text.split("\n")
+    if len(lines) <= CONFLICT_LINES_MAX:
+        return text
+    return "\n".join(lines[:CONFLICT_LINES_MAX] + [f"… {len(lines) - CONFLICT_LINES_MAX} more line(s) in report.json"])
+
+
+def render_markdown(data: dict) -> str:
+    import jinja2
+    env = jinja2.Environment(loader=jinja2.PackageLoader("forktool", "templates"), autoescape=False,
+                             keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
+                             undefined=jinja2.StrictUndefined)
+    env.filters["excerpt"] = _conflict_excerpt
+    return env.get_template("sync_report.md.j2").render(r=data, statuses=STATUSES)
+
+
+def write_outputs(out: Path, res: SyncResult) -> dict:
+    """patches/ (refreshed ones + series), report.json, report.md; patches/ is replaced as a whole."""
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".patches-", dir=out))
+    try:
+        for r in res.results:
+            if r.refreshed is not None:
+                (tmp / r.patch.name).write_bytes(r.refreshed.raw)
+        (tmp / "series").write_bytes(res.series_text.encode())
+        old = out / "patches"
+        if old.exists():
+            shutil.rmtree(old)
+        tmp.rename(old)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    proposal = out / "registry" / "UPSTREAM_SYNC.yaml"
+    if res.registry_yaml is not None:
+        atomic_write(proposal, res.registry_yaml.encode())
+    elif proposal.exists():
+        proposal.unlink()
+    data = res.report()
+    atomic_write(out / "report.json", (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
+    atomic_write(out / "report.md", render_markdown(data).encode())
+    return data
+

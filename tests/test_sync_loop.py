@@ -1,0 +1,263 @@
+"""The sync loop on a small synthetic upstream: stop at a conflict, continue, skip, abort, crash at every step."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from forktool.tree import digest, scan
+from tests.conftest import UPSTREAM, Proj, git
+from tests.test_sync import make_patch
+
+# the newer upstream: five lines added above b.c's patched line (offset), a.c's patched line changed (conflict)
+NEW = dict(UPSTREAM)
+NEW["src/b.c"] = "".join(f"new {i}\n" for i in range(5)) + UPSTREAM["src/b.c"]
+NEW["src/a.c"] = UPSTREAM["src/a.c"].replace("    return 1;\n", "    return 2; /* upstream */\n")
+A_PATCHED = UPSTREAM["src/a.c"].replace("    return 1;\n", "    return 10; // opencoti-hook: a-ten\n")
+A_TAIL = A_PATCHED.replace("int tail(void) { return 0; }\n", "int tail(void) { return 3; }\n")
+
+
+def series(proj: Proj) -> list[str]:
+    b = UPSTREAM["src/b.c"]
+    patches = [
+        make_patch("0001-b.patch", "b: line ten", [("up/src/b.c", b.encode(),
+                                                      b.replace("line 10\n", "line 10 patched\n").encode())]),
+        make_patch("0002-a.patch", "a: return ten", [("up/src/a.c", UPSTREAM["src/a.c"].encode(),
+                                                        A_PATCHED.encode())]),
+        make_patch("0003-tail.patch", "a: tail returns three", [("up/src/a.c", A_PATCHED.encode(), A_TAIL.encode())]),
+        make_patch("0004-d.patch", "new header", [("up/include/d.h", None, b"#pragma once\nint d(void);\n")]),
+    ]
+    for p in patches:
+        proj.write_patch(p.name, p.raw.decode())
+    proj.run("apply")
+    return [p.name for p in patches]
+
+
+def new_upstream(proj: Proj) -> str:
+    for rel, text in NEW.items():
+        (proj.upstream / rel).write_text(text)
+    git(proj.upstream, "commit", "-qam", "newer upstream")
+    return git(proj.upstream, "rev-parse", "HEAD")
+
+
+def everything(proj: Proj) -> dict[str, str]:
+    """Digest of what --abort must restore: tree, pin, lock, patches, series, workspace state."""
+    root = proj.root
+    out = {"tree": digest(scan(proj.tree)), "patches": digest(scan(root / "patches"))}
+    for rel in ("vendor/vendor.yaml", "vendor/vendor.lock", ".opencoti/state.json"):
+        out[rel] = (root / rel).read_text()
+    return out
+
+
+def resolve(proj: Proj) -> None:
+    text = (proj.tree / "up/src/a.c").read_text()
+    start, end = text.index("<<<<<<< "), text.index(">>>>>>> ")
+    end = text.index("\n", end) + 1
+    (proj.tree / "up/src/a.c").write_text(text[:start] + "    return 20; // opencoti-hook: a-ten\n" + text[end:])
+
+
+@pytest.fixture
+def moved(proj: Proj) -> tuple[Proj, str, dict[str, str]]:
+    series(proj)
+    before = everything(proj)
+    return proj, new_upstream(proj), before
+
+
+def test_stop_then_continue_finishes(moved):
+    proj, commit, _ = moved
+    code, out, err = proj.run("sync", "--to", commit, "--start", "--json", expect=1)
+    data = json.loads(out)
+    assert data["stage"] == "stopped" and data["stop"]["id"] == "0002"
+    assert [(d["id"], d["status"]) for d in data["done"]] == [("0001", "offset")]
+    [f] = data["stop"]["files"]
+    assert f["file"] == "up/src/a.c" and f["status"] == "conflict" and f["blocks"] == [3]
+    text = (proj.tree / "up/src/a.c").read_text()
+    # diff3 blocks naming both sides and the base
+    for label in ("<<<<<<< patch (on the pinned upstream)", "||||||| pinned upstream", "=======",
+                  ">>>>>>> new upstream"):
+        assert label in text
+    assert "return 10;" in text and "return 2; /* upstream */" in text
+    assert (proj.tree / "up/src/b.c").read_text().startswith("new 0\n")  # the new upstream is the tree
+    # the human view names the file, the hunk and what to run next
+    _, _, err = proj.run("sync", "--to", commit, "--start", expect=1) if False else proj.run("status")
+    assert "stopped" in err and "up/src/a.c" in err and "--continue" in err
+    # the tree belongs to the sync: moving it otherwise is refused
+    _, _, err = proj.run("apply", expect=1)
+    assert "sync" in err and "in progress" in err
+    # continue refuses while conflict blocks remain, naming file and line
+    _, _, err = proj.run("sync", "--continue", expect=1)
+    assert "vendor/llamafile/up/src/a.c:3" in err and "conflict-block" in err
+    resolve(proj)
+    code, out, err = proj.run("sync", "--continue", "--json", expect=0)
+    data = json.loads(out)
+    assert [(d["id"], d["status"]) for d in data["done"]] == [
+        ("0001", "offset"), ("0002", "resolved"), ("0003", "clean"), ("0004", "clean")]
+    assert data["verify"]["ok"] is True
+    assert commit in (proj.root / "vendor" / "vendor.yaml").read_text()
+    patch = (proj.root / "patches" / "0002-a.patch").read_text()
+    assert "Subject: [PATCH] a: return ten" in patch and "+    return 20; // opencoti-hook: a-ten" in patch
+    assert "-    return 2; /* upstream */" in patch
+    # the moved project is an ordinary one again: status, verify, and a trial to the same upstream is all clean
+    proj.run("verify")
+    _, _, err = proj.run("status")
+    assert "4/4 applied" in err
+    rep = proj.json("sync", "--to", commit, "--out", str(proj.root / "dist" / "again"))
+    assert {p["status"] for p in rep["patches"]} == {"clean"}
+
+
+def test_skip_drops_the_patch(moved):
+    proj, commit, _ = moved
+    proj.run("sync", "--to", commit, "--start", expect=1)
+    code, out, err = proj.run("sync", "--skip", "--json", expect=0)
+    data = json.loads(out)
+    assert [(d["id"], d["status"]) for d in data["done"]] == [
+        ("0001", "offset"), ("0002", "skipped"), ("0003", "clean"), ("0004", "clean")]
+    series_text = (proj.root / "patches" / "series").read_text()
+    assert "# 0002-a.patch  # skipped in the sync to" in series_text
+    assert (proj.root / "patches" / "0002-a.patch").is_file()  # the file is kept
+    a = (proj.tree / "up/src/a.c").read_text()
+    assert "return 2; /* upstream */" in a and "return 3; }" in a and "<<<<<<<" not in a
+    proj.run("verify")
+
+
+def test_abort_restores_everything_byte_identical(moved):
+    proj, commit, before = moved
+    proj.run("sync", "--to", commit, "--start", expect=1)
+    resolve(proj)  # a half-done resolution is thrown away too
+    assert everything(proj) != before
+    code, out, err = proj.run("sync", "--abort", "--json", expect=0)
+    data = json.loads(out)
+    assert data["tree_digest"] == data["tree_digest_before"] == before["tree"]
+    assert everything(proj) == before
+    assert not (proj.root / ".opencoti" / "sync" / "state.json").exists()
+    proj.run("verify")
+    _, _, err = proj.run("sync", "--abort", expect=1)
+    assert "no sync in progress" in err
+
+
+def test_abort_after_a_continue(moved):
+    proj, commit, before = moved
+    new = dict(NEW)
+    new["src/a.c"] = NEW["src/a.c"].replace("int tail(void) { return 0; }", "int tail(void) { return 9; }")
+    (proj.upstream / "src/a.c").write_text(new["src/a.c"])
+    git(proj.upstream, "commit", "-qam", "tail changed too")
+    commit = git(proj.upstream, "rev-parse", "HEAD")
+    proj.run("sync", "--to", commit, "--start", expect=1)
+    resolve(proj)
+    data = json.loads(proj.run("sync", "--continue", "--json", expect=1)[1])
+    assert data["stop"]["id"] == "0003"  # the second conflict stops again
+    proj.run("sync", "--abort")
+    assert everything(proj) == before
+
+
+def test_usage_errors(moved):
+    proj, commit, before = moved
+    proj.run("sync", "--continue", expect=1)
+    proj.run("sync", "--start", expect=2)
+    proj.run("sync", "--start", "--abort", expect=2)
+    proj.run("sync", "--to", commit, "--continue", expect=2)
+    proj.run("sync", "--to", commit, "--start", "--accept", expect=2)
+    proj.run("sync", "--to", commit, "--start", expect=1)
+    _, _, err = proj.run("sync", "--to", commit, "--start", expect=1)
+    assert "already in progress" in err
+    proj.run("sync", "--abort")
+    assert everything(proj) == before
+
+
+def test_dirty_tree_is_refused(moved):
+    proj, commit, before = moved
+    proj.edit("up/src/b.c", "line 20\n", "line 20 local\n")
+    dirty = everything(proj)
+    _, _, err = proj.run("sync", "--to", commit, "--start", expect=1)
+    assert "no patch explains" in err
+    assert everything(proj) == dirty and not (proj.root / ".opencoti" / "sync" / "state.json").exists()
+
+
+START_POINTS = ["sync-started", "sync-backed-up", "staging", "committed", "replacing", "state-written"]
+
+
+@pytest.mark.parametrize("then", ["--abort", "--continue"])
+@pytest.mark.parametrize("point", START_POINTS)
+def test_kill_inside_start(moved, point, then):
+    proj, commit, before = moved
+    r = proj.sub("sync", "--to", commit, "--start", env={"FORKTOOL_FAULT": point})
+    assert r.returncode == 137, r.stderr
+    st = proj.sub("status")
+    assert st.returncode == 0 and "sync" in st.stderr, st.stderr
+    r = proj.sub("sync", then)
+    if then == "--abort":
+        assert r.returncode == 0, r.stderr
+        assert everything(proj) == before
+    else:
+        # the same stop as an unbroken start: reached now, or already reached and its blocks still there
+        assert r.returncode == 1, r.stderr
+        assert "stopped" in r.stderr or "vendor/llamafile/up/src/a.c:3" in r.stderr, r.stderr
+        assert "<<<<<<< " in (proj.tree / "up/src/a.c").read_text()
+        assert "stopped" in proj.sub("status").stderr
+        resolve(proj)
+        assert proj.sub("sync", "--continue").returncode == 0
+        assert proj.sub("verify").returncode == 0
+
+
+@pytest.mark.parametrize("then", ["--abort", "--continue"])
+@pytest.mark.parametrize("point", ["staging", "committed", "replacing", "state-written"])
+def test_kill_inside_continue(moved, point, then):
+    proj, commit, before = moved
+    proj.run("sync", "--to", commit, "--start", expect=1)
+    resolve(proj)
+    r = proj.sub("sync", "--continue", env={"FORKTOOL_FAULT": point})
+    assert r.returncode == 137, r.stderr
+    r = proj.sub("sync", then)
+    assert r.returncode == 0, r.stderr
+    if then == "--abort":
+        assert everything(proj) == before
+    else:
+        assert commit in (proj.root / "vendor" / "vendor.yaml").read_text()
+        assert proj.sub("verify").returncode == 0
+
+
+def test_a_recorded_stop_is_reached_again_on_a_fresh_checkout(moved, tmp_path):
+    """What the CI job pushes (pin, patches carried so far, the state file) gives the same stop elsewhere."""
+    proj, commit, _ = moved
+    proj.run("sync", "--to", commit, "--start", expect=1)
+    stopped = (proj.tree / "up/src/a.c").read_bytes()
+    clone = tmp_path / "clone"
+    for rel in ("vendor/vendor.yaml", "vendor/vendor.lock", "registry/build.yaml", ".opencoti/sync/state.json"):
+        (clone / rel).parent.mkdir(parents=True, exist_ok=True)
+        (clone / rel).write_bytes((proj.root / rel).read_bytes())
+    (clone / "patches").mkdir()
+    for p in (proj.root / "patches").iterdir():
+        (clone / "patches" / p.name).write_bytes(p.read_bytes())
+    other = Proj(clone, proj.upstream)
+    _, _, err = other.run("status")
+    assert "forktool sync --start" in err  # recorded elsewhere: says how to reach it
+    other.run("sync", "--continue", expect=1)
+    code, out, _ = other.run("sync", "--start", "--json", expect=1)
+    data = json.loads(out)
+    assert data["stop"]["id"] == "0002" and (other.tree / "up/src/a.c").read_bytes() == stopped
+    resolve(other)
+    other.run("sync", "--continue")
+    other.run("verify")
+
+
+def test_registry_sites_are_rewritten_in_place(tmp_path):
+    """The finish rewrites only the sites: lists, so the registry keeps its comments and layout."""
+    import dataclasses
+
+    from forktool import registry as rg
+    from forktool.sync.loop import _registry_text
+    text = ("# the registry\nschema: 1\npatches:\n- id: '0001'\n  file: 0001-a.patch\n  title: a\n  bug: ''\n"
+            "  status: shipped\n  build_impact:\n  - host\n  files:\n  - up/src/a.c\n  hooks:\n  - a\n"
+            "hooks:\n  # the only hook\n  a:\n    patch: '0001'\n    sites:\n    - file: up/src/a.c\n"
+            "      symbol: a\n      line: 1\n")
+    path = tmp_path / "UPSTREAM_SYNC.yaml"
+    path.write_text(text)
+    reg = rg.load(path)
+    moved = dataclasses.replace(reg.hooks["a"], sites=(rg.Site("up/src/a.c", "a", 7), rg.Site("up/src/b.c", "b", 2)))
+    reg.hooks["a"] = moved
+    out = _registry_text(text, reg)
+    assert out.startswith("# the registry\n") and "  # the only hook\n" in out and "  bug: ''\n" in out
+    assert "      line: 7\n    - file: up/src/b.c\n      symbol: b\n      line: 2" in out
+    path.write_text(out)
+    assert rg.dump(rg.load(path)) == rg.dump(reg)
