@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -57,7 +58,8 @@ def compile_commands(bdir: Path, root: Path) -> dict[str, str]:
     """object -> its compile command with the project root taken out."""
     out = {}
     for e in json.loads((bdir / "compile_commands.json").read_text()):
-        out[obj_key(e["output"])] = e["command"].replace(str(root), "<root>")
+        args = e["command"].split()
+        out[obj_key(args[args.index("-o") + 1])] = e["command"].replace(str(root), "<root>")
     return out
 
 
@@ -83,63 +85,95 @@ def team(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         assert redis.proc.poll() is not None
 
 
-def test_a_team_shares_objects_and_never_a_wrong_one(team: dict) -> None:
-    redis, (a, b, c), (ma, mb, mc), (_, log_b, log_c) = team["redis"], team["roots"], team["machines"], team["logs"]
+@pytest.fixture(scope="module")
+def cold(team: dict) -> dict:
+    """Machine a: a fresh project, built with nothing in the cache."""
+    a, ma = team["roots"][0], team["machines"][0]
     scratch_project(a)
+    return forktool(a, "build", "-j", JOBS, env=ma)
 
-    cold = forktool(a, "build", "-j", JOBS, env=ma)
-    n = len(cold["objects"])
-    assert cold["first_build"] and n > 150 and cold["launcher"] == "sccache"
-    assert "Redis" in cold["cache"]["location"]
-    assert cold["cache"]["hits"] == 0 and cold["cache"]["misses"] == n and cold["cache"]["errors"] == 0
-    assert redis.keys() >= n
 
-    # a second machine: fresh clone elsewhere, its own empty sccache, the shared Redis -> nothing compiled from scratch
+@pytest.fixture(scope="module")
+def warm(team: dict, cold: dict) -> dict:
+    """Machine b: a fresh clone in another directory, its own empty sccache, the same Redis."""
+    (a, b, _), mb = team["roots"], team["machines"][1]
     clone_project(a, b, env=mb)
-    warm = forktool(b, "build", "-j", JOBS, env=mb)
-    assert sorted(warm["objects"]) == sorted(cold["objects"])
-    assert warm["cache"]["hits"] == n and warm["cache"]["misses"] == 0
-    assert set(results(log_b).values()) == {"cache hit"}
-    differ = sorted(o for o in cold["outputs"] if warm["outputs"].get(o) != cold["outputs"][o])
-    assert differ == [], f"outputs differ between the clones: {differ}"
+    return forktool(b, "build", "-j", JOBS, env=mb)
 
-    # a third machine builds a new version of patch 0001: misses exactly for the objects it impacts
+
+@pytest.fixture(scope="module")
+def edited(team: dict, warm: dict) -> dict:
+    """Machine c: a fresh clone that builds a new version of patch 0001 before anyone else."""
+    (a, _, c), mc = team["roots"], team["machines"][2]
     clone_project(a, c, env=mc)
     edit_host_file(c, 8)
     forktool(c, "refresh", "0001", env=mc)
-    edited = forktool(c, "build", "-j", JOBS, env=mc)
-    verdicts = results(log_c)
-    missed = {o for o, v in verdicts.items() if v != "cache hit"}
-    expected = {f"CMakeFiles/llama.dir/{Path(HOST_FILE).name}.o"} | STAMPED
-    assert missed == expected and len(verdicts) == n
-    assert edited["cache"]["misses"] == len(expected) and edited["cache"]["hits"] == n - len(expected)
+    return forktool(c, "build", "-j", JOBS, env=mc)
 
-    # ... the same set the plan names: its changed paths' own objects plus the two the stamp reaches
+
+EDITED = {f"CMakeFiles/llama.dir/{Path(HOST_FILE).name}.o"} | STAMPED
+
+
+def test_cold_build_misses_every_compile_and_fills_redis(team: dict, cold: dict) -> None:
+    redis, n = team["redis"], len(cold["objects"])
+    assert cold["first_build"] and n > 150 and cold["launcher"] == "sccache"
+    assert cold["cache"]["location"].lower().startswith("redis") and redis.url in cold["cache"]["location"]
+    assert cold["cache"]["hits"] == 0 and cold["cache"]["misses"] == n and cold["cache"]["errors"] == 0
+    deadline = time.monotonic() + 30  # sccache stores an object just after it answers the compile
+    while redis.keys() < n and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert redis.keys() >= n
+
+
+def test_fresh_clone_elsewhere_hits_every_compile_with_the_same_bytes(team: dict, cold: dict, warm: dict) -> None:
+    n = len(cold["objects"])
+    print(f"\nfirst build, cold: {cold['seconds']:.1f} s; fresh clone with the shared cache: {warm['seconds']:.1f} s "
+          f"({warm['seconds'] / cold['seconds']:.3f}x); {n} objects")
+    assert sorted(warm["objects"]) == sorted(cold["objects"])
+    assert warm["cache"]["hits"] == n and warm["cache"]["misses"] == 0
+    verdicts = results(team["logs"][1])
+    assert len(verdicts) == n and set(verdicts.values()) == {"cache hit"}
+    differ = sorted(o for o in cold["outputs"] if warm["outputs"].get(o) != cold["outputs"][o])
+    assert differ == [], f"outputs differ between the clones: {differ}"
+
+
+def test_a_patch_edit_misses_exactly_the_objects_it_impacts(team: dict, cold: dict, edited: dict) -> None:
+    n = len(cold["objects"])
+    verdicts = results(team["logs"][2])
+    assert len(verdicts) == n
+    assert {o for o, v in verdicts.items() if v != "cache hit"} == EDITED
+    assert edited["cache"]["misses"] == len(EDITED) and edited["cache"]["hits"] == n - len(EDITED)
+
+
+def test_the_plan_names_that_set_and_the_next_machine_gets_it_from_the_cache(team: dict, edited: dict) -> None:
+    (_, b, c), mb = team["roots"], team["machines"][1]
     shutil.copy(next((c / "patches").glob("0001-*.patch")), next((b / "patches").glob("0001-*.patch")))
     forktool(b, "apply", env=mb)
     plan = forktool(b, "build", "--plan", env=mb)
     assert plan["changed"] == ["0001"] and plan["changed_paths"] == [HOST_FILE]
+    # the objects compiled from the plan's changed paths, plus the two the stamp reaches
     cmds = compile_commands(b / "build" / "cpu", b)
-    from_plan = {o for o, cmd in cmds.items() if any(cmd.endswith(p) for p in plan["changed_paths"])} | STAMPED
-    assert from_plan == expected
-    # and machine b, moving to that version, gets exactly those objects from the cache
+    assert {o for o, cmd in cmds.items() if any(cmd.endswith(p) for p in plan["changed_paths"])} | STAMPED == EDITED
     moved = forktool(b, "build", "-j", JOBS, env=mb)
-    assert {obj_key(o) for o in moved["objects"]} == expected
-    assert moved["cache"]["hits"] == len(expected) and moved["cache"]["misses"] == 0
+    assert {obj_key(o) for o in moved["objects"]} == EDITED
+    assert moved["cache"]["hits"] == len(EDITED) and moved["cache"]["misses"] == 0
     assert moved["outputs"] == edited["outputs"]
 
-    # a profile flag change misses everywhere the compile command changed, and only there
-    bdir_c = c / "build" / "cpu"
-    before = compile_commands(bdir_c, c)
+
+def test_a_profile_flag_misses_exactly_where_the_compile_command_changed(team: dict, cold: dict, edited: dict) -> None:
+    c, mc, log_c = team["roots"][2], team["machines"][2], team["logs"][2]
+    bdir = c / "build" / "cpu"
+    before = compile_commands(bdir, c)
     yaml_path = c / "registry" / "build.yaml"
     yaml_path.write_text(yaml_path.read_text().replace("      - -DGGML_NATIVE=OFF",
-                                                       "      - -DGGML_NATIVE=OFF\n      - -DGGML_AVX2=OFF"))
+                                                       "      - -DGGML_AVX2=OFF\n      - -DGGML_NATIVE=OFF"))
     offset = log_c.stat().st_size
     flagged = forktool(c, "build", "-j", JOBS, env=mc)
-    after = compile_commands(bdir_c, c)
+    after = compile_commands(bdir, c)
     changed = {o for o in after if before.get(o) != after[o]}
     verdicts = results(log_c, offset)
-    assert changed and len(changed) < n
-    assert {o for o, v in verdicts.items() if v != "cache hit"} == changed
+    print(f"\n-DGGML_AVX2=OFF: {len(changed)} compile commands changed, {len(verdicts)} objects compiled")
+    assert changed and len(changed) < len(cold["objects"])
     assert flagged["configure_reason"] == "profile flags changed"
+    assert {o for o, v in verdicts.items() if v != "cache hit"} == changed
     assert flagged["cache"]["misses"] == len(changed) and flagged["cache"]["hits"] == len(verdicts) - len(changed)
