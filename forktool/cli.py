@@ -207,6 +207,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main_typer(argv: list[str]) -> int:
+    import os
+
+    # plain click help and usage errors unless asked for rich's (TYPER_USE_RICH=1): a third of the start-up
+    os.environ.setdefault("TYPER_USE_RICH", "0")
     import typer
 
     try:  # typer >= 0.16 vendors its own click

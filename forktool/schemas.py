@@ -66,6 +66,7 @@ VENDOR = obj({"components": {"type": "array", "minItems": 1, "maxItems": 100,
 
 VENDOR_LOCK = obj({
     "components": {"type": "object", "propertyNames": NAME, "minProperties": 1, "maxProperties": 100,
+                   "x-error": "components must record the pinned component(s); run `forktool vendor fetch`",
                    "additionalProperties": obj({
         "kind": {"enum": ["sdist", "git"]}, "spec": {"type": "string", "maxLength": 4096},
         "sha256": {"type": "string", "pattern": r"^([0-9a-f]{64})?\Z"},
