@@ -267,10 +267,10 @@ def build_dir(project: Project, profile: str) -> Path:
 
 
 def read_record(bdir: Path) -> dict:
-    try:
-        return json.loads((bdir / RECORD).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+    """The last build's record ({} before the first build), checked against its schema."""
+    if not os.path.lexists(bdir / RECORD):
         return {}
+    return schema.load_json(bdir / RECORD, "build-record", hint=f"delete {bdir / RECORD}; the next build rewrites it")
 
 
 LAUNCHERS = ("sccache", "ccache")  # the order forktool prefers when FORKTOOL_LAUNCHER is unset

@@ -81,7 +81,32 @@ def tool_fingerprint() -> str:
                         parts.append([d.name, e.name, st.st_size, st.st_mtime_ns])
         except OSError:
             parts.append([d.name, None])
+    parts.append(parser_fingerprint())
     return key_of("tool", parts)
+
+
+_parser_fp: list[str] = []
+
+
+def parser_fingerprint() -> str:
+    """The installed C++ parser (tree-sitter and its grammar) by the stat fields of their files, not imported."""
+    if not _parser_fp:
+        import importlib.util
+
+        parts: list[object] = []
+        for mod in ("tree_sitter", "tree_sitter_cpp"):
+            spec = importlib.util.find_spec(mod)
+            locs = list(spec.submodule_search_locations or []) if spec else []
+            for d in locs:
+                try:
+                    with os.scandir(d) as it:
+                        parts += sorted([mod, e.name, e.stat().st_size, e.stat().st_mtime_ns] for e in it if e.is_file())
+                except OSError:
+                    parts.append([mod, d, None])
+            if not locs:
+                parts.append([mod, None])
+        _parser_fp.append(key_of("parser", parts))
+    return _parser_fp[0]
 
 
 def caches_root(state_dir: Path, enabled: bool = True) -> Path | None:

@@ -77,6 +77,17 @@ def _unapply(p: Project, o: Opts) -> Report:
     return tree_cmds.unapply(p, _value(o, "--to"), "--force" in o)
 
 
+def _refresh(p: Project, o: Opts) -> Report:
+    from forktool.commands import tree_cmds
+    return tree_cmds.refresh(p, str(o["ID"]))
+
+
+def _build(p: Project, o: Opts) -> Report:
+    from forktool.commands import build_cmds
+    jobs = _value(o, "--jobs") or _value(o, "-j")
+    return build_cmds.build(p, _value(o, "--profile") or "cpu", "--plan" in o, int(jobs) if jobs else None)
+
+
 def _markers(p: Project, o: Opts) -> Report:
     from forktool.commands import registry_cmds
     return registry_cmds.markers(p)
@@ -102,24 +113,28 @@ def _value(o: Opts, name: str) -> str | None:
     return v if isinstance(v, str) else None
 
 
-# the everyday commands whose command line is options only: (words, flags, options taking a value, call).
-# The typer app defines the same commands with the same options (a test holds the two to the same results);
-# anything else on the line (--help, a typo, a missing value) goes to typer, which owns the usage errors.
-PLAIN: list[tuple[tuple[str, ...], frozenset[str], frozenset[str], Callable[[Project, Opts], Report]]] = [
-    (("status",), frozenset({"--json"}), frozenset(), _status),
-    (("verify",), frozenset({"--json", "--no-cache"}), frozenset(), _verify),
-    (("apply",), frozenset({"--json", "--force", "--reanchor"}), frozenset({"--upto"}), _apply),
-    (("unapply",), frozenset({"--json", "--force"}), frozenset({"--to"}), _unapply),
-    (("markers",), frozenset({"--json"}), frozenset(), _markers),
-    (("registry", "check"), frozenset({"--json"}), frozenset(), _registry_check),
-    (("vendor", "status"), frozenset({"--json"}), frozenset(), _vendor_status),
-    (("backup", "list"), frozenset({"--json"}), frozenset(), _backup_list),
+# the everyday commands: (words, flags, options taking a value, positional arguments, call). The typer app
+# defines the same commands with the same options (a test holds the two to the same results); anything else
+# on the line (--help, a typo, a missing value, a -j that is not a number) goes to typer, which owns usage errors.
+PLAIN: list[tuple[tuple[str, ...], frozenset[str], frozenset[str], tuple[str, ...], Callable[[Project, Opts], Report]]] = [
+    (("status",), frozenset({"--json"}), frozenset(), (), _status),
+    (("verify",), frozenset({"--json", "--no-cache"}), frozenset(), (), _verify),
+    (("apply",), frozenset({"--json", "--force", "--reanchor"}), frozenset({"--upto"}), (), _apply),
+    (("unapply",), frozenset({"--json", "--force"}), frozenset({"--to"}), (), _unapply),
+    (("refresh",), frozenset({"--json"}), frozenset(), ("ID",), _refresh),
+    (("build",), frozenset({"--json", "--plan"}), frozenset({"--profile", "--jobs", "-j"}), (), _build),
+    (("markers",), frozenset({"--json"}), frozenset(), (), _markers),
+    (("registry", "check"), frozenset({"--json"}), frozenset(), (), _registry_check),
+    (("vendor", "status"), frozenset({"--json"}), frozenset(), (), _vendor_status),
+    (("backup", "list"), frozenset({"--json"}), frozenset(), (), _backup_list),
 ]
 
 
-def _options(args: list[str], flags: frozenset[str], valued: frozenset[str]) -> Opts | None:
-    """The options on the line, or None when anything is not a known flag or a valued option with its value."""
+def _options(args: list[str], flags: frozenset[str], valued: frozenset[str], positional: tuple[str, ...]) -> Opts | None:
+    """The options on the line, or None when anything is not a known flag, a valued option with its value or
+    one of the positional arguments (all of which must be there)."""
     out: Opts = {}
+    pos = list(positional)
     i = 0
     while i < len(args):
         a = args[i]
@@ -135,9 +150,18 @@ def _options(args: list[str], flags: frozenset[str], valued: frozenset[str]) -> 
             out[name] = value
         elif a in flags and a not in out:
             out[a] = True
+        elif pos and a and not a.startswith("-"):
+            out[pos.pop(0)] = a
         else:
             return None
         i += 1
+    if pos:
+        return None
+    for n in ("--jobs", "-j"):
+        if n in out and not str(out[n]).isdigit():
+            return None
+    if "--jobs" in out and "-j" in out:
+        return None
     return out
 
 
@@ -160,11 +184,11 @@ def _fast(argv: list[str]) -> int | None:
     if argv == ["--version"]:
         sys.stdout.write(version_text() + "\n")
         return 0
-    for words, flags, valued, call in PLAIN:
+    for words, flags, valued, positional, call in PLAIN:
         n = len(words)
         if tuple(argv[:n]) != words:
             continue
-        opts = _options(argv[n:], flags, valued)
+        opts = _options(argv[n:], flags, valued, positional)
         if opts is None:
             return None
         try:
@@ -183,6 +207,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main_typer(argv: list[str]) -> int:
+    import os
+
+    # plain click help and usage errors unless asked for rich's (TYPER_USE_RICH=1): a third of the start-up
+    os.environ.setdefault("TYPER_USE_RICH", "0")
     import typer
 
     try:  # typer >= 0.16 vendors its own click

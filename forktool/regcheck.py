@@ -186,6 +186,24 @@ def render_md(reg: rg.Registry) -> str:
     return env.get_template("UPSTREAM_SYNC.md.j2").render(reg=reg)
 
 
+def _md_stale(registry_dir: Path, yaml_path: Path, reg: rg.Registry, cache_root: Path | None) -> bool:
+    """Is UPSTREAM_SYNC.md other than what render_md makes of the YAML? Remembered by both files' digests."""
+    from forktool.cache import tool_fingerprint
+    from forktool.tree import sha256_bytes
+
+    md = registry_dir / "UPSTREAM_SYNC.md"
+    md_bytes = md.read_bytes() if md.is_file() else None
+    cache = Cache(cache_root, "registry-md")
+    key = key_of("registry-md", tool_fingerprint(), sha256_bytes(yaml_path.read_bytes()),
+                 sha256_bytes(md_bytes) if md_bytes is not None else None)
+    hit = cache.get(key)
+    if isinstance(hit, bool):
+        return hit
+    stale = md_bytes is None or md.read_text() != render_md(reg)
+    cache.put(key, stale)
+    return stale
+
+
 def registry_problems(ws: Workspace, final: Applied | None, cache_root: Path | None,
                       ) -> tuple[list[Problem], list[str], dict] | None:
     """(problems, advisories, summary) of the registry against the snapshot; None when there is no registry.
@@ -200,7 +218,6 @@ def registry_problems(ws: Workspace, final: Applied | None, cache_root: Path | N
     except ForktoolError as e:
         return [Problem(e.where or REGISTRY, e.what)], [], {"ok": False, "patches": 0, "hooks": 0}
     problems, warnings = check(ws, reg, final, cache_root)
-    md = ws.project.registry_dir / "UPSTREAM_SYNC.md"
-    if not md.exists() or md.read_text() != render_md(reg):
+    if _md_stale(ws.project.registry_dir, path, reg, cache_root):
         problems.append(Problem("registry/UPSTREAM_SYNC.md", "is stale; run `forktool registry render`"))
     return problems, warnings, {"ok": not problems, "patches": len(reg.patches), "hooks": len(reg.hooks)}

@@ -65,7 +65,9 @@ VENDOR = obj({"components": {"type": "array", "minItems": 1, "maxItems": 100,
 # ---------------------------------------------------------------- vendor/vendor.lock
 
 VENDOR_LOCK = obj({
-    "components": {"type": "object", "propertyNames": NAME, "maxProperties": 100, "additionalProperties": obj({
+    "components": {"type": "object", "propertyNames": NAME, "minProperties": 1, "maxProperties": 100,
+                   "x-error": "components must record the pinned component(s); run `forktool vendor fetch`",
+                   "additionalProperties": obj({
         "kind": {"enum": ["sdist", "git"]}, "spec": {"type": "string", "maxLength": 4096},
         "sha256": {"type": "string", "pattern": r"^([0-9a-f]{64})?\Z"},
         "upstream_commit": {"type": "string", "pattern": r"^([0-9a-f]{40})?\Z"},
@@ -184,10 +186,25 @@ BACKUP = obj({
     "state": {"type": "object", "maxProperties": 100}, "checksum": SHA256,
 }, ["name", "created", "reason", "tree_digest", "files", "stored", "state"])
 PRISTINE = FILES
+# build/<profile>/forktool-build.json, written by `forktool build`; keys it may grow later are let through
+BUILD_RECORD = {"type": "object", "properties": {
+    "profile": {"type": "string", "maxLength": 200}, "stamp": {"type": "string", "maxLength": 200},
+    "dirty": {"anyOf": [{"type": "boolean"}, strings()]},
+    "applied": {"type": "array", "maxItems": 10000, "items": {"type": "object", "required": ["id", "name", "sha256"],
+                                                             "properties": {"id": PATCH_ID, "name": PATCH_NAME,
+                                                                            "sha256": SHA256,
+                                                                            "files": strings(REL_PATH)}}},
+    "outputs": {"type": "object", "propertyNames": REL_PATH, "additionalProperties": SHA256},
+    "flags": strings(), "targets": strings(), "objects": COUNT,
+    "seconds": {"type": "number", "minimum": 0, "maximum": 1e7},
+    "make_seconds": {"type": "number", "minimum": 0, "maximum": 1e7},
+    "cache": {"type": ["object", "null"]}},
+    "required": ["profile", "stamp", "dirty", "applied", "outputs"]}
 
 SCHEMAS: dict[str, dict[str, Any]] = {
     name: {"$schema": DRAFT, **schema} for name, schema in {
         "vendor": VENDOR, "component-sdist": COMPONENT_SDIST, "component-git": COMPONENT_GIT,
         "vendor-lock": VENDOR_LOCK, "registry": REGISTRY, "build": BUILD, "build-artifact": ARTIFACT,
-        "build-profile": PROFILE, "state": STATE, "journal": JOURNAL, "backup": BACKUP, "pristine": PRISTINE,
+        "build-profile": PROFILE, "build-record": BUILD_RECORD,
+        "state": STATE, "journal": JOURNAL, "backup": BACKUP, "pristine": PRISTINE,
     }.items()}

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from forktool.cache import Cache, key_of
+from forktool.cache import Cache, key_of, parser_fingerprint
 from forktool.tree import sha256_bytes
 
 
@@ -182,7 +182,11 @@ def _walk(root: Any) -> list[Scope]:
 def scopes(text: bytes | str, cache: Cache | None = None) -> list[Scope]:
     """Function, class and namespace scopes of a C/C++ text, sorted by start; cached by the text's digest."""
     data = text if isinstance(text, bytes) else text.encode()
-    key = key_of("scopes", PARSER, sha256_bytes(data))
+    key = _keys.get(data)  # a check asks about many lines of one text: hash it once
+    if key is None:
+        if len(_keys) > 64:
+            _keys.clear()
+        key = _keys[data] = key_of("scopes", PARSER, parser_fingerprint(), sha256_bytes(data))
     if key in _memo:
         return _memo[key]
     out: list[Scope] | None = None
@@ -203,6 +207,7 @@ def scopes(text: bytes | str, cache: Cache | None = None) -> list[Scope]:
 
 
 _memo: dict[str, list[Scope]] = {}
+_keys: dict[bytes, str] = {}
 
 
 FILE_SCOPE = "<file scope>"

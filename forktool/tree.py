@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import stat
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -121,8 +122,11 @@ def check_link(rel: str, target: str, root: Path) -> None:
                               where=str(root / rel), hint=f"remove the link (`rm {root / rel}`)")
 
 
+_UNRECORDABLE = re.compile("[\n\r\\\\\udc80-\udcff]")  # newline, backslash, or a byte that is not UTF-8
+
+
 def check_name(rel: str, root: Path) -> None:
-    if any(ch in rel for ch in "\n\r\\") or any("\udc80" <= ch <= "\udcff" for ch in rel):
+    if _UNRECORDABLE.search(rel):
         raise UnsafePathError(f"{rel!r} in the vendored tree has a name forktool cannot record (a newline, backslash "
                               "or bytes that are not UTF-8)", where=str(root),
                               hint="rename or remove that file")

@@ -97,7 +97,7 @@ def verify(ws: Workspace) -> Verdict:
 def prove(ws: Workspace, tree_digest: str, cache_root: Path | None) -> Verdict:
     problems: list[Problem] = []
     lock_where = "vendor/vendor.lock"
-    problems += [Problem(lock_where, f"pristine: {p}") for p in vendor.verify_pristine_cache(ws.project)]
+    problems += [Problem(lock_where, f"pristine: {p}") for p in _pristine_problems(ws, cache_root)]
     for s, p in ws.local_changes():
         problems.append(Problem(f"vendor/llamafile/{p}", f"tree: {s} {p} (no patch explains it)"))
     for pid in ws.applied_stale():
@@ -142,6 +142,23 @@ def prove(ws: Workspace, tree_digest: str, cache_root: Path | None) -> Verdict:
         reg_problems, advisories, registry = reg
         problems += reg_problems
     return Verdict(not problems, problems, tree_digest, sd, applied_ids, exported, full, registry, advisories)
+
+
+def _pristine_problems(ws: Workspace, cache_root: Path | None) -> list[str]:
+    """vendor.verify_pristine_cache, remembered by the lock's pin, vendor.yaml, the manifest and the objects' stat
+    fields."""
+    p = ws.project
+    cache = Cache(cache_root, "pristine-check")
+    lock = vendor.load_lock(p)
+    pin = {k: lock.get(k) for k in ("components", "pristine_digest", "pristine_files")}  # not the patched record
+    key = key_of("pristine-check", pin, _file_digest(p.vendor_yaml),
+                 _file_digest(vendor.pristine_path(p, ws.pristine_digest)), _store_signature(ws))
+    hit = cache.get(key)
+    if isinstance(hit, list) and all(isinstance(x, str) for x in hit):
+        return hit
+    found = vendor.verify_pristine_cache(p)
+    cache.put(key, found)
+    return found
 
 
 def _name(ws: Workspace, pid: str) -> str:

@@ -137,6 +137,11 @@ class Workspace:
                 where=str(self.tree), details=[f"{s}: {p}" for s, p in dirty[:50]],
                 hint="keep them with `forktool new SLUG` + `forktool refresh ID`, or pass --force to back them "
                      "up and overwrite them")
+        recorded = [(a["id"], a["sha256"]) for a in self.state.applied]
+        if not dirty and not fresh and recorded == [(p.id, p.sha256) for p in target]:
+            # the tree holds exactly what the state records for these very patches on this pristine
+            return {"written": [], "backup": None, "forced": [],
+                    "drift": [d for a in self.state.applied for d in a.get("drift", [])]}
         self.progress(f"applying {len(target)} patch(es) in memory")
         result = self.compute(target)
         paths = set(result.files) | set(self.state.files) | {p for _, p in dirty}

@@ -249,6 +249,9 @@ def last_key(path: tuple) -> str:
 # ------------------------------------------------ families: config and state documents
 
 
+NAMES = {"up", "tools", "cpu", "cuda", "one", "two", "three"}  # names the template's files choose themselves
+
+
 def doc_cases(family: str, rel: str, doc_of: Callable[[Ctx], object], json_doc: bool, commands: list[list[str]],
               optional: set[str], skip: Callable[[tuple], bool] = lambda _p: False,
               fname: str | None = None) -> Iterator[Case]:
@@ -276,8 +279,11 @@ def doc_cases(family: str, rel: str, doc_of: Callable[[Ctx], object], json_doc: 
                 yield Case(family, f"{label(path)}={vlabel}:{' '.join(argv)}",
                            writer(lambda d, p=path, b=bad: set_at(d, p, b)), argv, must=(shown,))
         if path and isinstance(path[-1], str) and required:
+            # a schema key is named in the message; a name chosen by the user (a component, a hook) may not be
+            named = str(path[-1]) not in NAMES and "/" not in str(path[-1])
             yield Case(family, f"{label(path)}=missing:{' '.join(commands[0])}",
-                       writer(lambda d, p=path: del_at(d, p)), commands[0], must=(shown, str(path[-1])))
+                       writer(lambda d, p=path: del_at(d, p)), commands[0],
+                       must=(shown, str(path[-1])) if named else (shown,))
         if isinstance(value, dict) and (not path or isinstance(path[-1], str) or path[-1] == 0):
             yield Case(family, f"{label(path)}+unknown:{' '.join(commands[0])}",
                        writer(lambda d, p=path: set_at(d, p + ("colour",), "blue") if p else dict(d, colour="blue")),
