@@ -100,7 +100,7 @@ def sccache_machine(workdir: Path, redis_url: str, basedirs: list[Path]) -> dict
     workdir.mkdir(parents=True, exist_ok=True)
     return {"FORKTOOL_LAUNCHER": "sccache", "SCCACHE_DIR": str(workdir / "local"),
             "SCCACHE_SERVER_PORT": str(free_port()), "SCCACHE_REDIS_ENDPOINT": redis_url,
-            "SCCACHE_BASEDIRS": os.pathsep.join(str(p) for p in basedirs), "SCCACHE_IDLE_TIMEOUT": "900"}
+            "SCCACHE_BASEDIRS": os.pathsep.join(str(p) for p in basedirs), "SCCACHE_IDLE_TIMEOUT": "3600"}
 
 
 def _sccache() -> str:

@@ -75,8 +75,6 @@ def team(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     machines = [sccache_machine(top / f"machine-{n}", redis.url, roots) for n in ("a", "b", "c")]
     logs = [top / f"machine-{n}" / "sccache.log" for n in ("a", "b", "c")]
     try:
-        for env, log in zip(machines, logs, strict=True):
-            start_sccache(env, log)
         yield {"redis": redis, "roots": roots, "machines": machines, "logs": logs}
     finally:
         for env in machines:
@@ -89,6 +87,7 @@ def team(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
 def cold(team: dict) -> dict:
     """Machine a: a fresh project, built with nothing in the cache."""
     a, ma = team["roots"][0], team["machines"][0]
+    start_sccache(ma, team["logs"][0])
     scratch_project(a)
     return forktool(a, "build", "-j", JOBS, env=ma)
 
@@ -97,6 +96,7 @@ def cold(team: dict) -> dict:
 def warm(team: dict, cold: dict) -> dict:
     """Machine b: a fresh clone in another directory, its own empty sccache, the same Redis."""
     (a, b, _), mb = team["roots"], team["machines"][1]
+    start_sccache(mb, team["logs"][1])  # now: an idle server would stop while machine a builds
     clone_project(a, b, env=mb)
     return forktool(b, "build", "-j", JOBS, env=mb)
 
@@ -105,6 +105,7 @@ def warm(team: dict, cold: dict) -> dict:
 def edited(team: dict, warm: dict) -> dict:
     """Machine c: a fresh clone that builds a new version of patch 0001 before anyone else."""
     (a, _, c), mc = team["roots"], team["machines"][2]
+    start_sccache(mc, team["logs"][2])
     clone_project(a, c, env=mc)
     edit_host_file(c, 8)
     forktool(c, "refresh", "0001", env=mc)
