@@ -6,6 +6,7 @@ Rows (whole processes, medians; forktool and its anchor run alternately, so both
   unapply && apply (whole series)               vs `git reset --hard base && git am` of the same patches
   edit a .cpp hunk of 0089 -> refresh -> verify -> build (cpu): forktool's share = total - make
   --help, --version, status                     vs a bare `python -c pass`
+With --baseline DIR, another version's commands run alternately on their own copy (a "before" column).
 Python's bytecode cache is ON here: PYTHONDONTWRITEBYTECODE is removed from the environment of every command
 (this development environment sets it; users' installs keep their .pyc files), so start-up is what users see.
 """
@@ -59,6 +60,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=7, help="runs per row (medians reported)")
     ap.add_argument("--build-repeat", type=int, default=3, help="runs of the edit -> build loop (0: skip that row)")
     ap.add_argument("--jobs", type=int, default=2, help="make -jN for the build row")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="a checkout of another forktool version (e.g. `git worktree add DIR REV`): its commands run "
+                         "on their own copy of the project, alternating with this version's, as a 'before' column")
     ap.add_argument("--work", type=Path, default=REPO / "build" / "bench-core",
                     help="scratch directory (under /work, ccache shares objects with other checkouts)")
     args = ap.parse_args()
@@ -78,6 +82,20 @@ def main() -> None:
         return run([*ft, *a], root, env)
 
     forktool("vendor", "fetch")
+    base_root = work / "proj-baseline"
+    benv = dict(env, FORKTOOL_ROOT=str(base_root))
+    if args.baseline:
+        for d in ("vendor", "patches", "registry"):
+            shutil.copytree(REPO / d, base_root / d, ignore=shutil.ignore_patterns("llamafile", ".*"))
+        benv["PYTHONPATH"] = str(args.baseline.resolve())
+
+    def before(*a: str) -> subprocess.CompletedProcess:
+        return run([*ft, *a], base_root, benv)
+
+    if args.baseline:
+        before("vendor", "fetch")
+        before("apply")
+        before("verify")
     patches = [root / "patches" / ln.strip() for ln in (root / "patches" / "series").read_text().splitlines()
                if ln.strip() and not ln.startswith("#")]
 
@@ -98,38 +116,38 @@ def main() -> None:
     forktool("apply")
     forktool("verify")  # warm: stat index and caches filled
 
-    rows: list[tuple[str, list[float], str, list[float], list[float], list[float]]] = []
+    rows: list[tuple[str, list[float], list[float], str, list[float], list[float], list[float], list[float]]] = []
 
     def side_by_side(name: str, ours: Callable[[], object], anchor_name: str, anchor: Callable[[], object],
-                     before: Callable[[], object] | None = None) -> None:
-        a, b, ca, cb = [], [], [], []
+                     baseline: Callable[[], object] | None = None) -> None:
+        a, b, ca, cb, z, cz = [], [], [], [], [], []
         for _ in range(args.repeat):
-            if before:
-                before()
             a.append(timed(ours))
             ca.append(CPU[-1])
-            if before:
-                before()
+            if baseline is not None and args.baseline:
+                z.append(timed(baseline))
+                cz.append(CPU[-1])
             b.append(timed(anchor))
             cb.append(CPU[-1])
-        rows.append((name, a, anchor_name, b, ca, cb))
+        rows.append((name, a, ca, anchor_name, b, cb, z, cz))
 
     git_status = ("git status (same tree)", lambda: git("status", "--porcelain"))
-    side_by_side("forktool verify, warm, full series", lambda: forktool("verify"), *git_status)
+    side_by_side("forktool verify, warm, full series", lambda: forktool("verify"), *git_status, lambda: before("verify"))
     side_by_side("forktool verify --no-cache (from scratch)", lambda: forktool("verify", "--no-cache"), *git_status)
-    side_by_side("forktool apply, nothing changed", lambda: forktool("apply"), *git_status)
+    side_by_side("forktool apply, nothing changed", lambda: forktool("apply"), *git_status, lambda: before("apply"))
 
     def git_reset_am() -> None:
         git("reset", "-q", "--hard", base)
         git("am", "-q", *map(str, patches))
 
     side_by_side("forktool unapply && forktool apply", lambda: (forktool("unapply"), forktool("apply")),
-                 "git reset --hard base && git am", git_reset_am)
+                 "git reset --hard base && git am", git_reset_am, lambda: (before("unapply"), before("apply")))
     bare = ("python -c pass", lambda: run([py, "-c", "pass"], root, env))
     side_by_side("forktool --version", lambda: forktool("--version"), *bare)
-    side_by_side("forktool --help", lambda: forktool("--help"), *bare)
-    side_by_side("forktool status", lambda: forktool("status"), *bare)
-    side_by_side("python -c 'import forktool.cli'", lambda: run([py, "-c", "import forktool.cli"], root, env), *bare)
+    side_by_side("forktool --help", lambda: forktool("--help"), *bare, lambda: before("--help"))
+    side_by_side("forktool status", lambda: forktool("status"), *bare, lambda: before("status"))
+    side_by_side("python -c 'import forktool.cli'", lambda: run([py, "-c", "import forktool.cli"], root, env), *bare,
+                 lambda: run([py, "-c", "import forktool.cli"], base_root, benv))
 
     loop: list[dict[str, float]] = []
     if args.build_repeat:
@@ -154,10 +172,13 @@ def main() -> None:
     print("PYTHONDONTWRITEBYTECODE unset for every command (bytecode cache on, as users have it).")
     print(f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print(f"{'forktool':42} {'wall s':>7} {'cpu s':>6}   {'anchor':32} {'wall s':>7} {'cpu s':>6} "
-          f"{'ratio':>6} {'cpu r':>6}  runs")
-    for name, a, anchor_name, b, ca, cb in rows:
-        print(f"{name:42} {med(a):7.3f} {med(ca):6.3f}   {anchor_name:32} {med(b):7.3f} {med(cb):6.3f} "
-              f"{med(a) / med(b):6.2f} {med(ca) / max(med(cb), 1e-3):6.2f}  {len(a)}")
+          f"{'ratio':>6} {'cpu r':>6}  runs" + (f"   {'baseline wall':>13} {'cpu s':>6}" if args.baseline else ""))
+    for name, a, ca, anchor_name, b, cb, z, cz in rows:
+        line = (f"{name:42} {med(a):7.3f} {med(ca):6.3f}   {anchor_name:32} {med(b):7.3f} {med(cb):6.3f} "
+                f"{med(a) / med(b):6.2f} {med(ca) / max(med(cb), 1e-3):6.2f}  {len(a)}")
+        if z:
+            line += f"   {med(z):13.3f} {med(cz):6.3f}"
+        print(line)
     if loop:
         m = {k: med([x[k] for x in loop]) for k in loop[0]}
         share = m["refresh"] + m["verify"] + (m["build"] - m["make"])

@@ -31,8 +31,7 @@ def load_patches(project: Project, entries: list[SeriesEntry]) -> list[Patch]:
     return out
 
 
-def series_digest(patches: list[Patch]) -> str:
-    return series_digest_of(patches)
+series_digest = series_digest_of  # the series digest's one home is forktool.series
 
 
 class Workspace:
@@ -53,7 +52,6 @@ class Workspace:
         schema.check_state_covers(self.state_dir / "state.json", self.state.applied, self.state.files,
                                   {q.id: q for q in self.patches})
         self._current: Manifest | None = None
-        self.hashed = 0  # tree files hashed by this snapshot (the rest came from the stat index)
 
     # ------------------------------------------------------------ the snapshot
 
@@ -61,11 +59,9 @@ class Workspace:
         """The tree's manifest now (read once; the stat index spares re-hashing files whose stat is unchanged)."""
         if self._current is None:
             if self.use_cache:
-                self._current, n = scan_indexed(self.tree, self.state_dir / "index")
+                self._current, _hashed = scan_indexed(self.tree, self.state_dir / "index")
             else:
                 self._current = scan(self.tree)
-                n = len(self._current)
-            self.hashed += n
         return self._current
 
     def tree_moved(self) -> None:
