@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import stat
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -91,29 +92,88 @@ def _feasible(tree: Path, writes: list[Write]) -> None:
                                     hint="nothing was changed; fix the patch that writes this path")
 
 
+def _stage(path: Path, data: bytes) -> int:
+    """Write a staged file (a new name in the fresh journal directory) and return its open descriptor."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def fsync_all(fds: list[int]) -> None:
+    """fsync every descriptor, several at once: the filesystem commits concurrent fsyncs together, so the
+    update waits for about one disk flush instead of one per file. Raises the first failure."""
+    errors: list[OSError] = []
+    lanes = min(len(fds), 8)
+
+    def lane(k: int) -> None:
+        for fd in fds[k::lanes]:
+            try:
+                os.fsync(fd)
+            except OSError as e:
+                errors.append(e)
+
+    threads = [threading.Thread(target=lane, args=(k,)) for k in range(1, lanes)]
+    for t in threads:
+        t.start()
+    if lanes:
+        lane(0)
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
 def commit(tree: Path, state_dir: Path, writes: list[Write], state_after: dict) -> None:
-    """Apply writes to tree and record state_after, all or nothing (recoverable after a kill)."""
+    """Apply writes to tree and record state_after, all or nothing (recoverable after a kill).
+
+    Every staged file is written and fsynced before plan.json (written atomically, fsynced) commits the plan;
+    the plan is checked here as recovery would check it, then rolled forward from memory.
+    """
     tdir = txn_dir(state_dir)
     check_state_dir(state_dir)
-    for w in writes:
+    seen: set[str] = set()
+    for i, w in enumerate(writes):
         resolve_inside(tree, w.path, "transaction")
+        if w.path in seen:
+            raise ForktoolError(f"{w.path} is written twice in one update", where=str(tree),
+                                hint="nothing was changed; this is a bug in forktool, please report it")
+        seen.add(w.path)
+        if w.mode == SYMLINK and w.data is not None:
+            try:
+                _check_link(w.path, w.data, tdir, f"writes[{i}]")
+            except ForktoolError:
+                raise UnsafePathError(f"{w.path}: a symlink pointing outside the vendored tree cannot be written",
+                                      where=str(tree / w.path),
+                                      hint="nothing was changed; fix the patch that creates this link") from None
     _feasible(tree, writes)
+    fds: list[int] = []
     try:
-        if tdir.is_symlink() or tdir.is_file():
-            tdir.unlink()
-        elif tdir.exists():
-            shutil.rmtree(tdir)
-        (tdir / "new").mkdir(parents=True)
-        entries = []
-        for n, w in enumerate(writes):
-            staged = None
-            if w.data is not None:
-                staged = str(n)
-                atomic_write(tdir / "new" / staged, w.data)
-            entries.append({"path": w.path, "staged": staged, "mode": w.mode,
-                            "sha256": sha256_bytes(w.data) if w.data is not None else None})
-            if n == 0:
-                _fault("staging")
+        try:
+            if tdir.is_symlink() or tdir.is_file():
+                tdir.unlink()
+            elif tdir.exists():
+                shutil.rmtree(tdir)
+            (tdir / "new").mkdir(parents=True)
+            entries = []
+            for n, w in enumerate(writes):
+                staged = None
+                if w.data is not None:
+                    staged = str(n)
+                    fds.append(_stage(tdir / "new" / staged, w.data))
+                entries.append({"path": w.path, "staged": staged, "mode": w.mode,
+                                "sha256": sha256_bytes(w.data) if w.data is not None else None})
+                if n == 0:
+                    _fault("staging")
+            fsync_all(fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
         plan = {"entries": entries, "state": state_after}
         atomic_write(tdir / "plan.json", json.dumps(plan, sort_keys=True).encode())
     except OSError as e:
@@ -124,7 +184,7 @@ def commit(tree: Path, state_dir: Path, writes: list[Write], state_after: dict) 
         raise ForktoolError(f"could not stage the update: {e}", where=str(tdir),
                             hint="nothing was changed; fix the cause and run the command again") from None
     _fault("committed")
-    _roll_forward(tree, state_dir, _read_plan(tree, state_dir))
+    _roll_forward(tree, state_dir, plan)
 
 
 def _damaged(tdir: Path, why: str) -> ForktoolError:

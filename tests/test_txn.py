@@ -1,0 +1,56 @@
+"""The journal's commit: staged files made durable together, the plan checked before anything is staged."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from forktool import txn
+from forktool.errors import ForktoolError
+from forktool.tree import REGULAR, SYMLINK, digest, scan
+
+
+def _tree(tmp_path: Path) -> tuple[Path, Path]:
+    tree, state = tmp_path / "tree", tmp_path / "state"
+    (tree / "d").mkdir(parents=True)
+    (tree / "d" / "a.c").write_bytes(b"a\n")
+    (tree / "b.c").write_bytes(b"b\n")
+    return tree, state
+
+
+def test_fsync_all_syncs_every_descriptor_and_raises_a_failure(tmp_path: Path) -> None:
+    fds = [os.open(tmp_path / str(i), os.O_WRONLY | os.O_CREAT, 0o644) for i in range(11)]
+    try:
+        txn.fsync_all(fds)
+        txn.fsync_all([])
+        closed = os.open(tmp_path / "x", os.O_WRONLY | os.O_CREAT, 0o644)
+        os.close(closed)
+        with pytest.raises(OSError):
+            txn.fsync_all([*fds[:5], closed, *fds[5:]])
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def test_commit_writes_deletes_and_records_state(tmp_path: Path) -> None:
+    tree, state = _tree(tmp_path)
+    writes = [txn.Write(f"n/{i}.c", b"%d\n" % i, REGULAR) for i in range(20)] + [txn.Write("b.c", None, REGULAR)]
+    txn.commit(tree, state, writes, {"k": 1})
+    assert (tree / "n" / "19.c").read_bytes() == b"19\n" and not (tree / "b.c").exists()
+    assert (state / "state.json").read_text().replace(" ", "").replace("\n", "") == '{"k":1}'
+    assert not (state / "txn").exists()
+
+
+@pytest.mark.parametrize("writes", [
+    [txn.Write("d/a.c", b"x", REGULAR), txn.Write("d/a.c", b"y", REGULAR)],
+    [txn.Write("b.c", b"x", REGULAR), txn.Write("d/l", b"../../outside", SYMLINK)],
+])
+def test_a_bad_plan_is_refused_before_anything_is_staged(tmp_path: Path, writes: list[txn.Write]) -> None:
+    tree, state = _tree(tmp_path)
+    before = digest(scan(tree))
+    with pytest.raises(ForktoolError):
+        txn.commit(tree, state, writes, {})
+    assert digest(scan(tree)) == before
+    assert not (state / "txn").exists() and not (state / "state.json").exists()
