@@ -24,8 +24,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from forktool.errors import ConfigError, ForktoolError, UnsafePathError
 
 CONFIG_LIMIT = 4 << 20  # a YAML config or a JSON record
@@ -114,49 +112,56 @@ def decode(data: bytes, path: Path | str, label: str = "") -> str:
 # ---------------------------------------------------------------- YAML and JSON
 
 
-class _Loader(yaml.SafeLoader):
-    """yaml.SafeLoader without duplicate keys, non-finite floats or deep nesting (aliases are measured after)."""
+@cache
+def _loader() -> Any:
+    """The YAML loader class, built on first use so commands that read no YAML never import yaml."""
+    import yaml
 
-    depth = 0
+    class _Loader(yaml.SafeLoader):
+        """yaml.SafeLoader without duplicate keys, non-finite floats or deep nesting (aliases are measured after)."""
 
-    def compose_node(self, parent: Any, index: Any) -> Any:  # type: ignore[override]
-        self.depth += 1
-        if self.depth > MAX_DEPTH:
-            raise yaml.constructor.ConstructorError(None, None, f"nested more than {MAX_DEPTH} levels deep",
-                                                    self.peek_event().start_mark)
-        try:
-            return super().compose_node(parent, index)
-        finally:
-            self.depth -= 1
+        depth = 0
 
-    def construct_mapping(self, node: Any, deep: bool = False) -> Any:  # type: ignore[override]
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
+        def compose_node(self, parent: Any, index: Any) -> Any:  # type: ignore[override]
+            self.depth += 1
+            if self.depth > MAX_DEPTH:
+                raise yaml.constructor.ConstructorError(None, None, f"nested more than {MAX_DEPTH} levels deep",
+                                                        self.peek_event().start_mark)
             try:
-                hashable = key in seen
-            except TypeError:
-                raise yaml.constructor.ConstructorError(None, None, "a mapping key must be a plain value",
-                                                        key_node.start_mark) from None
-            if hashable:
-                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
 
-    def construct_yaml_float(self, node: Any) -> float:
-        value = super().construct_yaml_float(node)
-        if not math.isfinite(value):
-            raise yaml.constructor.ConstructorError(None, None, f"{node.value!r}: infinite or NaN numbers are not "
-                                                    "allowed", node.start_mark)
-        return value
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:  # type: ignore[override]
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    hashable = key in seen
+                except TypeError:
+                    raise yaml.constructor.ConstructorError(None, None, "a mapping key must be a plain value",
+                                                            key_node.start_mark) from None
+                if hashable:
+                    raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
 
+        def construct_yaml_float(self, node: Any) -> float:
+            value = super().construct_yaml_float(node)
+            if not math.isfinite(value):
+                raise yaml.constructor.ConstructorError(None, None, f"{node.value!r}: infinite or NaN numbers are not "
+                                                        "allowed", node.start_mark)
+            return value
 
-_Loader.add_constructor("tag:yaml.org,2002:float", _Loader.construct_yaml_float)
+    _Loader.add_constructor("tag:yaml.org,2002:float", _Loader.construct_yaml_float)
+    return _Loader
 
 
 def parse_yaml(text: str, where: str) -> Any:
+    import yaml
+
     try:
-        data = yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
+        data = yaml.load(text, Loader=_loader())  # noqa: S506 - the loader is a SafeLoader
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         at = f":{mark.line + 1}" if mark is not None else ""
