@@ -19,6 +19,7 @@ import errno
 import json
 import math
 import os
+import re
 import stat
 from functools import cache
 from pathlib import Path
@@ -246,16 +247,48 @@ def where_of(path: Any) -> str:
     return out
 
 
+# A top-level object of a document whose values change on every run (vendor.lock's recorded digests) while the
+# rest stays the same. When every value there is a string that passes its property's pattern, and those are all
+# the property's schema asks of it, the document is valid exactly when any document with the same keys and the
+# same everything else is: the check of the rest is remembered under the document with those values blanked.
+_VOLATILE = {"vendor-lock": "patched"}
+_OBJECT_WORDS = {"type", "properties", "required", "additionalProperties", "dependentRequired"}
+_STRING_WORDS = {"type", "pattern", "x-error"}
+
+
+def volatile_shape(data: Any, name: str) -> Any:
+    """data with its volatile object's values blanked, or None when the hand check cannot stand for the schema."""
+    from forktool import schemas
+    key = _VOLATILE.get(name)
+    if key is None or not isinstance(data, dict) or not isinstance(data.get(key), dict):
+        return None
+    sub = schemas.SCHEMAS[name].get("properties", {}).get(key, {})
+    if set(sub) - _OBJECT_WORDS or sub.get("type") != "object" or sub.get("additionalProperties") is not False:
+        return None
+    for k, value in data[key].items():
+        prop = sub["properties"].get(k)
+        if prop is None or set(prop) - _STRING_WORDS or prop.get("type") != "string" or "pattern" not in prop:
+            return None
+        if not isinstance(value, str) or re.search(prop["pattern"], value) is None:  # as jsonschema matches
+            return None
+    return {**data, key: dict.fromkeys(data[key])}
+
+
 def check(data: Any, name: str, where: str, hint: str = "") -> Any:
     """data checked against the schema `name`; the first error becomes a ConfigError naming file and key."""
     from forktool import cache, schemas
     if cache.known_valid(name, schemas.SCHEMAS[name], data):  # the same bytes passed before: skip loading jsonschema
+        return data
+    shape = volatile_shape(data, name)
+    if shape is not None and cache.known_valid(f"{name}#shape", schemas.SCHEMAS[name], shape):
         return data
     v = _validator(name)
     import jsonschema
     err = jsonschema.exceptions.best_match(v.iter_errors(data), key=_relevance)
     if err is None:
         cache.remember_valid(name, schemas.SCHEMAS[name], data)
+        if shape is not None:
+            cache.remember_valid(f"{name}#shape", schemas.SCHEMAS[name], shape)
         return data
     # report the deepest error of a oneOf/anyOf when it names a concrete key
     while err.context:
