@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import stat
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -16,7 +15,16 @@ from typing import Any
 
 from forktool import schema
 from forktool.errors import ForktoolError, UnsafePathError
-from forktool.tree import EXECUTABLE, SYMLINK, atomic_write, remove_empty_parents, resolve_inside, sha256_bytes
+from forktool.tree import (
+    EXECUTABLE,
+    FSYNC_BATCH,
+    SYMLINK,
+    atomic_write,
+    fsync_all,
+    remove_empty_parents,
+    resolve_inside,
+    sha256_bytes,
+)
 
 
 @dataclass(frozen=True)
@@ -105,30 +113,6 @@ def _stage(path: Path, data: bytes) -> int:
     return fd
 
 
-def fsync_all(fds: list[int]) -> None:
-    """fsync every descriptor, several at once: the filesystem commits concurrent fsyncs together, so the
-    update waits for about one disk flush instead of one per file. Raises the first failure."""
-    errors: list[OSError] = []
-    lanes = min(len(fds), 8)
-
-    def lane(k: int) -> None:
-        for fd in fds[k::lanes]:
-            try:
-                os.fsync(fd)
-            except OSError as e:
-                errors.append(e)
-
-    threads = [threading.Thread(target=lane, args=(k,)) for k in range(1, lanes)]
-    for t in threads:
-        t.start()
-    if lanes:
-        lane(0)
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-
-
 def commit(tree: Path, state_dir: Path, writes: list[Write], state_after: dict) -> None:
     """Apply writes to tree and record state_after, all or nothing (recoverable after a kill).
 
@@ -166,6 +150,10 @@ def commit(tree: Path, state_dir: Path, writes: list[Write], state_after: dict) 
                 if w.data is not None:
                     staged = str(n)
                     fds.append(_stage(tdir / "new" / staged, w.data))
+                    if len(fds) == FSYNC_BATCH:
+                        fsync_all(fds)
+                        while fds:
+                            os.close(fds.pop())
                 entries.append({"path": w.path, "staged": staged, "mode": w.mode,
                                 "sha256": sha256_bytes(w.data) if w.data is not None else None})
                 if n == 0:

@@ -54,3 +54,24 @@ def test_a_bad_plan_is_refused_before_anything_is_staged(tmp_path: Path, writes:
         txn.commit(tree, state, writes, {})
     assert digest(scan(tree)) == before
     assert not (state / "txn").exists() and not (state / "state.json").exists()
+
+
+def test_commit_in_batches_of_descriptors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tree, state = _tree(tmp_path)
+    monkeypatch.setattr(txn, "FSYNC_BATCH", 3)
+    txn.commit(tree, state, [txn.Write(f"m/{i}.c", b"%d" % i, REGULAR) for i in range(10)], {})
+    assert sorted(p.name for p in (tree / "m").iterdir()) == sorted(f"{i}.c" for i in range(10))
+    assert (tree / "m" / "7.c").read_bytes() == b"7"
+
+
+def test_write_many_writes_every_file_or_leaves_no_temp_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from forktool import tree as ftree
+    monkeypatch.setattr(ftree, "FSYNC_BATCH", 3)
+    items = [(tmp_path / "o" / f"{i % 4}" / str(i), b"x%d" % i) for i in range(10)]
+    ftree.write_many(items)
+    assert all(p.read_bytes() == d for p, d in items)
+    (tmp_path / "f").write_bytes(b"a file")
+    with pytest.raises(OSError):
+        ftree.write_many([(tmp_path / "p" / "ok", b"1"), (tmp_path / "f" / "under-a-file", b"2")])
+    assert not (tmp_path / "p" / "ok").exists()
+    assert not [p for p in tmp_path.rglob("*.tmp")]
