@@ -40,7 +40,7 @@ from forktool.tree import (
     scan,
     sha256_bytes,
 )
-from forktool.workspace import Workspace, series_digest
+from forktool.workspace import Workspace
 
 STATE_VERSION = 1
 TREE = "vendor/llamafile"
@@ -257,7 +257,7 @@ def _finish(project: Project, st: dict, progress: Progress) -> dict:
     tree_now = scan(project.tree)
     lock = {"components": {c.name: vendor.component_lock_key(c) for c in comps}, "pristine_digest": d,
             "pristine_files": len(ctx.new_manifest),
-            "patched": {"series_digest": series_digest(active), "tree_digest": digest(tree_now),
+            "patched": {"series_digest": series.series_digest_of(active), "tree_digest": digest(tree_now),
                         "top": active[-1].id} if active else {}}
     files = {rel: (Entry(sha256_bytes(data), ctx.mode_of(rel)) if data is not None else None)
              for rel, data in final.files.items()}

@@ -6,7 +6,9 @@ directly, and the callers that passed name_tag's default "" before them stop doi
 
 0089: the same two callers again (the measure-pass arguments follow the residency ones without name_tag).
 
-0072: 0.3.35 restores K/V state cell by cell (0.3.36 batches contiguous runs) and has no state_clear():
+0072: in build_attn 0.3.35 stores K/V first and reads the views after the store block (0.3.36 reads them
+inside it): the tail staging and stream pinning follow the reads. 0.3.35 restores K/V state cell by cell
+(0.3.36 batches contiguous runs) and has no state_clear():
 with a window, each restored cell is read into the part (window or host tail) that holds it; the
 contiguous fast path stays as upstream wrote it in head mode; the state_clear() changes go with the function.
 """
@@ -84,6 +86,14 @@ RESOLUTIONS: dict[str, dict[str, list[Block]]] = {
             scatter_read("v", "            "),
             ours_from("// opencoti-hook: kv-split-storage\nggml_tensor * llama_kv_cache::opencoti_io_part"),
         ],
+        "src/llama-graph.cpp": [
+            theirs,  # 0.3.35 stores K/V here and reads the views after the block (staged there, EDITS)
+            text("    ggml_tensor * k = mctx_cur->get_k(ctx0, il);\n"
+                 "    opencoti_stage_k(k); // opencoti-hook: kv-tail-stream\n"
+                 "    ggml_tensor * v = mctx_cur->get_v(ctx0, il);\n"),
+            text("    opencoti_pin_stream(k, v, il); // opencoti-hook: kv-tail-stream\n\n"
+                 "    ggml_tensor * cur = build_attn_mha(q, k, v, kq_b, kq_mask, sinks, v_mla, kq_scale, il);\n"),
+        ],
     },
     "0089": {
         "src/llama-kv-cache-iswa.cpp": [text(
@@ -92,8 +102,19 @@ RESOLUTIONS: dict[str, dict[str, list[Block]]] = {
         "src/llama-model.cpp": [ours_until("                    } else if (needs_mem_idx) {\n")],
     },
 }
-# patch -> file -> (old, new, count): edits outside conflict blocks (the callers that passed name_tag's default)
+# patch -> file -> (old, new, count): edits outside conflict blocks (the callers that passed name_tag's default;
+# the K/V views read after the store block in 0.3.35's build_attn)
 EDITS: dict[str, dict[str, tuple[str, str, int]]] = {
+    "0072": {
+        "src/llama-graph.cpp": ("    ggml_tensor * k = mctx_cur->get_k(ctx0, il);\n"
+                                "    ggml_tensor * v = mctx_cur->get_v(ctx0, il);\n\n"
+                                "    ggml_tensor * cur = build_attn_mha(",
+                                "    ggml_tensor * k = mctx_cur->get_k(ctx0, il);\n"
+                                "    opencoti_stage_k(k); // opencoti-hook: kv-tail-stream\n"
+                                "    ggml_tensor * v = mctx_cur->get_v(ctx0, il);\n\n"
+                                "    opencoti_pin_stream(k, v, il); // opencoti-hook: kv-tail-stream\n\n"
+                                "    ggml_tensor * cur = build_attn_mha(", 1),
+    },
     "0070": {
         "src/llama-kv-cache-iswa.cpp": ('            "", kv_residency_mode, vram_target_mib, kv_window_cells);',
                                         "            kv_residency_mode, vram_target_mib, kv_window_cells);", 2),
