@@ -59,6 +59,7 @@ def create(backups_dir: Path, tree: Path, slug: str, reason: str, current: Manif
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=backups_dir))
     try:
         stored = []
+        blobs = []
         for rel, e in sorted(current.items()):
             if pristine.get(rel) == e:
                 continue
@@ -67,8 +68,9 @@ def create(backups_dir: Path, tree: Path, slug: str, reason: str, current: Manif
             if sha256_bytes(data) != e.sha256:
                 raise ForktoolError(f"{rel} changed while it was being backed up", where=str(p),
                                     hint="stop whatever is writing to the vendored tree and retry")
-            ObjectStore(tmp / "objects").put(data)
+            blobs.append(data)
             stored.append(rel)
+        ObjectStore(tmp / "objects").put_many(blobs)
         meta: dict = {"name": name, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "reason": reason,
                 "tree_digest": digest(current), "files": manifest_to_json(current), "stored": stored,
                 "state": state}

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,14 +31,63 @@ def _console() -> Console:
     if _err is None:
         from rich.console import Console
 
-        _err = Console(stderr=True, highlight=False, soft_wrap=True)
+        _err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
     return _err
 
 
-def _escape(text: str) -> str:
-    from rich.markup import escape
+# rich's markup: a tag is "[" + a letter, "#", "/" or "@" + anything but "[" + "]"; backslashes before it escape it
+_TAG = re.compile(r"(\\*)(\[[a-z#/@][^[]*?\])")
+# lines holding only these characters come out of rich, on a stream that is not a terminal, as their plain text
+_SIMPLE = re.compile(r"[^\x00-\x1f\x7f-\x9f]*")
 
-    return escape(text)
+
+def _escape(text: str) -> str:
+    """rich's markup escape, without loading rich: double the backslashes before a tag, then escape the tag."""
+    text = _TAG.sub(lambda m: m.group(1) * 2 + "\\" + m.group(2), text)
+    if text.endswith("\\") and not text.endswith("\\\\"):
+        return text + "\\"
+    return text
+
+
+def plain(markup: str) -> str:
+    """The text rich shows for a line of markup when it cannot style it: tags dropped, escapes resolved."""
+    if "[" not in markup:
+        return markup
+    out = []
+    pos = 0
+    for m in _TAG.finditer(markup):
+        if m.start() > pos:
+            out.append(markup[pos:m.start()].replace("\\[", "["))
+        pos = m.end()
+        pairs, escaped = divmod(len(m.group(1)), 2)
+        out.append("\\" * pairs)
+        if escaped:
+            out.append(m.group(2))
+    out.append(markup[pos:].replace("\\[", "["))
+    return "".join(out)
+
+
+def _plain_stream() -> bool:
+    """True when lines can be written as plain text without rich: no console was set up, stderr is not a
+    terminal and nothing in the environment asks for one (rich's own rules)."""
+    if _err is not None:
+        return False
+    env = os.environ
+    if env.get("TTY_COMPATIBLE") == "1" or (env.get("TTY_COMPATIBLE") != "0" and env.get("FORCE_COLOR")):
+        return False
+    try:
+        return not sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return True
+
+
+def _show(markup: str) -> None:
+    """One line on stderr: plain text when nothing will style it (rich stays unloaded), through rich otherwise."""
+    if _plain_stream() and _SIMPLE.fullmatch(markup):
+        sys.stderr.write(plain(markup) + "\n")
+        sys.stderr.flush()
+    else:
+        _console().print(markup)
 
 
 def set_json(flag: bool) -> None:
@@ -64,30 +115,30 @@ def emit(report: Report) -> int:
         sys.stdout.flush()
     else:
         for line in report.lines:
-            _console().print(line)
+            _show(line)
     return report.exit_code
 
 
 def info(message: str) -> None:
     """Progress note on stderr (suppressed in --json mode)."""
     if not _json_mode:
-        _console().print("[dim]" + _escape(message) + "[/dim]")
+        _show("[dim]" + _escape(message) + "[/dim]")
 
 
 def warn(message: str) -> None:
-    _console().print("[yellow]warning:[/yellow] " + _escape(message))
+    _show("[yellow]warning:[/yellow] " + _escape(message))
 
 
 def error(message: str, payload: dict[str, Any] | None = None) -> None:
     if _json_mode and payload is not None:
         sys.stdout.write(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-    _console().print("[red]error:[/red] " + _escape(message))
+    _show("[red]error:[/red] " + _escape(message))
 
 
 @contextmanager
 def step(message: str) -> Iterator[None]:
     """A quiet task line: shown while it runs, so a long step is visible."""
-    if _json_mode or not _console().is_terminal:
+    if _json_mode or _plain_stream() or not _console().is_terminal:
         info(message)
         yield
         return
@@ -107,14 +158,14 @@ class Progress:
             return
         if self._bar is None:
             if line:
-                _console().print(f"[dim][{done}/{total if total is not None else '?'}] {escape(line)}[/dim]")
+                _show(f"[dim][{done}/{total if total is not None else '?'}] {escape(line)}[/dim]")
             return
         self._bar.update(self._task, completed=done, total=total, description=escape(current))
 
 
 @contextmanager
 def progress(description: str) -> Iterator[Progress]:
-    if _json_mode or not _console().is_terminal:
+    if _json_mode or _plain_stream() or not _console().is_terminal:
         yield Progress()
         return
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn

@@ -19,12 +19,11 @@ import errno
 import json
 import math
 import os
+import re
 import stat
 from functools import cache
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from forktool.errors import ConfigError, ForktoolError, UnsafePathError
 
@@ -114,49 +113,56 @@ def decode(data: bytes, path: Path | str, label: str = "") -> str:
 # ---------------------------------------------------------------- YAML and JSON
 
 
-class _Loader(yaml.SafeLoader):
-    """yaml.SafeLoader without duplicate keys, non-finite floats or deep nesting (aliases are measured after)."""
+@cache
+def _loader() -> Any:
+    """The YAML loader class, built on first use so commands that read no YAML never import yaml."""
+    import yaml
 
-    depth = 0
+    class _Loader(yaml.SafeLoader):
+        """yaml.SafeLoader without duplicate keys, non-finite floats or deep nesting (aliases are measured after)."""
 
-    def compose_node(self, parent: Any, index: Any) -> Any:  # type: ignore[override]
-        self.depth += 1
-        if self.depth > MAX_DEPTH:
-            raise yaml.constructor.ConstructorError(None, None, f"nested more than {MAX_DEPTH} levels deep",
-                                                    self.peek_event().start_mark)
-        try:
-            return super().compose_node(parent, index)
-        finally:
-            self.depth -= 1
+        depth = 0
 
-    def construct_mapping(self, node: Any, deep: bool = False) -> Any:  # type: ignore[override]
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
+        def compose_node(self, parent: Any, index: Any) -> Any:  # type: ignore[override]
+            self.depth += 1
+            if self.depth > MAX_DEPTH:
+                raise yaml.constructor.ConstructorError(None, None, f"nested more than {MAX_DEPTH} levels deep",
+                                                        self.peek_event().start_mark)
             try:
-                hashable = key in seen
-            except TypeError:
-                raise yaml.constructor.ConstructorError(None, None, "a mapping key must be a plain value",
-                                                        key_node.start_mark) from None
-            if hashable:
-                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
 
-    def construct_yaml_float(self, node: Any) -> float:
-        value = super().construct_yaml_float(node)
-        if not math.isfinite(value):
-            raise yaml.constructor.ConstructorError(None, None, f"{node.value!r}: infinite or NaN numbers are not "
-                                                    "allowed", node.start_mark)
-        return value
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:  # type: ignore[override]
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    hashable = key in seen
+                except TypeError:
+                    raise yaml.constructor.ConstructorError(None, None, "a mapping key must be a plain value",
+                                                            key_node.start_mark) from None
+                if hashable:
+                    raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
 
+        def construct_yaml_float(self, node: Any) -> float:
+            value = super().construct_yaml_float(node)
+            if not math.isfinite(value):
+                raise yaml.constructor.ConstructorError(None, None, f"{node.value!r}: infinite or NaN numbers are not "
+                                                        "allowed", node.start_mark)
+            return value
 
-_Loader.add_constructor("tag:yaml.org,2002:float", _Loader.construct_yaml_float)
+    _Loader.add_constructor("tag:yaml.org,2002:float", _Loader.construct_yaml_float)
+    return _Loader
 
 
 def parse_yaml(text: str, where: str) -> Any:
+    import yaml
+
     try:
-        data = yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
+        data = yaml.load(text, Loader=_loader())  # noqa: S506 - the loader is a SafeLoader
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         at = f":{mark.line + 1}" if mark is not None else ""
@@ -241,16 +247,48 @@ def where_of(path: Any) -> str:
     return out
 
 
+# A top-level object of a document whose values change on every run (vendor.lock's recorded digests) while the
+# rest stays the same. When every value there is a string that passes its property's pattern, and those are all
+# the property's schema asks of it, the document is valid exactly when any document with the same keys and the
+# same everything else is: the check of the rest is remembered under the document with those values blanked.
+_VOLATILE = {"vendor-lock": "patched"}
+_OBJECT_WORDS = {"type", "properties", "required", "additionalProperties", "dependentRequired"}
+_STRING_WORDS = {"type", "pattern", "x-error"}
+
+
+def volatile_shape(data: Any, name: str) -> Any:
+    """data with its volatile object's values blanked, or None when the hand check cannot stand for the schema."""
+    from forktool import schemas
+    key = _VOLATILE.get(name)
+    if key is None or not isinstance(data, dict) or not isinstance(data.get(key), dict):
+        return None
+    sub = schemas.SCHEMAS[name].get("properties", {}).get(key, {})
+    if set(sub) - _OBJECT_WORDS or sub.get("type") != "object" or sub.get("additionalProperties") is not False:
+        return None
+    for k, value in data[key].items():
+        prop = sub["properties"].get(k)
+        if prop is None or set(prop) - _STRING_WORDS or prop.get("type") != "string" or "pattern" not in prop:
+            return None
+        if not isinstance(value, str) or re.search(prop["pattern"], value) is None:  # as jsonschema matches
+            return None
+    return {**data, key: dict.fromkeys(data[key])}
+
+
 def check(data: Any, name: str, where: str, hint: str = "") -> Any:
     """data checked against the schema `name`; the first error becomes a ConfigError naming file and key."""
     from forktool import cache, schemas
     if cache.known_valid(name, schemas.SCHEMAS[name], data):  # the same bytes passed before: skip loading jsonschema
+        return data
+    shape = volatile_shape(data, name)
+    if shape is not None and cache.known_valid(f"{name}#shape", schemas.SCHEMAS[name], shape):
         return data
     v = _validator(name)
     import jsonschema
     err = jsonschema.exceptions.best_match(v.iter_errors(data), key=_relevance)
     if err is None:
         cache.remember_valid(name, schemas.SCHEMAS[name], data)
+        if shape is not None:
+            cache.remember_valid(f"{name}#shape", schemas.SCHEMAS[name], shape)
         return data
     # report the deepest error of a oneOf/anyOf when it names a concrete key
     while err.context:

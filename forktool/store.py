@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from forktool.errors import ForktoolError
-from forktool.tree import atomic_write, sha256_bytes
+from forktool.tree import atomic_write, sha256_bytes, write_many
 
 
 class ObjectStore:
@@ -25,6 +25,13 @@ class ObjectStore:
         if not p.is_file():
             atomic_write(p, data)
         return sha
+
+    def put_many(self, blobs: list[bytes]) -> list[str]:
+        """put for several objects, made durable together (one wait for the disk instead of one per object)."""
+        shas = [sha256_bytes(b) for b in blobs]
+        todo = {self.path(sha): b for sha, b in zip(shas, blobs, strict=True) if not self.path(sha).is_file()}
+        write_many(list(todo.items()))
+        return shas
 
     def get(self, sha: str) -> bytes:
         p = self.path(sha)

@@ -7,6 +7,7 @@ import os
 import re
 import stat
 import tempfile
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -175,6 +176,68 @@ def atomic_write(path: Path, data: bytes, mode: str = REGULAR) -> None:
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        raise
+
+
+def fsync_all(fds: list[int]) -> None:
+    """fsync every descriptor, several at once: the filesystem commits concurrent fsyncs together, so the
+    update waits for about one disk flush instead of one per file. Raises the first failure."""
+    errors: list[OSError] = []
+    lanes = min(len(fds), 8)
+
+    def lane(k: int) -> None:
+        for fd in fds[k::lanes]:
+            try:
+                os.fsync(fd)
+            except OSError as e:
+                errors.append(e)
+
+    threads = [threading.Thread(target=lane, args=(k,)) for k in range(1, lanes)]
+    for t in threads:
+        t.start()
+    if lanes:
+        lane(0)
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+# files open at once while they wait for one fsync together (well under the usual limit of 1024 descriptors)
+FSYNC_BATCH = 256
+
+
+def write_many(items: list[tuple[Path, bytes]]) -> None:
+    """atomic_write for several files: every temp file of a batch is written and all are fsynced together before
+    any is renamed into place, so each file appears whole and durable, as with atomic_write."""
+    for i in range(0, len(items), FSYNC_BATCH):
+        _write_batch(items[i:i + FSYNC_BATCH])
+
+
+def _write_batch(items: list[tuple[Path, bytes]]) -> None:
+    fds: list[int] = []
+    temps: list[tuple[str, Path]] = []
+    try:
+        try:
+            for path, data in items:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".forktool-", suffix=".tmp")
+                fds.append(fd)
+                temps.append((tmp, path))
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            fsync_all(fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        for tmp, path in temps:
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+    except BaseException:
+        for tmp, _ in temps:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
         raise
 
 

@@ -15,7 +15,16 @@ from typing import Any
 
 from forktool import schema
 from forktool.errors import ForktoolError, UnsafePathError
-from forktool.tree import EXECUTABLE, SYMLINK, atomic_write, remove_empty_parents, resolve_inside, sha256_bytes
+from forktool.tree import (
+    EXECUTABLE,
+    FSYNC_BATCH,
+    SYMLINK,
+    atomic_write,
+    fsync_all,
+    remove_empty_parents,
+    resolve_inside,
+    sha256_bytes,
+)
 
 
 @dataclass(frozen=True)
@@ -91,29 +100,68 @@ def _feasible(tree: Path, writes: list[Write]) -> None:
                                     hint="nothing was changed; fix the patch that writes this path")
 
 
+def _stage(path: Path, data: bytes) -> int:
+    """Write a staged file (a new name in the fresh journal directory) and return its open descriptor."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def commit(tree: Path, state_dir: Path, writes: list[Write], state_after: dict) -> None:
-    """Apply writes to tree and record state_after, all or nothing (recoverable after a kill)."""
+    """Apply writes to tree and record state_after, all or nothing (recoverable after a kill).
+
+    Every staged file is written and fsynced before plan.json (written atomically, fsynced) commits the plan;
+    the plan is checked here as recovery would check it, then rolled forward from memory.
+    """
     tdir = txn_dir(state_dir)
     check_state_dir(state_dir)
-    for w in writes:
+    seen: set[str] = set()
+    for i, w in enumerate(writes):
         resolve_inside(tree, w.path, "transaction")
+        if w.path in seen:
+            raise ForktoolError(f"{w.path} is written twice in one update", where=str(tree),
+                                hint="nothing was changed; this is a bug in forktool, please report it")
+        seen.add(w.path)
+        if w.mode == SYMLINK and w.data is not None:
+            try:
+                _check_link(w.path, w.data, tdir, f"writes[{i}]")
+            except ForktoolError:
+                raise UnsafePathError(f"{w.path}: a symlink pointing outside the vendored tree cannot be written",
+                                      where=str(tree / w.path),
+                                      hint="nothing was changed; fix the patch that creates this link") from None
     _feasible(tree, writes)
+    fds: list[int] = []
     try:
-        if tdir.is_symlink() or tdir.is_file():
-            tdir.unlink()
-        elif tdir.exists():
-            shutil.rmtree(tdir)
-        (tdir / "new").mkdir(parents=True)
-        entries = []
-        for n, w in enumerate(writes):
-            staged = None
-            if w.data is not None:
-                staged = str(n)
-                atomic_write(tdir / "new" / staged, w.data)
-            entries.append({"path": w.path, "staged": staged, "mode": w.mode,
-                            "sha256": sha256_bytes(w.data) if w.data is not None else None})
-            if n == 0:
-                _fault("staging")
+        try:
+            if tdir.is_symlink() or tdir.is_file():
+                tdir.unlink()
+            elif tdir.exists():
+                shutil.rmtree(tdir)
+            (tdir / "new").mkdir(parents=True)
+            entries = []
+            for n, w in enumerate(writes):
+                staged = None
+                if w.data is not None:
+                    staged = str(n)
+                    fds.append(_stage(tdir / "new" / staged, w.data))
+                    if len(fds) == FSYNC_BATCH:
+                        fsync_all(fds)
+                        while fds:
+                            os.close(fds.pop())
+                entries.append({"path": w.path, "staged": staged, "mode": w.mode,
+                                "sha256": sha256_bytes(w.data) if w.data is not None else None})
+                if n == 0:
+                    _fault("staging")
+            fsync_all(fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
         plan = {"entries": entries, "state": state_after}
         atomic_write(tdir / "plan.json", json.dumps(plan, sort_keys=True).encode())
     except OSError as e:
@@ -124,7 +172,7 @@ def commit(tree: Path, state_dir: Path, writes: list[Write], state_after: dict) 
         raise ForktoolError(f"could not stage the update: {e}", where=str(tdir),
                             hint="nothing was changed; fix the cause and run the command again") from None
     _fault("committed")
-    _roll_forward(tree, state_dir, _read_plan(tree, state_dir))
+    _roll_forward(tree, state_dir, plan)
 
 
 def _damaged(tdir: Path, why: str) -> ForktoolError:
