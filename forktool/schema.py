@@ -401,6 +401,31 @@ def load_state(path: Path, state_dir: Path) -> dict[str, Any] | None:
                           f"delete {path}")
 
 
+def sync_state_hint(path: Path) -> str:
+    """What to do about a sync state forktool cannot use (--abort itself needs a valid one)."""
+    return (f"put back the file `forktool sync` wrote if you have it; otherwise move it away (`mv {path} "
+            f"{path}.bad`): the tree, pin, lock and patches from before the sync are kept in the backups it names "
+            "(`forktool backup list`, `forktool backup restore NAME`; pin, lock and patches under "
+            ".opencoti/sync-backups/NAME)")
+
+
+def load_sync_state(path: Path, state_dir: Path) -> dict[str, Any] | None:
+    """.opencoti/sync/state.json checked against its schema and its own counts; None when there is none."""
+    if not os.path.lexists(path):
+        return None
+    hint = sync_state_hint(path)
+    st = load_json(path, "sync-state", root=state_dir, limit=STATE_LIMIT, hint=hint)
+    if st["position"] > len(st["original"]):
+        raise ConfigError(f"position {st['position']} is past the {len(st['original'])} patch(es) of original",
+                          where=f"{path}: position", hint=hint)
+    if st["stage"] == "stopped" and (st["stop"] is None or st["position"] >= len(st["original"])):
+        raise ConfigError("a stopped sync must record its stop at one of the original patches",
+                          where=f"{path}: stop", hint=hint)
+    if st["stage"] != "starting" and st["stage"] != "aborted" and not st["backups"]:
+        raise ConfigError(f"a {st['stage']} sync must name its backups", where=f"{path}: backups", hint=hint)
+    return st
+
+
 def check_state_covers(path: Path, applied: list[dict], files: dict[str, Any], patches: dict[str, Any]) -> None:
     """Every file an applied (unchanged) patch touches is recorded in the state: a cut state is refused, not
     mistaken for local edits."""

@@ -201,10 +201,68 @@ BUILD_RECORD = {"type": "object", "properties": {
     "cache": {"type": ["object", "null"]}},
     "required": ["profile", "stamp", "dirty", "applied", "outputs"]}
 
+# ---------------------------------------------------------------- .opencoti/sync/state.json (forktool sync)
+
+# every name the loop later joins to a directory to read, write, delete or restore stays one plain file name there
+BACKUP_NAME = {"type": "string", "pattern": r"^\d{8}-\d{6}-[a-z0-9-]+\Z", "maxLength": 200,
+               "x-error": "expected the name of a backup directory (YYYYMMDD-HHMMSS-slug)"}
+SPEC = {"type": "string", "minLength": 1, "maxLength": 4096, "pattern": r"^[^\n\r\x00]+\Z",
+        "x-error": "expected one line naming an upstream"}
+_OPTIONAL_HEX = {"sha256": {"type": "string", "pattern": r"^([0-9a-f]{64})?\Z", "x-error": "expected a sha256 or ''"},
+                 "commit": {"type": "string", "pattern": r"^([0-9a-f]{40})?\Z", "x-error": "expected a commit id or ''"}}
+SYNC_COMPONENT = obj({
+    "name": NAME, "kind": {"enum": ["sdist", "git"]}, "include": strings(GLOB), "exclude": strings(GLOB),
+    "upstream_commit": _OPTIONAL_HEX["commit"], "package": {"type": "string", "maxLength": 200},
+    "version": {"type": "string", "maxLength": 100}, "sha256": _OPTIONAL_HEX["sha256"],
+    "subdir": {"anyOf": [{"const": ""}, REL_PATH], "x-error": "subdir must stay inside the archive"},
+    "url": {"type": "string", "maxLength": 4096}, "commit": _OPTIONAL_HEX["commit"]},
+    ["name", "kind", "include", "exclude", "upstream_commit", "package", "version", "sha256", "subdir", "url",
+     "commit"])
+_FILE_STATUS = {"enum": ["clean", "offset", "merged", "conflict", "upstreamed", "resolved"]}
+SYNC_DONE = obj({
+    "id": PATCH_ID, "name": PATCH_NAME,
+    "status": {"enum": ["clean", "offset", "merged", "conflict", "upstreamed", "resolved", "skipped"]},
+    "drift": {"type": "array", "items": DRIFT, "maxItems": 100_000},
+    "files": {"type": "array", "maxItems": 100_000, "items": obj({"file": REL_PATH, "status": _FILE_STATUS},
+                                                                 ["file", "status"])}},
+    ["id", "name", "status", "drift", "files"])
+SYNC_STOP = obj({
+    "id": PATCH_ID, "name": PATCH_NAME, "title": {"type": "string", "maxLength": 1000},
+    "files": {"type": "array", "maxItems": 100_000, "items": obj({
+        "file": REL_PATH, "status": _FILE_STATUS, "reason": TEXT,
+        "hunks": {"type": "array", "maxItems": 100_000, "items": obj({
+            "hunk": {"type": "integer", "minimum": 1, "maximum": 10_000_000},
+            "how": {"enum": ["exact", "offset", "changed"]},
+            "offset": {"anyOf": [{"type": "null"}, {"type": "integer", "minimum": -100_000_000,
+                                                    "maximum": 100_000_000}]}}, ["hunk", "how", "offset"])},
+        "blocks": {"type": "array", "maxItems": 100_000, "items": {"type": "integer", "minimum": 1,
+                                                                   "maximum": 100_000_000}}},
+        ["file", "status", "reason", "hunks", "blocks"])}},
+    ["id", "name", "title", "files"])
+SYNC_STATE = obj({
+    "version": {"const": 1, "type": "integer", "x-error": "unsupported sync state version (expected 1)"},
+    "stage": {"enum": ["starting", "stopped", "finishing", "finished", "aborted"]},
+    "component": NAME, "from_spec": SPEC, "to_spec": SPEC, "to": SYNC_COMPONENT,
+    "old_pristine_digest": SHA256, "new_pristine_digest": SHA256, "tree_digest_before": SHA256,
+    "backups": obj({"tree": BACKUP_NAME, "project": BACKUP_NAME},
+                   dependentRequired={"tree": ["project"], "project": ["tree"]}),
+    "original": {"type": "array", "maxItems": 10_000, "items": {
+        "type": "array", "prefixItems": [PATCH_NAME, {"type": "string", "maxLength": 32 << 20}], "minItems": 2,
+        "maxItems": 2, "x-error": "an original patch is [file name, text]"}},
+    "position": COUNT,
+    "done": {"type": "array", "items": SYNC_DONE, "maxItems": 10_000},
+    "stop": {"anyOf": [{"type": "null"}, SYNC_STOP]},
+    "started": {"type": "string", "maxLength": 100},
+    "hooks": obj({"registry": {"type": "boolean"}, "error": TEXT,
+                  "sites": {"type": "array", "maxItems": 1_000_000, "items": {"type": "object", "maxProperties": 20}}},
+                 ["registry", "sites"]),
+}, ["version", "stage", "component", "from_spec", "to_spec", "to", "old_pristine_digest", "new_pristine_digest",
+    "tree_digest_before", "backups", "original", "position", "done", "stop", "started"])
+
 SCHEMAS: dict[str, dict[str, Any]] = {
     name: {"$schema": DRAFT, **schema} for name, schema in {
         "vendor": VENDOR, "component-sdist": COMPONENT_SDIST, "component-git": COMPONENT_GIT,
         "vendor-lock": VENDOR_LOCK, "registry": REGISTRY, "build": BUILD, "build-artifact": ARTIFACT,
         "build-profile": PROFILE, "build-record": BUILD_RECORD,
-        "state": STATE, "journal": JOURNAL, "backup": BACKUP, "pristine": PRISTINE,
+        "state": STATE, "journal": JOURNAL, "backup": BACKUP, "pristine": PRISTINE, "sync-state": SYNC_STATE,
     }.items()}

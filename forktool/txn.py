@@ -40,6 +40,11 @@ def _fault(point: str) -> None:
         os._exit(137)
 
 
+def fault(point: str) -> None:
+    """A named crash point for other modules' steps (FORKTOOL_FAULT=<point> kills the process there)."""
+    _fault(point)
+
+
 def check_state_dir(state_dir: Path) -> None:
     """The state directory (and the project root's own entry for it) must be a real directory, not a link."""
     if state_dir.is_symlink():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -216,15 +215,12 @@ def open_workspace(project: Project, *, use_cache: bool = True, progress: Progre
 def _refuse_during_sync(project: Project) -> None:
     """The tree belongs to a stopped `forktool sync` until it is continued or aborted."""
     path = project.state_dir / "sync" / "state.json"
-    if not path.is_file():
+    st = schema.load_sync_state(path, project.state_dir)
+    if st is None:
         return
-    try:
-        st = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        st = {"stage": "unreadable", "to_spec": "?"}
-    backups = st.get("backups") or {}
-    here = (project.backups_dir / str(backups.get("tree", ""))).is_dir() if backups else False
-    if st.get("stage") in ("starting", "stopped", "finishing", "unreadable") and here:
-        raise ForktoolError(f"a sync to {st.get('to_spec')} is in progress ({st.get('stage')}); the vendored tree "
+    backups = st["backups"]
+    here = (project.backups_dir / backups["tree"]).is_dir() if backups else False
+    if st["stage"] in ("starting", "stopped", "finishing") and here:
+        raise ForktoolError(f"a sync to {st['to_spec']} is in progress ({st['stage']}); the vendored tree "
                             "belongs to it", where=str(path), hint="run `forktool sync --continue`, `--skip` or "
                             "`--abort` first (`forktool status` shows where it stands)")

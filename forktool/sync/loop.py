@@ -15,9 +15,9 @@ from typing import Any
 import yaml
 
 from forktool import backup as bk
-from forktool import series, txn, vendor
+from forktool import schema, series, txn, vendor
 from forktool.apply import apply_series
-from forktool.errors import DirtyTreeError, ForktoolError, UsageError
+from forktool.errors import ConfigError, DirtyTreeError, ForktoolError, UsageError
 from forktool.markers import hooks_in_patch
 from forktool.project import Component, Project
 from forktool.registry import Registry
@@ -35,7 +35,6 @@ from forktool.tree import (
     atomic_write,
     diff_manifests,
     digest,
-    manifest_from_json,
     manifest_to_json,
     scan,
     sha256_bytes,
@@ -62,18 +61,9 @@ def state_path(project: Project) -> Path:
 
 
 def read_state(project: Project) -> dict | None:
-    p = state_path(project)
-    if not p.is_file():
-        return None
-    try:
-        st = json.loads(p.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ForktoolError(f"{p} is unreadable: {e}", where=str(p),
-                            hint="restore the backups it names by hand, or remove it to forget the sync") from e
-    if not isinstance(st, dict) or st.get("version") != STATE_VERSION:
-        raise ForktoolError(f"{p} is not a sync state this forktool knows", where=str(p),
-                            hint="finish or abort it with the forktool that started it")
-    return st if st.get("stage") != "aborted" else None
+    """The recorded sync, checked against its schema (forktool/schemas.py) before anything uses it."""
+    st = schema.load_sync_state(state_path(project), project.state_dir)
+    return st if st is not None and st["stage"] != "aborted" else None
 
 
 def has_backups(project: Project, st: dict) -> bool:
@@ -114,7 +104,7 @@ def _pristine(project: Project, d: str) -> Manifest:
     if not p.is_file():
         raise ForktoolError(f"pristine manifest {d[:12]} is not in the cache", where=str(p),
                             hint="run `forktool sync --abort`, or the start again with the same FORKTOOL_CACHE")
-    return manifest_from_json(json.loads(p.read_text()))
+    return vendor.load_pristine_manifest(p)
 
 
 def _context(project: Project, st: dict) -> Context:
@@ -389,7 +379,7 @@ def _load_via_file(text: str, path: Path) -> Registry:
 
 
 def _recover(project: Project, progress: Progress) -> None:
-    for note in (txn.recover(project.tree, project.state_dir), txn.recover(project.root, sync_dir(project))):
+    for note in (txn.recover(project.tree, project.state_dir), txn.recover(project.root, sync_dir(project), "sync-state")):
         if note:
             progress(note)
 
@@ -438,7 +428,11 @@ def start(project: Project, spec: str | None, progress: Progress = lambda _m: No
         t0 = time.monotonic()
         if recorded is not None:
             new = _component(recorded["to"])
-            old = next(c for c in project.vendor.components if c.name == recorded["component"])
+            old = next((c for c in project.vendor.components if c.name == recorded["component"]), None)
+            if old is None:
+                raise ConfigError(f"the recorded sync moves component {recorded['component']!r}, which "
+                                  "vendor/vendor.yaml does not name", where=f"{state_path(project)}: component",
+                                  hint=schema.sync_state_hint(state_path(project)))
         else:
             assert spec is not None
             old, new = resolve_spec(project, spec)
@@ -460,7 +454,7 @@ def start(project: Project, spec: str | None, progress: Progress = lambda _m: No
                   "position": 0, "done": [], "stop": None,
                   "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         atomic_write(state_path(project), json.dumps(st, indent=1, sort_keys=True).encode())
-        txn._fault("sync-started")
+        txn.fault("sync-started")
         _back_up(project, st, ws, current, progress)
         res = _run(project, st, {}, progress)
     res["timings"] = {"fetch_s": round(t_fetched - t0, 3), "tool_s": round(time.monotonic() - t_fetched, 3),
@@ -479,7 +473,7 @@ def _back_up(project: Project, st: dict, ws: Workspace, current: Manifest, progr
                    _project_manifest(project), {}, {"kind": "sync-start", "from": st["from_spec"], "to": st["to_spec"]})
     st["backups"] = {"tree": tb.name, "project": pb.name}
     atomic_write(state_path(project), json.dumps(st, indent=1, sort_keys=True).encode())
-    txn._fault("sync-backed-up")
+    txn.fault("sync-backed-up")
 
 
 def _component_json(c: Component) -> dict:
