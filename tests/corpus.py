@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -78,6 +79,7 @@ class Template:
     root: Path  # the project
     cache: Path  # its FORKTOOL_CACHE
     backup: str  # the name of one backup in it
+    stopped: Path  # another project, its `forktool sync` stopped at a conflict (state, backups, journal dir)
 
 
 _TEMPLATE: Template | None = None
@@ -101,8 +103,19 @@ def template(base: Path) -> Template:
     run_cli(proj.root, ["verify"])
     # a backup of the patched tree: it stores the three patched files and a state with the series applied
     code, out, err = run_cli(proj.root, ["backup", "create", "corpus", "--json"])
-    _TEMPLATE = Template(proj.root, cache, json.loads(out)["name"])
+    _TEMPLATE = Template(proj.root, cache, json.loads(out)["name"], stopped_sync(base / "s"))
     return _TEMPLATE
+
+
+def stopped_sync(base: Path) -> Path:
+    """A project whose sync to a newer synthetic upstream stopped at a conflict (as tests/test_sync_loop.py)."""
+    from tests import test_sync_loop as loop
+    proj = make_project(base, UPSTREAM)
+    loop.series(proj)
+    commit = loop.new_upstream(proj)
+    code, out, err = run_cli(proj.root, ["sync", "--to", commit, "--start", "--json"], expect=1)
+    assert json.loads(out)["stage"] == "stopped", err
+    return proj.root
 
 
 # ---------------------------------------------------------------- cases
@@ -135,6 +148,7 @@ class Case:
     must: tuple[str, ...] = ()  # every one of these appears in the message (case-insensitive)
     fresh: bool = False  # no template: setup builds the project itself (crafted sdists)
     recovery: bool = False  # the tree may move as long as `verify` accepts the result
+    stopped: bool = False  # start from the template's stopped sync instead of its applied series
     expect: tuple[int, ...] = (1, 2)
 
     @property
@@ -1002,9 +1016,109 @@ def cli_cases() -> Iterator[Case]:
         yield Case("cli", lbl, lambda c: None, argv, must=must)
 
 
+# ------------------------------------------------ family: the state of a stopped `forktool sync`
+
+SYNC_STATE = ".opencoti/sync/state.json"
+
+
+def _sync_state(c: Ctx | None) -> dict:
+    root = c.root if c is not None else _TEMPLATE.stopped  # type: ignore[union-attr]
+    return json.loads((root / SYNC_STATE).read_text())
+
+
+def sync_state_cases() -> Iterator[Case]:
+    """Every key of a real stopped sync's state spoiled; --abort (restores and deletes) is the command at risk."""
+    shown = "sync/state.json"
+    for case in doc_cases("sync-state", SYNC_STATE, _sync_state, True, [["sync", "--abort"]], {"offset"},
+                          fname=shown):
+        if case.name.startswith("done.0.drift.0.offset=negative"):  # drift runs both ways: a valid value
+            continue
+        case.stopped = True
+        yield case
+
+    def edit(change: Callable[[dict, Ctx], None]) -> Callable[[Ctx], None]:
+        def setup(c: Ctx) -> None:
+            st = _sync_state(c)
+            change(st, c)
+            (c.root / SYNC_STATE).write_text(json.dumps(st, indent=1))
+        return setup
+
+    def put(*path: object, value: object) -> Callable[[dict, Ctx], None]:
+        def change(st: dict, c: Ctx) -> None:
+            obj: Any = st
+            for k in path[:-1]:
+                obj = obj[k]
+            obj[path[-1]] = _sub_canary(value, c)
+        return change
+
+    # names and paths the loop joins to a directory it restores, writes or deletes in
+    hostile = {"..": "..", "dotdot": "../../../../canary", "absolute": "@CANARY@", "slash": "a/b",
+               "empty": "", "nul": "x\u0000y"}
+    places = [("backups", "tree"), ("backups", "project"), ("original", 1, 0), ("done", 0, "name"), ("stop", "name"),
+              ("component",), ("to", "name"), ("to", "subdir"), ("old_pristine_digest",), ("new_pristine_digest",),
+              ("done", 0, "files", 0, "file"), ("stop", "files", 0, "file")]
+    for where in places:
+        for lbl, value in hostile.items():
+            if where[-1] in ("subdir", "file") and lbl in ("empty", "slash"):
+                continue  # no subdir is the archive's root; a relative path may have parts
+            for argv in (["sync", "--abort"], ["sync", "--continue"], ["apply"]):
+                yield Case("sync-state", f"{label(where)}={lbl}:{' '.join(argv)}",
+                           edit(put(*where, value=value + ("/x.patch" if lbl == "absolute" and "original" in where
+                                                           else ""))), argv, must=(shown,), stopped=True)
+    # names that pass the schema and point at what the loop must not follow or does not have
+    def backup_link(kind: str) -> Callable[[Ctx], None]:
+        def setup(c: Ctx) -> None:
+            st = _sync_state(c)
+            bdir = c.state / ("vendor-backups" if kind == "tree" else "sync-backups")
+            name = st["backups"][kind]
+            shutil.copytree(bdir / name, c.canary / "b", symlinks=True)
+            shutil.rmtree(bdir / name)
+            (bdir / name).symlink_to(c.canary / "b")
+        return setup
+
+    def sync_dir_link(c: Ctx) -> None:
+        shutil.copytree(c.state / "sync", c.canary / "sync")
+        shutil.rmtree(c.state / "sync")
+        (c.state / "sync").symlink_to(c.canary / "sync")
+
+    def journal(state: object) -> Callable[[Ctx], None]:
+        def setup(c: Ctx) -> None:
+            (c.state / "sync" / "txn" / "new").mkdir(parents=True)
+            (c.state / "sync" / "txn" / "plan.json").write_text(json.dumps({"entries": [], "state": state}))
+        return setup
+
+    def manifest_damage(c: Ctx) -> None:
+        name = _sync_state(c)["backups"]["project"]
+        (c.state / "sync-backups" / name / "manifest.json").write_text('{"name": 7}')
+
+    other = "20990101-000000-elsewhere"
+    # each with the commands that read what it spoils (a valid state lets the others go on, rightly)
+    every, loop = ("--abort", "--continue", "--skip", "status", "apply"), ("--abort", "--continue", "--skip")
+    specials: list[tuple[str, Callable[[Ctx], None], tuple[str, ...], tuple[str, ...]]] = [
+        ("tree-backup-symlinked", backup_link("tree"), ("symlink",), ("--abort",)),
+        ("project-backup-symlinked", backup_link("project"), ("symlink",), ("--abort",)),
+        ("sync-dir-symlinked", sync_dir_link, ("symlink",), every),
+        ("backups-elsewhere", edit(put("backups", value={"tree": other, "project": other})), (shown,), loop),
+        ("project-backup-damaged", manifest_damage, ("manifest.json",), ("--abort",)),
+        ("journal-state-damaged", journal({"version": 1, "stage": "stopped"}), ("journal", "plan.json"), loop),
+        ("journal-state-list", journal([1]), ("journal", "plan.json"), loop),
+        ("position-past-end", edit(put("position", value=99)), (shown, "position"), every),
+        ("stopped-without-stop", edit(put("stop", value=None)), (shown, "stop"), every),
+        ("component-unknown", edit(put("component", value="nosuch")), (shown, "component"), loop),
+        ("pristine-not-cached", edit(put("new_pristine_digest", value="0" * 64)), ("pristine",),
+         ("--continue", "--skip")),
+        ("original-not-a-patch", edit(put("original", 1, 1, value="not a patch\n")), ("0002",),
+         ("--continue", "--skip")),
+    ]
+    for lbl, setup, must, commands in specials:
+        for cmd in commands:
+            argv = ["sync", cmd] if cmd.startswith("--") else [cmd]
+            yield Case("sync-state", f"{lbl}:{' '.join(argv)}", setup, argv, must=must, stopped=True)
+
+
 def all_cases() -> list[Case]:
     return [*config_families(), *journal_cases(), *backup_cases(), *patch_cases(), *series_cases(),
-            *tree_cases(), *state_dir_cases(), *sdist_cases(), *cli_cases()]
+            *tree_cases(), *state_dir_cases(), *sdist_cases(), *cli_cases(), *sync_state_cases()]
 
 
 # ---------------------------------------------------------------- running a case
@@ -1068,7 +1182,7 @@ def run_case(case: Case, base: Path, n: int) -> Outcome:
         root.mkdir()
         cache = work / "cache"
     else:
-        shutil.copytree(tpl.root, root, symlinks=True)
+        shutil.copytree(tpl.stopped if case.stopped else tpl.root, root, symlinks=True)
     ctx = Ctx(root, canary, tpl, work)
     old_cache = os.environ.get("FORKTOOL_CACHE")
     os.environ["FORKTOOL_CACHE"] = str(cache)

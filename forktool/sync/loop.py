@@ -63,7 +63,13 @@ def state_path(project: Project) -> Path:
 def read_state(project: Project) -> dict | None:
     """The recorded sync, checked against its schema (forktool/schemas.py) before anything uses it."""
     st = schema.load_sync_state(state_path(project), project.state_dir)
-    return st if st is not None and st["stage"] != "aborted" else None
+    if st is None or st["stage"] == "aborted":
+        return None
+    if st["component"] not in {c.name for c in project.vendor.components}:
+        raise ConfigError(f"the recorded sync moves component {st['component']!r}, which vendor/vendor.yaml does "
+                          "not name", where=f"{state_path(project)}: component",
+                          hint=schema.sync_state_hint(state_path(project)))
+    return st
 
 
 def has_backups(project: Project, st: dict) -> bool:
@@ -428,11 +434,7 @@ def start(project: Project, spec: str | None, progress: Progress = lambda _m: No
         t0 = time.monotonic()
         if recorded is not None:
             new = _component(recorded["to"])
-            old = next((c for c in project.vendor.components if c.name == recorded["component"]), None)
-            if old is None:
-                raise ConfigError(f"the recorded sync moves component {recorded['component']!r}, which "
-                                  "vendor/vendor.yaml does not name", where=f"{state_path(project)}: component",
-                                  hint=schema.sync_state_hint(state_path(project)))
+            old = next(c for c in project.vendor.components if c.name == recorded["component"])
         else:
             assert spec is not None
             old, new = resolve_spec(project, spec)
