@@ -404,9 +404,10 @@ def load_state(path: Path, state_dir: Path) -> dict[str, Any] | None:
 def sync_state_hint(path: Path) -> str:
     """What to do about a sync state forktool cannot use (--abort itself needs a valid one)."""
     return (f"put back the file `forktool sync` wrote if you have it; otherwise move it away (`mv {path} "
-            f"{path}.bad`): the tree, pin, lock and patches from before the sync are kept in the backups it names "
-            "(`forktool backup list`, `forktool backup restore NAME`; pin, lock and patches under "
-            ".opencoti/sync-backups/NAME)")
+            f"{path}.bad`) and put back what the sync changed: the tree with `forktool backup restore NAME` (the "
+            "newest sync-start-* in `forktool backup list`), the pin, lock, patches and registry from git (`git "
+            "checkout -- vendor/vendor.yaml vendor/vendor.lock patches registry`) or from the same NAME in "
+            ".opencoti/sync-backups/ (its manifest.json maps each file to an object by sha256)")
 
 
 def load_sync_state(path: Path, state_dir: Path) -> dict[str, Any] | None:

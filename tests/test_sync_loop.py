@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from forktool import backup as bk
 from forktool.tree import digest, scan
 from tests.conftest import UPSTREAM, Proj, git
 from tests.test_sync import make_patch
@@ -134,6 +135,30 @@ def test_abort_restores_everything_byte_identical(moved):
     proj.run("verify")
     _, _, err = proj.run("sync", "--abort", expect=1)
     assert "no sync in progress" in err
+
+
+def test_a_spoiled_state_is_refused_and_the_way_it_names_works(moved):
+    proj, commit, before = moved
+    proj.run("sync", "--to", commit, "--start", expect=1)
+    path = proj.root / ".opencoti" / "sync" / "state.json"
+    st = json.loads(path.read_text())
+    stopped = everything(proj)
+    path.write_text(json.dumps(dict(st, backups=dict(st["backups"], tree="../../../elsewhere"))))
+    for argv in (["sync", "--abort"], ["sync", "--continue"], ["apply"]):
+        code, out, err = proj.run(*argv, expect=1)
+        assert "sync/state.json: backups.tree" in err and "Traceback" not in err, err
+        assert f"mv {path} {path}.bad" in err, err
+    assert everything(proj) == stopped
+    # following the hint: the file set aside, the start's backups put the tree, pin, lock and patches back
+    path.rename(path.with_name("state.json.bad"))
+    manifest, content, _ = bk.load_for_restore(proj.root / ".opencoti" / "sync-backups" / st["backups"]["project"],
+                                               lambda _sha: None)
+    for rel in manifest:
+        if rel != ".opencoti/state.json":
+            (proj.root / rel).write_bytes(content[rel])
+    proj.run("backup", "restore", st["backups"]["tree"])
+    assert everything(proj) == before
+    proj.run("verify")
 
 
 def test_abort_after_a_continue(moved):
