@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
@@ -236,3 +237,19 @@ def test_last_error_prefers_the_compiler_or_linker_line() -> None:
     assert b.last_error(log[:2]) == "/src/llama.cpp:12:3: error: 'foo' was not declared in this scope"
     assert b.last_error(log[3:]) == "collect2: error: ld returned 1 exit status"
     assert b.last_error(["nothing here", ""]) == "nothing here" and b.last_error([]) == ""
+
+
+def test_unbuilt_objects_bound_a_first_builds_count(tmp_path: Path) -> None:
+    # a first build's dry run stops at libraries that do not exist yet: compile_commands.json bounds the rest
+    (tmp_path / "CMakeFiles").mkdir()
+    (tmp_path / "CMakeFiles" / "done.c.o").write_bytes(b"")
+    entries = [
+        {"directory": str(tmp_path), "file": "a.c", "command": "cc -O2 -o CMakeFiles/a.c.o -c a.c"},
+        {"directory": str(tmp_path), "file": "b.c", "arguments": ["cc", "-o", "CMakeFiles/b.c.o", "-c", "b.c"]},
+        {"directory": str(tmp_path), "file": "c.c", "output": "CMakeFiles/c.c.o", "command": "cc -c c.c"},
+        {"directory": str(tmp_path), "file": "done.c", "command": "cc -o CMakeFiles/done.c.o -c done.c"},
+    ]
+    (tmp_path / "compile_commands.json").write_text(json.dumps(entries))
+    assert b.unbuilt_objects(tmp_path) == 3
+    (tmp_path / "compile_commands.json").write_text("{not json")
+    assert b.unbuilt_objects(tmp_path) == 0
