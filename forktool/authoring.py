@@ -10,6 +10,7 @@ from dataclasses import replace
 from forktool.apply import Applied, apply_patch
 from forktool.errors import ForktoolError, UsageError
 from forktool.markers import hooks_in_patch
+from forktool.project import Project
 from forktool.series import Patch, diff_file, make_header, parse_patch, set_trailers, with_files
 from forktool.tree import REGULAR, SYMLINK, atomic_write
 from forktool.workspace import Workspace
@@ -28,6 +29,17 @@ def export(ws: Workspace, patch: Patch, before: Applied, after_read: Reader) -> 
         if fd is not None:
             files.append(fd)
     return with_files(patch, files)
+
+
+def with_derived_trailers(project: Project, patch: Patch, files_diff: list) -> tuple[Patch, dict[str, str]]:
+    """`patch` (its message kept) carrying files_diff, with the Opencoti-Hooks and Build-Impact trailers those
+    files give; also the trailers."""
+    from forktool.impact import impact_label  # the build config, read only when a patch is rewritten
+
+    diff_only = with_files(patch, files_diff)
+    trailers = {"Opencoti-Hooks": ", ".join(hooks_in_patch(diff_only)),
+                "Build-Impact": impact_label(project, diff_only.paths) if diff_only.paths else ""}
+    return with_files(replace(diff_only, header=set_trailers(patch.header, trailers)), files_diff), trailers
 
 
 def refresh(ws: Workspace, pid: str) -> dict:
@@ -60,12 +72,7 @@ def refresh(ws: Workspace, pid: str) -> dict:
                        new_mode if new is not None else None)
         if fd is not None:
             files_diff.append(fd)
-    from forktool.impact import impact_label  # the build config, read only when a patch is rewritten
-
-    diff_only = with_files(patch, files_diff)
-    trailers = {"Opencoti-Hooks": ", ".join(hooks_in_patch(diff_only)),
-                "Build-Impact": impact_label(ws.project, diff_only.paths) if diff_only.paths else ""}
-    refreshed = with_files(replace(diff_only, header=set_trailers(patch.header, trailers)), files_diff)
+    refreshed, trailers = with_derived_trailers(ws.project, patch, files_diff)
     old_bytes = patch.raw
     new_bytes = refreshed.raw
     if new_bytes != old_bytes:

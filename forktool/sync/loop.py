@@ -17,8 +17,8 @@ import yaml
 from forktool import backup as bk
 from forktool import schema, series, txn, vendor
 from forktool.apply import apply_series
+from forktool.authoring import with_derived_trailers
 from forktool.errors import ConfigError, DirtyTreeError, ForktoolError, UsageError
-from forktool.markers import hooks_in_patch
 from forktool.project import Component, Project
 from forktool.registry import Registry
 from forktool.series import Patch
@@ -509,7 +509,6 @@ def conflict_lines(project: Project, rels: list[str]) -> list[str]:
 
 def continue_(project: Project, progress: Progress = lambda _m: None) -> dict:
     """Refuse while conflict blocks remain; else rewrite the stopped patch from the tree and go on."""
-    from forktool.impact import impact_label
     t0 = time.monotonic()
     with txn.locked(project.state_dir):
         _recover(project, progress)
@@ -555,11 +554,7 @@ def continue_(project: Project, progress: Progress = lambda _m: None) -> dict:
                                       (e.mode if e else None) if new is not None else None)
                 if fd is not None:
                     fds.append(fd)
-            diff_only = series.with_files(patch, fds)
-            trailers = {"Opencoti-Hooks": ", ".join(hooks_in_patch(diff_only)),
-                        "Build-Impact": impact_label(project, diff_only.paths) if diff_only.paths else ""}
-            resolved = series.with_files(dataclasses.replace(diff_only, header=series.set_trailers(
-                patch.header, trailers)), fds)
+            resolved, _ = with_derived_trailers(project, patch, fds)
             st["done"].append({"id": patch.id, "name": patch.name, "status": "resolved", "drift": [],
                                "files": [{"file": f.path, "status": "resolved"} for f in resolved.files]})
             st["position"] = k + 1
