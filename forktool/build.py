@@ -19,7 +19,7 @@ from forktool import proc, schema
 from forktool.errors import ConfigError, ForktoolError, UsageError
 from forktool.project import Project
 from forktool.series import parse_patch, series_digest
-from forktool.tree import atomic_write, sha256_bytes, sha256_file
+from forktool.tree import Manifest, atomic_write, sha256_bytes, sha256_file
 from forktool.vendor import matches
 
 RECORD = "forktool-build.json"
@@ -253,6 +253,7 @@ class Plan:
     configure_reason: str  # "" when CMake need not run
     flags: list[str]
     record: dict = field(default_factory=dict)  # the previous build record
+    inputs_key: str = ""  # cmake_inputs_digest of the tree planned for
 
     def to_json(self) -> dict:
         return {"profile": self.profile.name, "build_dir": str(self.build_dir), "stamp": self.stamp,
@@ -314,18 +315,28 @@ def configure_flags(profile: Profile) -> list[str]:
     return flags
 
 
-def cmake_inputs_digest(src: Path) -> str:
-    """Digest of every CMakeLists.txt and *.cmake file: a change there means configuring again."""
+def cmake_inputs_digest(src: Path, manifest: Manifest | None = None) -> str:
+    """Digest of every CMakeLists.txt and *.cmake file: a change there means configuring again.
+
+    With the vendored tree's manifest (paths under `llama.cpp/`, as the stat index gives it) nothing is read."""
+    if manifest is not None:
+        found = {rel.removeprefix("llama.cpp/"): e.sha256 for rel, e in manifest.items()
+                 if rel.startswith("llama.cpp/") and _is_cmake_input(rel)}
+    else:
+        found = {}
+        for d, _dirs, files in os.walk(src):
+            for f in files:
+                if _is_cmake_input(f):
+                    found[Path(d, f).relative_to(src).as_posix()] = sha256_file(Path(d, f))
     h = hashlib.sha256()
-    found = []
-    for d, dirs, files in os.walk(src):
-        dirs.sort()
-        for f in files:
-            if f == "CMakeLists.txt" or f.endswith(".cmake"):
-                found.append(Path(d, f))
-    for p in sorted(found):
-        h.update(f"{p.relative_to(src).as_posix()} {sha256_file(p)}\n".encode())
+    for rel in sorted(found, key=lambda r: r.split("/")):  # path order, part by part
+        h.update(f"{rel} {found[rel]}\n".encode())
     return h.hexdigest()
+
+
+def _is_cmake_input(rel: str) -> bool:
+    name = rel.rpartition("/")[2]
+    return name == "CMakeLists.txt" or name.endswith(".cmake")
 
 
 def _configure_reason(bdir: Path, flags_key: str, inputs_key: str, stamp_: str) -> str:
@@ -348,8 +359,11 @@ def _flags_key(profile: Profile, flags: list[str]) -> str:
     return hashlib.sha256(json.dumps([profile.generator, flags]).encode()).hexdigest()
 
 
-def make_plan(project: Project, cfg: BuildConfig, profile: Profile, patches: list[Any], dirty: list[str]) -> Plan:
-    """What a build of the applied patches (workspace Patch objects, in order) and local edits will do."""
+def make_plan(project: Project, cfg: BuildConfig, profile: Profile, patches: list[Any], dirty: list[str],
+              manifest: Manifest | None = None) -> Plan:
+    """What a build of the applied patches (workspace Patch objects, in order) and local edits will do.
+
+    manifest: the vendored tree's manifest when the caller has it (spares reading the CMake files again)."""
     impacts = [patch_impact(cfg, p.id, p.name, p.title, p.raw, p.trailers().get("Build-Impact", ""))
                for p in patches]
     bdir = build_dir(project, profile.name)
@@ -357,7 +371,8 @@ def make_plan(project: Project, cfg: BuildConfig, profile: Profile, patches: lis
     stamp_, number = stamp(comp.upstream_commit, [(p.id, p.name, p.sha256) for p in impacts], bool(dirty))
     flags = configure_flags(profile)
     src = project.tree / "llama.cpp"
-    reason = _configure_reason(bdir, _flags_key(profile, flags), cmake_inputs_digest(src), stamp_)
+    inputs_key = cmake_inputs_digest(src, manifest)
+    reason = _configure_reason(bdir, _flags_key(profile, flags), inputs_key, stamp_)
     rec = read_record(bdir)
     in_profile = cfg.artifacts_in(profile)
     names = [a.name for a in in_profile]
@@ -368,7 +383,7 @@ def make_plan(project: Project, cfg: BuildConfig, profile: Profile, patches: lis
     if first:
         return Plan(profile, bdir, impacts, stamp_, number, dirty, True, [p.id for p in patches],
                     sorted({f for p in impacts for f in p.files} | set(dirty)), names, names, [], all_targets,
-                    reason or "first build", flags, rec)
+                    reason or "first build", flags, rec, inputs_key)
     before = {a["id"]: a for a in rec.get("applied", [])}
     now = {p.id: p for p in impacts}
     changed = sorted(i for i in set(before) | set(now)
@@ -394,7 +409,7 @@ def make_plan(project: Project, cfg: BuildConfig, profile: Profile, patches: lis
         targets = list(profile.targets)  # nothing changed: a no-op make still proves it
     return Plan(profile, bdir, impacts, stamp_, number, dirty, False, changed, sorted(paths),
                 [n for n in names if n in hit], [n for n in names if n in may], keep,
-                list(dict.fromkeys(targets)), reason, flags, rec)
+                list(dict.fromkeys(targets)), reason, flags, rec, inputs_key)
 
 
 def plan_lines(plan: Plan) -> list[str]:
@@ -498,9 +513,10 @@ def parse_ccache_stats(text: str, location: str) -> CacheStats:
                       values.get("remote_storage_error", 0) + values.get("internal_error", 0))
 
 
-def cache_stats(tool: str) -> CacheStats | None:
-    """The launcher's counters now (None for a launcher forktool cannot read). sccache starts its server here,
-    with this process's SCCACHE_* variables, when none is running."""
+def cache_stats(tool: str, where: bool = True) -> CacheStats | None:
+    """The launcher's counters now (None for a launcher forktool cannot read), in one call of the tool; where=False
+    leaves the location out when ccache would need a second call for it. sccache starts its server here, with this
+    process's SCCACHE_* variables, when none is running."""
     name = Path(tool).name
     if name == "sccache":
         res = proc.run([tool, "--show-stats", "--stats-format", "json"], check=False)
@@ -514,8 +530,8 @@ def cache_stats(tool: str) -> CacheStats | None:
         res = proc.run([tool, "--print-stats"], check=False)
         if res.returncode != 0:
             return None  # ccache older than 4: the build runs, the counters are not reported
-        where = proc.run([tool, "--get-config", "cache_dir"], check=False).stdout.decode().strip()
-        return parse_ccache_stats(res.stdout.decode("utf-8", "replace"), f"local disk: {where}" if where else "")
+        cache_dir = proc.run([tool, "--get-config", "cache_dir"], check=False).stdout.decode().strip() if where else ""
+        return parse_ccache_stats(res.stdout.decode("utf-8", "replace"), f"local disk: {cache_dir}" if cache_dir else "")
     return None
 
 
@@ -571,12 +587,26 @@ def _env(project: Project) -> dict[str, str]:
     return {"GIT_CEILING_DIRECTORIES": str(project.tree)}
 
 
+OUTPUTS_INDEX = "forktool-outputs.index"  # stat index of the outputs: unchanged ones are not hashed again
+
+
 def _hash_outputs(bdir: Path, arts: list[ArtifactSpec]) -> dict[str, str]:
-    return {o: sha256_file(bdir / o) for a in arts for o in a.outputs if (bdir / o).is_file()}
+    from forktool.index import hash_indexed
+    return hash_indexed(bdir, [o for a in arts for o in a.outputs], bdir / OUTPUTS_INDEX)[0]
 
 
 def objects_to_do(bdir: Path, targets: list[str], env: dict[str, str]) -> int | None:
-    """How many objects `make TARGETS` would compile now (a dry run), None when make cannot tell."""
+    """How many objects `make TARGETS` would compile now, None when neither CMake's files nor make can tell.
+
+    Read from CMake's own dependency data (stale_objects); only where that is not there (a CMake older than 3.20,
+    a generator file missing) make is asked with a dry run."""
+    stale = stale_objects(bdir, targets)
+    if stale is not None:
+        return len(stale)
+    return _dry_run_objects(bdir, targets, env)
+
+
+def _dry_run_objects(bdir: Path, targets: list[str], env: dict[str, str]) -> int | None:
     # -k: before the first build a dry run stops at a link whose library does not exist yet
     res = proc.run(["make", "-n", "-k", *targets], cwd=bdir, env=env, check=False)
     found = {m.group(1).strip('"\'') for m in _OBJECT_RE.finditer(res.stdout.decode("utf-8", "replace"))}
@@ -585,6 +615,94 @@ def objects_to_do(bdir: Path, targets: list[str], env: dict[str, str]) -> int | 
     # before the first build the dry run stops at libraries that do not exist yet and sees only part of the
     # objects; the objects compile_commands.json names and nobody built yet bound the rest from above
     return max(len(found), unbuilt_objects(bdir)) or None
+
+
+# CMake's Makefile generator (3.20+): CMakeFiles/Makefile2 names each target's directory (`NAME: DIR/rule`) and
+# what it needs built first (`DIR/all: DEP/all`); DIR/DependInfo.cmake lists every object with its source and the
+# compiler's depfile (`"SOURCE" "OBJECT" "COMPILER" "DEPFILE"`); each object also depends on DIR/flags.make and
+# DIR/compiler_depend.ts (DIR/build.make)
+_MK_RULE_RE = re.compile(rb"^([^\s:#]+): (\S+)/rule$", re.M)
+_MK_ALL_RE = re.compile(rb"^(\S+): (\S+)/all$", re.M)
+_DEPINFO_RE = re.compile(rb'^\s*"([^"]*)" "([^"]+)" "[^"]*" "([^"]+)"$', re.M)
+_DEPFILE_TOKEN_RE = re.compile(rb"(?:\\.|[^\s\\])+")
+
+
+def stale_objects(bdir: Path, targets: list[str]) -> set[str] | None:
+    """The objects (paths relative to bdir) `make TARGETS` would compile now, decided as make decides: an object
+    is stale when it is missing, or its source, its target's flags, or any file its depfile names is newer or
+    gone. Reads CMake's generated makefiles and the compiler's depfiles, runs nothing. None when those files are
+    not there or not of the expected form (make must be asked then)."""
+    try:
+        makefile2 = (bdir / "CMakeFiles" / "Makefile2").read_bytes()
+    except OSError:
+        return None
+    dirs = {m.group(1): m.group(2) for m in _MK_RULE_RE.finditer(makefile2)}
+    needs: dict[bytes, list[bytes]] = {}
+    for m in _MK_ALL_RE.finditer(makefile2):
+        needs.setdefault(m.group(1).removesuffix(b"/all"), []).append(m.group(2))
+    todo = []
+    for t in targets:
+        node = dirs.get(t.encode()) if t != "all" else b"all"
+        if node is None:
+            return None
+        todo.append(node)
+    seen: set[bytes] = set()
+    while todo:
+        node = todo.pop()
+        if node not in seen:
+            seen.add(node)
+            todo.extend(needs.get(node, ()))
+    mtimes: dict[bytes, int | None] = {}
+
+    def mtime(path: bytes) -> int | None:
+        if path not in mtimes:
+            try:
+                mtimes[path] = os.stat(path).st_mtime_ns
+            except OSError:
+                mtimes[path] = None
+        return mtimes[path]
+
+    root = os.fsencode(bdir) + b"/"
+    stale: set[str] = set()
+    for node in sorted(n for n in seen if n.endswith(b".dir")):
+        try:
+            info = (bdir / os.fsdecode(node) / "DependInfo.cmake").read_bytes()
+        except OSError:
+            return None
+        if b"CMAKE_DEPENDS_DEPENDENCY_FILES" not in info:
+            return None  # dependencies scanned by CMake itself (before 3.20): only make knows
+        common = [root + node + b"/flags.make", root + node + b"/compiler_depend.ts"]
+        for m in _DEPINFO_RE.finditer(info):
+            source, obj, depfile = m.groups()
+            built = mtime(root + obj)
+            if built is None or any(_newer(mtime(p), built)
+                                    for p in (*common, _under(root, source), *_depfile_paths(root, obj, depfile))):
+                stale.add(os.fsdecode(obj))
+    return stale
+
+
+def _newer(prerequisite: int | None, built: int) -> bool:
+    return prerequisite is None or prerequisite > built  # a vanished prerequisite remakes the object too
+
+
+def _under(root: bytes, path: bytes) -> bytes:
+    return path if path.startswith(b"/") else root + path
+
+
+def _depfile_paths(root: bytes, obj: bytes, depfile: bytes) -> list[bytes]:
+    """The prerequisites a compiler's depfile (`OBJ: DEP DEP \\`) names, absolute; [] when it cannot be read."""
+    try:
+        with open(_under(root, depfile), "rb") as f:
+            text = f.read().replace(b"\\\n", b" ").replace(b"$$", b"$")
+    except OSError:
+        return []
+    # relative paths in a depfile are relative to where the compiler ran: the directory holding CMakeFiles/
+    cwd = root + obj.rpartition(b"CMakeFiles/")[0]
+    if b"\\" in text:
+        tokens = [re.sub(rb"\\(.)", rb"\1", t) for t in _DEPFILE_TOKEN_RE.findall(text)]
+    else:
+        tokens = text.split()
+    return [t if t.startswith(b"/") else cwd + t for t in tokens if not t.endswith(b":")]
 
 
 def unbuilt_objects(bdir: Path) -> int:
@@ -637,7 +755,7 @@ def run_build(project: Project, cfg: BuildConfig, plan: Plan, jobs: int,
     in_profile = cfg.artifacts_in(plan.profile)
     before = _hash_outputs(bdir, in_profile)
     tool = launcher()
-    stats0 = cache_stats(tool) if tool else None
+    stats0 = cache_stats(tool, where=False) if tool else None  # the location comes with the second reading
     log_path = bdir / MAKE_LOG
     with open(log_path, "w", encoding="utf-8", buffering=1) as log:  # line by line: `tail -f` follows it
         if plan.configure_reason:
@@ -654,7 +772,7 @@ def run_build(project: Project, cfg: BuildConfig, plan: Plan, jobs: int,
             if res.returncode != 0:
                 raise _failed("cmake", res.returncode, log_path, text.splitlines())
             atomic_write(bdir / CONFIGURE_RECORD, json.dumps({
-                "flags_key": _flags_key(plan.profile, plan.flags), "inputs_key": cmake_inputs_digest(src),
+                "flags_key": _flags_key(plan.profile, plan.flags), "inputs_key": plan.inputs_key or cmake_inputs_digest(src),
                 "stamp": plan.stamp, "flags": plan.flags}, indent=1, sort_keys=True).encode())
         total = objects_to_do(bdir, plan.targets, env)
         objects: list[str] = []

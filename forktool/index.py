@@ -102,3 +102,42 @@ def scan_indexed(root: Path, index_path: Path) -> tuple[Manifest, int]:
         except OSError:
             pass
     return out, hashed
+
+
+def hash_indexed(root: Path, rels: list[str], index_path: Path) -> tuple[dict[str, str], int]:
+    """(rel -> sha256 of each file root/rel that exists, links followed; files hashed), re-hashing only files
+    whose stat changed.
+
+    The same index format and racy-clean rule as scan_indexed, for a chosen list of files (a build's outputs)
+    rather than a whole tree; the index keeps exactly the files found.
+    """
+    old, taken_ns = _load(index_path, root)
+    now_ns = time.time_ns()
+    out: dict[str, str] = {}
+    new: dict[str, tuple[Stat, Entry]] = {}
+    hashed = 0
+    for rel in dict.fromkeys(rels):
+        path = root / rel
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            continue
+        key = _stat_key(st)
+        prev = old.get(rel)
+        if prev is not None and prev[0] == key and st.st_mtime_ns < taken_ns - RACY_NS:
+            entry = prev[1]
+        else:
+            hashed += 1
+            entry = Entry(sha256_file(path), EXECUTABLE if st.st_mode & stat.S_IXUSR else REGULAR)
+        out[rel] = entry.sha256
+        new[rel] = (key, entry)
+    if hashed or set(new) != set(old):
+        data = {"version": INDEX_VERSION, "root": str(root), "taken_ns": now_ns,
+                "entries": {rel: [*k, en.sha256, en.mode] for rel, (k, en) in sorted(new.items())}}
+        try:
+            atomic_write(index_path, json.dumps(data, separators=(",", ":")).encode())
+        except OSError:
+            pass
+    return out, hashed

@@ -24,8 +24,9 @@ def build(project: Project, profile: str, plan: bool, jobs: int | None) -> Repor
             raise ForktoolError(f"applied patch(es) {', '.join(stale)} changed on disk since they were applied",
                                 where="patches/", hint="run `forktool apply` first, so the tree holds what you build")
         applied = ws.patches[:len(ws.state.applied)]
-        dirty = sorted({p for _, p in ws.local_changes()}) if project.tree.exists() else []
-        pl = b.make_plan(project, cfg, prof, applied, dirty)
+        have_tree = project.tree.exists()
+        dirty = sorted({p for _, p in ws.local_changes()}) if have_tree else []
+        pl = b.make_plan(project, cfg, prof, applied, dirty, ws.current() if have_tree else None)
         lines = b.plan_lines(pl)
         data = pl.to_json()
         if plan:
