@@ -1,0 +1,242 @@
+"""Real builds of a small CMake tree: the objects to do read from CMake's depfiles agree with make, output sums
+come from a stat index, the CMake inputs digest from the tree manifest."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from forktool import build as b
+from forktool import proc
+from forktool.index import hash_indexed, scan_indexed
+from forktool.project import Project
+from forktool.tree import sha256_bytes
+
+REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.skipif(not (shutil.which("cmake") and shutil.which("make") and shutil.which("cc")),
+                                reason="needs cmake, make and a C compiler")
+
+BUILD_YAML = """\
+artifacts:
+  - name: lib
+    impact: host
+    paths: ["llama.cpp/src"]
+    targets: [demo]
+    outputs: [bin/libdemo.so]
+  - name: tools
+    impact: host
+    paths: ["llama.cpp/tools", "llama.cpp/CMakeLists.txt"]
+    outputs: [bin/demo-cli]
+links:
+  tools: [lib]
+stamped: [tools]
+profiles:
+  tiny:
+    flags: [-DCMAKE_BUILD_TYPE=Release, -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON]
+    targets: [demo-cli]
+"""
+
+# demo-cli links demo; `other` is a target demo-cli does not need; "sp ace.h" puts an escaped space in depfiles
+CMAKE = """\
+cmake_minimum_required(VERSION 3.16)
+project(demo C)
+set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
+set(CMAKE_LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
+add_library(demo SHARED src/a.c src/b.c)
+add_executable(demo-cli tools/main.c)
+target_include_directories(demo-cli PRIVATE src)
+target_link_libraries(demo-cli demo)
+target_compile_definitions(demo-cli PRIVATE STAMP="${LLAMA_BUILD_COMMIT}")
+add_executable(other tools/other.c)
+"""
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Project:
+    monkeypatch.setenv("FORKTOOL_LAUNCHER", "none")
+    for d in ("vendor", "patches", "registry"):
+        (tmp_path / d).mkdir()
+    shutil.copy(REPO / "vendor" / "vendor.yaml", tmp_path / "vendor" / "vendor.yaml")
+    (tmp_path / "registry" / "build.yaml").write_text(BUILD_YAML)
+    (tmp_path / "patches" / "series").write_text("")
+    src = tmp_path / "vendor" / "llamafile" / "llama.cpp"
+    (src / "src").mkdir(parents=True)
+    (src / "tools").mkdir()
+    (src / "CMakeLists.txt").write_text(CMAKE)
+    (src / "src" / "common.h").write_text("#define ONE 1\n")
+    (src / "src" / "sp ace.h").write_text("#define TWO 2\n")
+    (src / "src" / "a.c").write_text('#include "common.h"\nint a(void) { return ONE; }\n')
+    (src / "src" / "b.c").write_text('#include "sp ace.h"\nint b(void) { return TWO; }\n')
+    (src / "tools" / "main.c").write_text(
+        '#include <stdio.h>\n#include "common.h"\nint a(void);\nint b(void);\n'
+        'int main(void) { printf("%s %d\\n", STAMP, a() + b() + ONE); }\n')
+    (src / "tools" / "other.c").write_text("int main(void) { return 0; }\n")
+    return Project(tmp_path)
+
+
+def build(project: Project, events: list[b.BuildEvent] | None = None) -> b.BuildResult:
+    cfg = b.load_config(project)
+    plan = b.make_plan(project, cfg, cfg.profile("tiny"), [], [])
+    return b.run_build(project, cfg, plan, 2, events.append if events is not None else None)
+
+
+def dry_run(bdir: Path, targets: list[str]) -> set[str]:
+    """The objects make itself says it would compile (`make -n`)."""
+    res = proc.run(["make", "-n", "-k", *targets], cwd=bdir, check=False)
+    return {m.group(1).strip("\"'") for m in b._OBJECT_RE.finditer(res.out)}
+
+
+def later(path: Path, text: str) -> None:
+    """Write text with an mtime after everything built so far, as an editor would."""
+    newest = max(p.stat().st_mtime_ns for p in path.parents[3].rglob("*.o")) if list(path.parents[3].rglob("*.o")) else 0
+    path.write_text(text)
+    if path.stat().st_mtime_ns <= newest:  # a coarse file-system clock
+        os.utime(path, ns=(newest + 1_000_000, newest + 1_000_000))
+
+
+A, B, MAIN, OTHER = ("CMakeFiles/demo.dir/src/a.c.o", "CMakeFiles/demo.dir/src/b.c.o",
+                     "CMakeFiles/demo-cli.dir/tools/main.c.o", "CMakeFiles/other.dir/tools/other.c.o")
+
+
+def built_as_predicted(project: Project, bdir: Path) -> set[str]:
+    """Build, and check that the objects to do read before make are exactly those make compiled."""
+    predicted = b.stale_objects(bdir, ["demo-cli"])
+    events: list[b.BuildEvent] = []
+    res = build(project, events)
+    assert predicted is not None and set(res.objects) == predicted
+    assert next(e for e in events if e.kind == "start").total == len(predicted)
+    return predicted
+
+
+def test_objects_to_do_are_the_objects_make_compiles(project: Project) -> None:
+    bdir = project.root / "build" / "tiny"
+    src = project.tree / "llama.cpp"
+    events: list[b.BuildEvent] = []
+    first = build(project, events)
+    start = next(e for e in events if e.kind == "start")
+    # a first build: exactly the objects of demo-cli and what it links, not `other` (no upper bound any more)
+    assert start.total == len(first.objects) == 3 and OTHER not in first.objects
+    assert b.stale_objects(bdir, ["demo-cli"]) == dry_run(bdir, ["demo-cli"]) == set()
+    assert b.stale_objects(bdir, ["other"]) == dry_run(bdir, ["other"]) == {OTHER}
+    assert b.stale_objects(bdir, ["all"]) == {OTHER}
+
+    later(src / "src" / "common.h", "#define ONE 11\n")  # included by a.c and main.c
+    assert b.stale_objects(bdir, ["demo"]) == {A}
+    # make -n misses main.c.o here: only a real make merges the depfiles into compiler_depend.make first
+    assert dry_run(bdir, ["demo-cli"]) <= b.stale_objects(bdir, ["demo-cli"]) == {A, MAIN}
+    assert built_as_predicted(project, bdir) == {A, MAIN}
+    assert built_as_predicted(project, bdir) == set()  # a no-op
+
+    later(src / "src" / "sp ace.h", "#define TWO 22\n")  # a depfile names it with an escaped space
+    assert built_as_predicted(project, bdir) == {B}
+
+    (bdir / MAIN).unlink()  # a missing object
+    assert built_as_predicted(project, bdir) == {MAIN}
+
+    flags = bdir / "CMakeFiles" / "demo.dir" / "flags.make"
+    later(flags, flags.read_text())  # the target's flags
+    assert built_as_predicted(project, bdir) == {A, B}
+
+    depfile = bdir / (A + ".d")
+    depfile.write_text(depfile.read_text().replace(str(src / "src" / "common.h"), str(src / "src" / "gone.h")))
+    assert b.stale_objects(bdir, ["demo-cli"]) == {A}  # a prerequisite that vanished remakes the object
+
+
+def test_without_cmake_depfile_data_make_is_asked(project: Project) -> None:
+    bdir = project.root / "build" / "tiny"
+    build(project)
+    later(project.tree / "llama.cpp" / "src" / "common.h", "#define ONE 3\n")
+    assert b.objects_to_do(bdir, ["demo-cli"], {}) == 2
+    info = bdir / "CMakeFiles" / "demo.dir" / "DependInfo.cmake"
+    info.write_text(info.read_text().replace("CMAKE_DEPENDS_DEPENDENCY_FILES", "CMAKE_DEPENDS_CHECK_C"))
+    assert b.stale_objects(bdir, ["demo-cli"]) is None
+    # the dry run's answer (1 here: it misses main.c.o, see above; the progress total grows when make shows more)
+    assert b.objects_to_do(bdir, ["demo-cli"], {}) == len(dry_run(bdir, ["demo-cli"])) == 1
+    assert b.stale_objects(bdir, ["no-such-target"]) is None
+    (bdir / "CMakeFiles" / "Makefile2").unlink()
+    assert b.stale_objects(bdir, ["demo-cli"]) is None
+
+
+def test_output_sums_come_from_the_stat_index(tmp_path: Path) -> None:
+    (tmp_path / "bin").mkdir()
+    old = time.time() - 60
+    for name, data in (("lib.so", b"lib v1"), ("tool", b"tool v1")):
+        (tmp_path / "bin" / name).write_bytes(data)
+        os.utime(tmp_path / "bin" / name, (old, old))
+    os.symlink("lib.so", tmp_path / "bin" / "lib.so.0")
+    index = tmp_path / "outputs.index"
+    rels = ["bin/lib.so", "bin/lib.so.0", "bin/tool", "bin/missing"]
+    sums, hashed = hash_indexed(tmp_path, rels, index)
+    assert hashed == 3 and set(sums) == {"bin/lib.so", "bin/lib.so.0", "bin/tool"}
+    assert sums["bin/lib.so"] == sums["bin/lib.so.0"] == sha256_bytes(b"lib v1")
+    assert hash_indexed(tmp_path, rels, index) == (sums, 0)  # nothing changed: nothing hashed
+
+    # same size, mtime put back: the inode change time still differs, so the new bytes are seen
+    (tmp_path / "bin" / "tool").write_bytes(b"tool v2")
+    os.utime(tmp_path / "bin" / "tool", (old, old))
+    again, hashed = hash_indexed(tmp_path, rels, index)
+    assert hashed == 1 and again["bin/tool"] == sha256_bytes(b"tool v2") and again["bin/lib.so"] == sums["bin/lib.so"]
+
+    (tmp_path / "bin" / "lib.so").write_bytes(b"lib v2")  # written just now: racy, hashed until the index is older
+    fresh, hashed = hash_indexed(tmp_path, rels, index)
+    assert hashed == 2 and fresh["bin/lib.so"] == fresh["bin/lib.so.0"] == sha256_bytes(b"lib v2")
+
+    index.write_text("{not json")  # a broken index is ignored, never trusted
+    assert hash_indexed(tmp_path, rels, index) == (fresh, 3)
+    assert set(json.loads(index.read_text())["entries"]) == {"bin/lib.so", "bin/lib.so.0", "bin/tool"}
+
+
+def test_a_build_hashes_only_the_outputs_that_changed(project: Project) -> None:
+    bdir = project.root / "build" / "tiny"
+    first = build(project)
+    assert set(first.outputs) == {"bin/libdemo.so", "bin/demo-cli"}
+    index = json.loads((bdir / b.OUTPUTS_INDEX).read_text())
+    assert {k: v[4] for k, v in index["entries"].items()} == first.outputs
+    old = time.time() - 60
+    for o in first.outputs:  # as if built a minute ago
+        os.utime(bdir / o, (old, old), follow_symlinks=True)
+    _, hashed = hash_indexed(bdir, list(first.outputs), bdir / b.OUTPUTS_INDEX)
+    assert hashed == 2  # the utime changed their stat: hashed once more, and then known
+    assert hash_indexed(bdir, list(first.outputs), bdir / b.OUTPUTS_INDEX)[1] == 0
+
+    later(project.tree / "llama.cpp" / "tools" / "main.c", (project.tree / "llama.cpp" / "tools" / "main.c")
+          .read_text().replace("+ ONE", "+ ONE + 1"))
+    res = build(project)
+    assert res.objects == [MAIN] and res.changed_outputs == ["bin/demo-cli"]
+    assert res.outputs["bin/libdemo.so"] == first.outputs["bin/libdemo.so"]
+    assert b.read_record(bdir)["outputs"] == res.outputs
+
+
+def test_cmake_inputs_digest_from_the_manifest_equals_reading_the_files(project: Project, tmp_path: Path) -> None:
+    src = project.tree / "llama.cpp"
+    (src / "cmake").mkdir()
+    (src / "cmake" / "extra.cmake").write_text("set(X 1)\n")
+    (src / "src-x").mkdir()  # sorts between src and src/ as a string: the digest orders by path parts
+    (src / "src-x" / "CMakeLists.txt").write_text("# x\n")
+    (src / "src" / "CMakeLists.txt").write_text("# s\n")
+    manifest, _ = scan_indexed(project.tree, tmp_path / "index")
+    walked = b.cmake_inputs_digest(src)
+    assert b.cmake_inputs_digest(src, manifest) == walked
+    (src / "cmake" / "extra.cmake").write_text("set(X 2)\n")
+    manifest, _ = scan_indexed(project.tree, tmp_path / "index")
+    assert b.cmake_inputs_digest(src, manifest) == b.cmake_inputs_digest(src) != walked
+
+
+def test_ccache_counters_in_one_call_before_the_build(project: Project, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    ccache = shutil.which("ccache")
+    if not ccache:
+        pytest.skip("ccache is not installed")
+    monkeypatch.setenv("CCACHE_DIR", str(tmp_path / "ccache"))
+    before = b.cache_stats(ccache, where=False)
+    after = b.cache_stats(ccache)
+    assert before is not None and after is not None and before.location == ""
+    assert after.location == f"local disk: {tmp_path / 'ccache'}"
+    assert re.search(r"\d+ hit\(s\)", after.since(before).describe())
