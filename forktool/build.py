@@ -8,7 +8,9 @@ import os
 import re
 import shlex
 import shutil
+import sys
 import sysconfig
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -571,6 +573,7 @@ class BuildResult:
     log: Path  # make's full output (and cmake's, when it ran)
     launcher: str | None = None
     cache: CacheStats | None = None  # the launcher's counters over this build
+    configure_seconds: float = 0.0  # cmake's run (0 when it did not run)
 
     def objects_by_target(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -652,18 +655,8 @@ def stale_objects(bdir: Path, targets: list[str]) -> set[str] | None:
         if node not in seen:
             seen.add(node)
             todo.extend(needs.get(node, ()))
-    mtimes: dict[bytes, int | None] = {}
-
-    def mtime(path: bytes) -> int | None:
-        if path not in mtimes:
-            try:
-                mtimes[path] = os.stat(path).st_mtime_ns
-            except OSError:
-                mtimes[path] = None
-        return mtimes[path]
-
     root = os.fsencode(bdir) + b"/"
-    stale: set[str] = set()
+    objects: list[tuple[bytes, list[bytes]]] = []  # (object, its prerequisites), one per object of the targets
     for node in sorted(n for n in seen if n.endswith(b".dir")):
         try:
             info = (bdir / os.fsdecode(node) / "DependInfo.cmake").read_bytes()
@@ -674,15 +667,19 @@ def stale_objects(bdir: Path, targets: list[str]) -> set[str] | None:
         common = [root + node + b"/flags.make", root + node + b"/compiler_depend.ts"]
         for m in _DEPINFO_RE.finditer(info):
             source, obj, depfile = m.groups()
-            built = mtime(root + obj)
-            if built is None or any(_newer(mtime(p), built)
-                                    for p in (*common, _under(root, source), *_depfile_paths(root, obj, depfile))):
-                stale.add(os.fsdecode(obj))
-    return stale
+            objects.append((obj, [*common, _under(root, source), *_depfile_paths(root, obj, depfile)]))
+    mtimes: dict[bytes, int] = {}
+    for path in {p for _, prereqs in objects for p in prereqs}.union(root + o for o, _ in objects):
+        try:
+            mtimes[path] = os.stat(path).st_mtime_ns
+        except OSError:
+            mtimes[path] = _GONE
+    # stale: missing, or a prerequisite newer than it or gone (a vanished header remakes the object too)
+    return {os.fsdecode(obj) for obj, prereqs in objects
+            if mtimes[root + obj] == _GONE or max(map(mtimes.__getitem__, prereqs)) > mtimes[root + obj]}
 
 
-def _newer(prerequisite: int | None, built: int) -> bool:
-    return prerequisite is None or prerequisite > built  # a vanished prerequisite remakes the object too
+_GONE = 1 << 126  # the mtime given to a file that is not there: newer than any object
 
 
 def _under(root: bytes, path: bytes) -> bytes:
@@ -693,16 +690,23 @@ def _depfile_paths(root: bytes, obj: bytes, depfile: bytes) -> list[bytes]:
     """The prerequisites a compiler's depfile (`OBJ: DEP DEP \\`) names, absolute; [] when it cannot be read."""
     try:
         with open(_under(root, depfile), "rb") as f:
-            text = f.read().replace(b"\\\n", b" ").replace(b"$$", b"$")
+            text = f.read()
     except OSError:
         return []
-    # relative paths in a depfile are relative to where the compiler ran: the directory holding CMakeFiles/
-    cwd = root + obj.rpartition(b"CMakeFiles/")[0]
-    if b"\\" in text:
-        tokens = [re.sub(rb"\\(.)", rb"\1", t) for t in _DEPFILE_TOKEN_RE.findall(text)]
+    _target, colon, rest = text.replace(b"\\\n", b" ").partition(b": ")
+    if not colon:
+        return []
+    if b"\\" in rest or b"$$" in rest:  # escaped spaces, hashes or dollars in a name
+        tokens = [re.sub(rb"\\(.)", rb"\1", t).replace(b"$$", b"$") for t in _DEPFILE_TOKEN_RE.findall(rest)]
     else:
-        tokens = text.split()
-    return [t if t.startswith(b"/") else cwd + t for t in tokens if not t.endswith(b":")]
+        tokens = rest.split()
+    if b":" in rest:  # phony targets for headers (-MP), or a path with a colon
+        tokens = [t for t in tokens if not t.endswith(b":")]
+    if b" ".join([b"", *tokens]).count(b" /") != len(tokens):
+        # relative to where the compiler ran: the directory holding CMakeFiles/
+        cwd = root + obj.rpartition(b"CMakeFiles/")[0]
+        tokens = [t if t.startswith(b"/") else cwd + t for t in tokens]
+    return tokens
 
 
 def unbuilt_objects(bdir: Path) -> int:
@@ -757,6 +761,11 @@ def run_build(project: Project, cfg: BuildConfig, plan: Plan, jobs: int,
     tool = launcher()
     stats0 = cache_stats(tool, where=False) if tool else None  # the location comes with the second reading
     log_path = bdir / MAKE_LOG
+    checker = None
+    configure_seconds = 0.0
+    if "jsonschema" not in sys.modules:  # load the record's checker on the other core while cmake and make run
+        checker = threading.Thread(target=schema.prepare, args=("build-record",), daemon=True)
+        checker.start()
     with open(log_path, "w", encoding="utf-8", buffering=1) as log:  # line by line: `tail -f` follows it
         if plan.configure_reason:
             argv: list[str | os.PathLike[str]] = [
@@ -766,7 +775,9 @@ def run_build(project: Project, cfg: BuildConfig, plan: Plan, jobs: int,
                 # a flag dropped from the profile would otherwise live on in CMakeCache.txt
                 argv.insert(1, "--fresh")
             report(BuildEvent("configure", 0, None, "", f"cmake ({plan.configure_reason})"))
+            t_cmake = time.monotonic()
             res = proc.run(argv, cwd=bdir, env=env, check=False)
+            configure_seconds = time.monotonic() - t_cmake
             text = (res.stdout + res.stderr).decode("utf-8", "replace")
             log.write(f"$ {' '.join(os.fspath(a) for a in argv)}\n{text}\n")
             if res.returncode != 0:
@@ -816,11 +827,15 @@ def run_build(project: Project, cfg: BuildConfig, plan: Plan, jobs: int,
     unexpected = sorted(o for a in kept_arts for o in a.outputs if o in before and before[o] != after[o])
     result = BuildResult(objects, linked, plan.configure_reason, time.monotonic() - t0, make_seconds, changed,
                          [a.name for a in kept_arts], unexpected, after, log_path,
-                         Path(tool).name if tool else None, cache)
+                         Path(tool).name if tool else None, cache, configure_seconds)
     record = {"profile": plan.profile.name, "stamp": plan.stamp, "dirty": plan.dirty,
               "applied": [{"id": p.id, "name": p.name, "sha256": p.sha256, "files": p.files} for p in plan.patches],
               "outputs": after, "flags": plan.flags, "targets": list(plan.profile.targets),
               "objects": len(objects), "seconds": round(result.seconds, 3), "make_seconds": round(make_seconds, 3),
               "cache": cache.to_json() if cache else None}
+    if checker is not None:
+        checker.join()
+    # checked as it is written, so the next build's read finds it known valid and need not load jsonschema
+    schema.check(record, "build-record", str(bdir / RECORD))
     atomic_write(bdir / RECORD, json.dumps(record, indent=1, sort_keys=True).encode())
     return result

@@ -39,7 +39,8 @@ def build(project: Project, profile: str, plan: bool, jobs: int | None) -> Repor
             res = b.run_build(project, cfg, pl, jobs or os.cpu_count() or 1, show)
     by_target = res.objects_by_target()
     shown = ", ".join(f"{t}: {n}" for t, n in by_target.items())
-    lines.append(f"built in {res.seconds:.1f} s (make {res.make_seconds:.1f} s): {len(res.objects)} object(s) "
+    cmake = f"cmake {res.configure_seconds:.1f} s, " if res.configured else ""
+    lines.append(f"built in {res.seconds:.1f} s ({cmake}make {res.make_seconds:.1f} s): {len(res.objects)} object(s) "
                  f"recompiled{f' ({shown})' if shown else ''}, {len(res.linked)} relinked")
     if res.cache:
         lines.append(f"compiler cache: {res.cache.describe()}")
@@ -60,6 +61,7 @@ def build(project: Project, profile: str, plan: bool, jobs: int | None) -> Repor
         lines.append(f"[green]kept their sha256: {', '.join(res.kept)} -> {verdict}[/green]")
     data.update(built=True, objects=res.objects, objects_by_target=by_target, linked=res.linked,
                 seconds=round(res.seconds, 3), make_seconds=round(res.make_seconds, 3),
+                configure_seconds=round(res.configure_seconds, 3),
                 changed_outputs=res.changed_outputs, kept=res.kept, unexpected=res.unexpected, outputs=res.outputs,
                 cuda_dso_rebuilt=prof.has_cuda and "ggml-cuda" not in res.kept, log=str(res.log),
                 launcher=res.launcher, cache=res.cache.to_json() if res.cache else None)
