@@ -7,13 +7,15 @@ import json
 import os
 import re
 import shutil
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from forktool import build as b
-from forktool import proc
+from forktool import cache, proc
+from forktool.errors import ConfigError
 from forktool.index import hash_indexed, scan_indexed
 from forktool.project import Project
 from forktool.tree import sha256_bytes
@@ -240,3 +242,21 @@ def test_ccache_counters_in_one_call_before_the_build(project: Project, tmp_path
     assert before is not None and after is not None and before.location == ""
     assert after.location == f"local disk: {tmp_path / 'ccache'}"
     assert re.search(r"\d+ hit\(s\)", after.since(before).describe())
+
+
+def test_the_record_is_checked_as_written_so_the_next_read_needs_no_jsonschema(
+        project: Project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FORKTOOL_CACHE", str(tmp_path / "user-cache"))
+    build(project)
+    cache.flush_valid()  # what the command layer does when the build succeeds
+    bdir = project.root / "build" / "tiny"
+    probe = ("import sys\nfrom pathlib import Path\nfrom forktool import build as b\n"
+             f"rec = b.read_record(Path({str(bdir)!r}))\nprint(rec['profile'], 'jsonschema' in sys.modules)\n")
+    env = dict(os.environ, FORKTOOL_CACHE=str(tmp_path / "user-cache"))
+    assert proc.run([sys.executable, "-c", probe], env=env).out.split() == ["tiny", "False"]
+
+    record = json.loads((bdir / b.RECORD).read_text())
+    record["objects"] = -1  # not what the build wrote: checked again, and refused
+    (bdir / b.RECORD).write_text(json.dumps(record))
+    with pytest.raises(ConfigError, match="objects"):
+        b.read_record(bdir)
