@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -65,3 +66,25 @@ def test_package_of_the_real_build_is_reproducible(project: Path, tmp_path: Path
     manifest = json.loads((Path(a["dir"]) / "manifest.json").read_text())
     assert [p["id"] for p in manifest["patches"]] == ["0001"] and manifest["build"]["compilers"]
     assert (Path(a["dir"]) / "bin" / "llama-cli").is_file()
+
+
+def test_progress_counts_exactly_the_objects_make_compiles(project: Path) -> None:
+    # a header every libllama model file reads, then a source edit (a restamp too): each build's plain progress
+    # lines ([done/total] when stderr is not a terminal) count to the number of objects make compiled
+    header = project / "vendor" / "llamafile" / "llama.cpp" / "src" / "llama-cparams.h"
+    for step in ("header", "source"):
+        if step == "header":
+            header.touch()
+        else:
+            edit_host_file(project, 11)
+            forktool(project, "refresh", "0001")
+        env = dict(os.environ, FORKTOOL_ROOT=str(project))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
+                                                          env.get("PYTHONPATH", "")]))
+        cp = subprocess.run([sys.executable, "-m", "forktool", "build", "-j", JOBS], env=env, capture_output=True,
+                            text=True, check=True)
+        counts = [tuple(map(int, m)) for m in re.findall(r"^\[(\d+)/(\d+)\] .*Building (?:C|CXX) object", cp.stderr,
+                                                          re.M)]
+        compiled = len(re.findall(r"Building (?:C|CXX) object", cp.stderr))
+        assert compiled > 0 and counts == [(i, compiled) for i in range(1, compiled + 1)], (step, counts[:5])
+        assert f"{compiled} object(s) recompiled" in cp.stdout + cp.stderr
