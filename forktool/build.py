@@ -628,6 +628,7 @@ _MK_RULE_RE = re.compile(rb"^([^\s:#]+): (\S+)/rule$", re.M)
 _MK_ALL_RE = re.compile(rb"^(\S+): (\S+)/all$", re.M)
 _DEPINFO_RE = re.compile(rb'^\s*"([^"]*)" "([^"]+)" "[^"]*" "([^"]+)"$', re.M)
 _DEPFILE_TOKEN_RE = re.compile(rb"(?:\\.|[^\s\\])+")
+_SCANNED_RE = re.compile(rb"set\(CMAKE_DEPENDS_LANGUAGES([^)]*)\)")
 
 
 def stale_objects(bdir: Path, targets: list[str]) -> set[str] | None:
@@ -662,8 +663,9 @@ def stale_objects(bdir: Path, targets: list[str]) -> set[str] | None:
             info = (bdir / os.fsdecode(node) / "DependInfo.cmake").read_bytes()
         except OSError:
             return None
-        if b"CMAKE_DEPENDS_DEPENDENCY_FILES" not in info:
-            return None  # dependencies scanned by CMake itself (before 3.20): only make knows
+        scanned = _SCANNED_RE.search(info)
+        if b"CMAKE_DEPENDS_DEPENDENCY_FILES" not in info or (scanned and scanned.group(1).strip()):
+            return None  # some dependencies scanned by CMake itself, not in a depfile (before 3.20): only make knows
         common = [root + node + b"/flags.make", root + node + b"/compiler_depend.ts"]
         for m in _DEPINFO_RE.finditer(info):
             source, obj, depfile = m.groups()
