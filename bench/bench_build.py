@@ -20,10 +20,11 @@ CUDA_CPU_SECONDS = 2090  # FACTS.md: libggml-cuda for sm_90, 144 objects, measur
 CUDA_OBJECTS = 144
 
 
-def forktool(root: Path, *args: str, check: bool = True, env: dict[str, str] | None = None) -> dict:
-    """Run the forktool CLI of this checkout on the project at root (env: extra variables); its --json result."""
+def forktool(root: Path, *args: str, check: bool = True, env: dict[str, str] | None = None, code: Path = REPO) -> dict:
+    """Run the forktool CLI of this checkout (or of the checkout `code`) on the project at root (env: extra
+    variables); its --json result."""
     env = dict(os.environ, **(env or {}), FORKTOOL_ROOT=str(root))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(code), env.get("PYTHONPATH", "")]))
     cp = subprocess.run([sys.executable, "-m", "forktool", *args, "--json"], env=env, capture_output=True, text=True)
     if check and cp.returncode != 0:
         raise RuntimeError(f"forktool {' '.join(args)} exited {cp.returncode}:\n{cp.stdout}\n{cp.stderr}")
@@ -230,13 +231,60 @@ def local_section(work: Path, j: str, repeat: int, full_repeat: int) -> tuple[di
     return results, notes
 
 
+EDIT_MARK = "opencoti-hook: two-pass-compute-reserve"  # the edit loop of bench_core: a line after 0089's hook
+
+
+def around_section(work: Path, j: str, repeat: int, baseline: Path | None) -> tuple[dict[str, list[float]], dict[str, str]]:
+    """What `forktool build` spends around make in the edit loop (edit a .cpp hunk of 0089, refresh, verify, build)
+    on the shipped series: per run the build's wall time minus make's, and cmake's part of it. With a baseline
+    checkout its builds alternate with this checkout's, each on its own copy of the project."""
+    env: dict[str, str] = {}  # the launcher is the environment's (FORKTOOL_LAUNCHER), as for a user
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # bytecode cache on, as users have it
+    versions = [("this checkout", REPO)] + ([("baseline", baseline.resolve())] if baseline else [])
+    roots = {}
+    for name, code in versions:
+        root = work / ("around-" + name.replace(" ", "-"))
+        for d in ("vendor", "patches", "registry"):
+            shutil.copytree(REPO / d, root / d, ignore=shutil.ignore_patterns("llamafile", ".*"))
+        for step in (("vendor", "fetch"), ("apply",), ("build", "-j", j)):
+            forktool(root, *step, env=env, code=code)
+        roots[name] = root
+    results: dict[str, list[float]] = {}
+    notes: dict[str, str] = {}
+    for n in range(repeat):
+        for name, code in versions:
+            root = roots[name]
+            target = root / "vendor" / "llamafile" / HOST_FILE
+            text = "".join(ln for ln in target.read_text().splitlines(keepends=True) if "// around edit" not in ln)
+            if n % 2 == 0:
+                at = text.index("\n", text.index(EDIT_MARK)) + 1
+                text = text[:at] + f"    // around edit {n}\n" + text[at:]
+            target.write_text(text)
+            forktool(root, "refresh", "0089", env=env, code=code)
+            forktool(root, "verify", env=env, code=code)
+            wall, res = timed(lambda root=root, code=code: forktool(root, "build", "-j", j, env=env, code=code))
+            assert isinstance(res, dict)
+            around = wall - float(res["make_seconds"])
+            results.setdefault(f"{name}: build - make", []).append(around)
+            results.setdefault(f"{name}: make", []).append(float(res["make_seconds"]))
+            if "configure_seconds" in res:
+                cmake = float(res["configure_seconds"])
+                results.setdefault(f"{name}: cmake (restamp)", []).append(cmake)
+                results.setdefault(f"{name}: build - make - cmake", []).append(around - cmake)
+            notes[f"{name}: make"] = f"{len(res['objects'])} objects, cmake: {res['configure_reason'] or 'did not run'}"
+    return results, notes
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("-j", "--jobs", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3, help="runs of the incremental, no-op and forktool-flow steps")
     ap.add_argument("--full-repeat", type=int, default=1, help="runs of the full, anchor and shared builds (minutes each)")
-    ap.add_argument("--section", choices=("all", "shared", "local"), default="all",
-                    help="shared: `make main` cold vs warm-shared (Redis + sccache); local: the build steps")
+    ap.add_argument("--section", choices=("all", "shared", "local", "around"), default="all",
+                    help="shared: `make main` cold vs warm-shared (Redis + sccache); local: the build steps; "
+                         "around: the build command's own time in the edit loop (not part of all)")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="with --section around: another forktool checkout whose builds alternate with this one's")
     ap.add_argument("--workdir", type=Path, default=None, help="keep the scratch projects here")
     args = ap.parse_args()
     if not os.environ.get("FORKTOOL_CACHE"):
@@ -252,6 +300,10 @@ def main() -> int:
         notes.update(n)
     if args.section in ("all", "local"):
         r, n = local_section(work, j, args.repeat, args.full_repeat)
+        results.update(r)
+        notes.update(n)
+    if args.section == "around":
+        r, n = around_section(work, j, args.repeat, args.baseline)
         results.update(r)
         notes.update(n)
 
@@ -277,6 +329,10 @@ def main() -> int:
         print(f"CUDA DSO a host-only change does not rebuild (FACTS.md, sm_90): {CUDA_OBJECTS} objects, "
               f"{CUDA_CPU_SECONDS} CPU-s = {CUDA_CPU_SECONDS / 2 / 60:.1f} min at -j2, "
               f"{CUDA_CPU_SECONDS / args.jobs / 60:.1f} min at -j{j} (ideal scaling)")
+    if args.section == "around":
+        print(f"\n{'edit 0089 -> refresh -> verify -> build, per build':52} {'median s':>9} {'runs':>5}  notes")
+        for k in med:
+            print(f"{k:52} {med[k]:9.3f} {len(results[k]):5d}  {notes.get(k, '')}")
     print(json.dumps({"jobs": args.jobs, "medians_s": med, "runs": results}, sort_keys=True))
     return 0
 

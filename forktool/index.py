@@ -49,6 +49,16 @@ def _load(path: Path, root: Path) -> tuple[dict[str, tuple[Stat, Entry]], int]:
         return {}, 0
 
 
+def _save(index_path: Path, root: Path, taken_ns: int, entries: dict[str, tuple[Stat, Entry]]) -> None:
+    """Write the index; failing to write it only costs speed next time."""
+    data = {"version": INDEX_VERSION, "root": str(root), "taken_ns": taken_ns,
+            "entries": {rel: [*k, en.sha256, en.mode] for rel, (k, en) in sorted(entries.items())}}
+    try:
+        atomic_write(index_path, json.dumps(data, separators=(",", ":")).encode())
+    except OSError:
+        pass
+
+
 def scan_indexed(root: Path, index_path: Path) -> tuple[Manifest, int]:
     """The manifest of root, as tree.scan gives it, re-hashing only files whose stat changed.
 
@@ -95,12 +105,7 @@ def scan_indexed(root: Path, index_path: Path) -> tuple[Manifest, int]:
                 out[rel] = entry
                 new[rel] = (key, entry)
     if hashed or set(new) != set(old):
-        data = {"version": INDEX_VERSION, "root": str(root), "taken_ns": now_ns,
-                "entries": {rel: [*k, en.sha256, en.mode] for rel, (k, en) in sorted(new.items())}}
-        try:
-            atomic_write(index_path, json.dumps(data, separators=(",", ":")).encode())
-        except OSError:
-            pass
+        _save(index_path, root, now_ns, new)
     return out, hashed
 
 
@@ -134,10 +139,5 @@ def hash_indexed(root: Path, rels: list[str], index_path: Path) -> tuple[dict[st
         out[rel] = entry.sha256
         new[rel] = (key, entry)
     if hashed or set(new) != set(old):
-        data = {"version": INDEX_VERSION, "root": str(root), "taken_ns": now_ns,
-                "entries": {rel: [*k, en.sha256, en.mode] for rel, (k, en) in sorted(new.items())}}
-        try:
-            atomic_write(index_path, json.dumps(data, separators=(",", ":")).encode())
-        except OSError:
-            pass
+        _save(index_path, root, now_ns, new)
     return out, hashed

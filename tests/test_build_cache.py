@@ -58,22 +58,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def tiny_project(root: Path, cmake: str, files: dict[str, str]) -> Project:
+    """A project whose vendored llama.cpp/ is a small CMake tree (files: path under llama.cpp/ -> text)."""
+    for d in ("vendor", "patches", "registry"):
+        (root / d).mkdir()
+    shutil.copy(REPO / "vendor" / "vendor.yaml", root / "vendor" / "vendor.yaml")
+    (root / "registry" / "build.yaml").write_text(BUILD_YAML)
+    (root / "patches" / "series").write_text("")
+    src = root / "vendor" / "llamafile" / "llama.cpp"
+    for rel, text in {"CMakeLists.txt": cmake, **files}.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text(text)
+    return Project(root)
+
+
 @pytest.fixture
 def project(tmp_path: Path) -> Project:
-    for d in ("vendor", "patches", "registry"):
-        (tmp_path / d).mkdir()
-    shutil.copy(REPO / "vendor" / "vendor.yaml", tmp_path / "vendor" / "vendor.yaml")
-    (tmp_path / "registry" / "build.yaml").write_text(BUILD_YAML)
-    (tmp_path / "patches" / "series").write_text("")
-    src = tmp_path / "vendor" / "llamafile" / "llama.cpp"
-    (src / "src").mkdir(parents=True)
-    (src / "tools").mkdir()
-    (src / "CMakeLists.txt").write_text(CMAKE)
-    (src / "src" / "a.c").write_text("int a(void) { return 1; }\n")
-    (src / "src" / "b.c").write_text("int b(void) { return 2; }\n")
-    (src / "tools" / "main.c").write_text(
-        '#include <stdio.h>\nint a(void);\nint b(void);\nint main(void) { printf("%s %d\\n", STAMP, a() + b()); }\n')
-    return Project(tmp_path)
+    return tiny_project(tmp_path, CMAKE, {
+        "src/a.c": "int a(void) { return 1; }\n", "src/b.c": "int b(void) { return 2; }\n",
+        "tools/main.c": '#include <stdio.h>\nint a(void);\nint b(void);\n'
+                        'int main(void) { printf("%s %d\\n", STAMP, a() + b()); }\n'})
 
 
 @pytest.fixture

@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
+from test_build_cache import CMAKE as CACHE_CMAKE
+from test_build_cache import tiny_project
 
 from forktool import build as b
 from forktool import cache, proc
@@ -20,67 +22,24 @@ from forktool.index import hash_indexed, scan_indexed
 from forktool.project import Project
 from forktool.tree import sha256_bytes
 
-REPO = Path(__file__).resolve().parents[1]
-
 pytestmark = pytest.mark.skipif(not (shutil.which("cmake") and shutil.which("make") and shutil.which("cc")),
                                 reason="needs cmake, make and a C compiler")
 
-BUILD_YAML = """\
-artifacts:
-  - name: lib
-    impact: host
-    paths: ["llama.cpp/src"]
-    targets: [demo]
-    outputs: [bin/libdemo.so]
-  - name: tools
-    impact: host
-    paths: ["llama.cpp/tools", "llama.cpp/CMakeLists.txt"]
-    outputs: [bin/demo-cli]
-links:
-  tools: [lib]
-stamped: [tools]
-profiles:
-  tiny:
-    flags: [-DCMAKE_BUILD_TYPE=Release, -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON]
-    targets: [demo-cli]
-"""
-
-# demo-cli links demo; `other` is a target demo-cli does not need; "sp ace.h" puts an escaped space in depfiles
-CMAKE = """\
-cmake_minimum_required(VERSION 3.16)
-project(demo C)
-set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
-set(CMAKE_LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
-add_library(demo SHARED src/a.c src/b.c)
-add_executable(demo-cli tools/main.c)
-target_include_directories(demo-cli PRIVATE src)
-target_link_libraries(demo-cli demo)
-target_compile_definitions(demo-cli PRIVATE STAMP="${LLAMA_BUILD_COMMIT}")
-add_executable(other tools/other.c)
-"""
+# test_build_cache's tree, plus a target demo-cli does not need (`other`); "sp ace.h" puts an escaped space in
+# the depfiles
+CMAKE = CACHE_CMAKE + "target_include_directories(demo-cli PRIVATE src)\nadd_executable(other tools/other.c)\n"
 
 
 @pytest.fixture
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Project:
     monkeypatch.setenv("FORKTOOL_LAUNCHER", "none")
-    for d in ("vendor", "patches", "registry"):
-        (tmp_path / d).mkdir()
-    shutil.copy(REPO / "vendor" / "vendor.yaml", tmp_path / "vendor" / "vendor.yaml")
-    (tmp_path / "registry" / "build.yaml").write_text(BUILD_YAML)
-    (tmp_path / "patches" / "series").write_text("")
-    src = tmp_path / "vendor" / "llamafile" / "llama.cpp"
-    (src / "src").mkdir(parents=True)
-    (src / "tools").mkdir()
-    (src / "CMakeLists.txt").write_text(CMAKE)
-    (src / "src" / "common.h").write_text("#define ONE 1\n")
-    (src / "src" / "sp ace.h").write_text("#define TWO 2\n")
-    (src / "src" / "a.c").write_text('#include "common.h"\nint a(void) { return ONE; }\n')
-    (src / "src" / "b.c").write_text('#include "sp ace.h"\nint b(void) { return TWO; }\n')
-    (src / "tools" / "main.c").write_text(
-        '#include <stdio.h>\n#include "common.h"\nint a(void);\nint b(void);\n'
-        'int main(void) { printf("%s %d\\n", STAMP, a() + b() + ONE); }\n')
-    (src / "tools" / "other.c").write_text("int main(void) { return 0; }\n")
-    return Project(tmp_path)
+    return tiny_project(tmp_path, CMAKE, {
+        "src/common.h": "#define ONE 1\n", "src/sp ace.h": "#define TWO 2\n",
+        "src/a.c": '#include "common.h"\nint a(void) { return ONE; }\n',
+        "src/b.c": '#include "sp ace.h"\nint b(void) { return TWO; }\n',
+        "tools/main.c": '#include <stdio.h>\n#include "common.h"\nint a(void);\nint b(void);\n'
+                        'int main(void) { printf("%s %d\\n", STAMP, a() + b() + ONE); }\n',
+        "tools/other.c": "int main(void) { return 0; }\n"})
 
 
 def build(project: Project, events: list[b.BuildEvent] | None = None) -> b.BuildResult:
