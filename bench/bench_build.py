@@ -25,7 +25,9 @@ def forktool(root: Path, *args: str, check: bool = True, env: dict[str, str] | N
     variables); its --json result."""
     env = dict(os.environ, **(env or {}), FORKTOOL_ROOT=str(root))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(code), env.get("PYTHONPATH", "")]))
-    cp = subprocess.run([sys.executable, "-m", "forktool", *args, "--json"], env=env, capture_output=True, text=True)
+    # cwd: `python -m` puts the working directory first on sys.path, before PYTHONPATH's checkout
+    cp = subprocess.run([sys.executable, "-m", "forktool", *args, "--json"], cwd=root, env=env, capture_output=True,
+                        text=True)
     if check and cp.returncode != 0:
         raise RuntimeError(f"forktool {' '.join(args)} exited {cp.returncode}:\n{cp.stdout}\n{cp.stderr}")
     return json.loads(cp.stdout) if cp.stdout.strip() else {}
