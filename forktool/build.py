@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from forktool import proc, schema
 from forktool.errors import ConfigError, ForktoolError, UsageError
@@ -731,6 +731,38 @@ def unbuilt_objects(bdir: Path) -> int:
     return n
 
 
+T = TypeVar("T")
+
+
+class _Background(threading.Thread):
+    """fn() on another thread; result() waits for it and returns its value, or raises what it raised."""
+
+    def __init__(self, fn: Callable[[], T]) -> None:
+        super().__init__(daemon=True)
+        self._fn: Callable[[], Any] = fn
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self._value = self._fn()
+        except BaseException as e:  # handed to the thread that asks for the result
+            self._error = e
+
+    def result(self) -> Any:
+        self.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+def _timed(fn: Callable[[], T]) -> tuple[T, float]:
+    t = time.monotonic()
+    value = fn()
+    return value, time.monotonic() - t
+
+
 def last_error(lines: list[str]) -> str:
     """The last compiler (or linker, or CMake) error in a log, else make's own last complaint."""
     found = [ln.strip() for ln in lines if _ERROR_RE.search(ln)]
@@ -759,29 +791,34 @@ def run_build(project: Project, cfg: BuildConfig, plan: Plan, jobs: int,
         raise ForktoolError(f"no llama.cpp sources at {src}", where=str(src), hint="run `forktool apply` first")
     env = _env(project)
     in_profile = cfg.artifacts_in(plan.profile)
-    before = _hash_outputs(bdir, in_profile)
     tool = launcher()
-    stats0 = cache_stats(tool, where=False) if tool else None  # the location comes with the second reading
     log_path = bdir / MAKE_LOG
-    checker = None
+    # on the other core, while this thread sums the outputs and reads the cache's counters: the record's checker
+    # (loaded before make, used after it) and cmake (which touches neither the outputs nor the counters)
+    checker = _Background(lambda: schema.prepare("build-record")) if "jsonschema" not in sys.modules else None
+    configure = None
+    if plan.configure_reason:
+        argv: list[str | os.PathLike[str]] = [
+            "cmake", "-S", src, "-B", bdir, "-G", plan.profile.generator, *plan.flags,
+            f"-DLLAMA_BUILD_COMMIT={plan.stamp}", f"-DLLAMA_BUILD_NUMBER={plan.build_number}"]
+        if plan.configure_reason == "profile flags changed":
+            # a flag dropped from the profile would otherwise live on in CMakeCache.txt
+            argv.insert(1, "--fresh")
+        report(BuildEvent("configure", 0, None, "", f"cmake ({plan.configure_reason})"))
+        configure = _Background(lambda: _timed(lambda: proc.run(argv, cwd=bdir, env=env, check=False)))
+    try:
+        before = _hash_outputs(bdir, in_profile)
+        stats0 = cache_stats(tool, where=False) if tool else None  # the location comes with the second reading
+    except BaseException:
+        if configure is not None:
+            configure.join()  # cmake does not go on writing the build directory after forktool stopped
+        raise
     configure_seconds = 0.0
-    if "jsonschema" not in sys.modules:  # load the record's checker on the other core while cmake and make run
-        checker = threading.Thread(target=schema.prepare, args=("build-record",), daemon=True)
-        checker.start()
     with open(log_path, "w", encoding="utf-8", buffering=1) as log:  # line by line: `tail -f` follows it
-        if plan.configure_reason:
-            argv: list[str | os.PathLike[str]] = [
-                "cmake", "-S", src, "-B", bdir, "-G", plan.profile.generator, *plan.flags,
-                f"-DLLAMA_BUILD_COMMIT={plan.stamp}", f"-DLLAMA_BUILD_NUMBER={plan.build_number}"]
-            if plan.configure_reason == "profile flags changed":
-                # a flag dropped from the profile would otherwise live on in CMakeCache.txt
-                argv.insert(1, "--fresh")
-            report(BuildEvent("configure", 0, None, "", f"cmake ({plan.configure_reason})"))
-            t_cmake = time.monotonic()
-            res = proc.run(argv, cwd=bdir, env=env, check=False)
-            configure_seconds = time.monotonic() - t_cmake
+        if configure is not None:
+            res, configure_seconds = configure.result()
             text = (res.stdout + res.stderr).decode("utf-8", "replace")
-            log.write(f"$ {' '.join(os.fspath(a) for a in argv)}\n{text}\n")
+            log.write(f"$ {' '.join(os.fspath(a) for a in res.argv)}\n{text}\n")
             if res.returncode != 0:
                 raise _failed("cmake", res.returncode, log_path, text.splitlines())
             atomic_write(bdir / CONFIGURE_RECORD, json.dumps({
@@ -836,7 +873,7 @@ def run_build(project: Project, cfg: BuildConfig, plan: Plan, jobs: int,
               "objects": len(objects), "seconds": round(result.seconds, 3), "make_seconds": round(make_seconds, 3),
               "cache": cache.to_json() if cache else None}
     if checker is not None:
-        checker.join()
+        checker.result()
     # checked as it is written, so the next build's read finds it known valid and need not load jsonschema
     schema.check(record, "build-record", str(bdir / RECORD))
     atomic_write(bdir / RECORD, json.dumps(record, indent=1, sort_keys=True).encode())

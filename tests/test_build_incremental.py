@@ -17,7 +17,7 @@ from test_build_cache import tiny_project
 
 from forktool import build as b
 from forktool import cache, proc
-from forktool.errors import ConfigError
+from forktool.errors import ConfigError, ForktoolError
 from forktool.index import hash_indexed, scan_indexed
 from forktool.project import Project
 from forktool.tree import sha256_bytes
@@ -224,3 +224,19 @@ def test_the_record_is_checked_as_written_so_the_next_read_needs_no_jsonschema(
     (bdir / b.RECORD).write_text(json.dumps(record))
     with pytest.raises(ConfigError, match="objects"):
         b.read_record(bdir)
+
+
+def test_cmake_runs_beside_the_counters_and_finishes_before_an_error_is_raised(
+        project: Project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a launcher whose counters cannot be read: the build stops before make, but only once cmake (started on
+    # the other thread) has finished, so nothing writes the build directory after forktool has returned
+    tool = tmp_path / "bin" / "sccache"
+    tool.parent.mkdir()
+    tool.write_text("#!/bin/sh\necho 'no server' >&2\nexit 1\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("FORKTOOL_LAUNCHER", str(tool))
+    with pytest.raises(ForktoolError, match="sccache does not answer"):
+        build(project)
+    bdir = project.root / "build" / "tiny"
+    assert (bdir / "CMakeCache.txt").is_file() and (bdir / "CMakeFiles" / "Makefile2").is_file()
+    assert not (bdir / b.RECORD).exists()
