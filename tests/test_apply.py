@@ -179,6 +179,26 @@ def test_refresh_below_the_top_refuses_an_edit_of_lines_a_later_patch_owns(proj:
     assert proj.json("refresh", "0089")["changed"] is True  # the top owns that line: it takes the edit
 
 
+def test_refresh_below_the_top_takes_new_and_untouched_files_and_refuses_a_later_patchs_file(proj: Proj):
+    series(proj)
+    proj.run("apply")
+    proj.edit("up/include/c.h", "int a(void);\n", "int a(void);\nint b2; // opencoti-hook: one\n")
+    (proj.tree / "up/src/extra.c").write_text("int extra;\n")
+    tree = proj.digest()
+    res = proj.json("refresh", "0070")
+    assert res["files"] == ["up/include/c.h", "up/src/a.c", "up/src/extra.c"] and res["reanchored"] == []
+    assert proj.digest() == tree and proj.json("verify")["ok"] is True
+    proj.run("unapply")
+    proj.run("apply")
+    assert proj.digest() == tree
+    # a file only a later patch creates cannot take an edit into a patch below it
+    proj.edit("up/src/new.c", "int n;\n", "int n, m;\n")
+    before = proj.state_digest()
+    code, out, err = proj.run("refresh", "0070", expect=1)
+    assert "up/src/new.c" in err and "0089" in err
+    assert proj.state_digest() == before
+
+
 def test_refresh_refuses_a_patch_that_is_not_applied(proj: Proj):
     series(proj)
     proj.run("apply", "--upto", "0070")
