@@ -172,7 +172,9 @@ def refresh_below_top(ws: Workspace, idx: int, patch: Patch) -> dict:
             raise ForktoolError(f"the refreshed {patch.id} and the patches above it do not give back {rel} as the "
                                 "tree holds it", where=rel, hint=hint)
     ws.patches[:] = new_patches
-    for k in range(idx, n):
+    # the re-anchored patches above first: same changes, so they still apply on the old patch (at an offset) if
+    # the run stops before the refreshed one is written
+    for k in reversed(range(idx, n)):
         p = ws.patches[k]
         if (k == idx and p.raw != patch.raw) or p.id in reanchored:
             atomic_write(ws.project.patches_dir / p.name, p.raw)
