@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from forktool import proc, schema
 from forktool.errors import ConfigError, ForktoolError, UsageError
+from forktool.index import hash_indexed
 from forktool.project import Project
 from forktool.series import parse_patch, series_digest
 from forktool.tree import Manifest, atomic_write, sha256_bytes, sha256_file
@@ -594,7 +595,6 @@ OUTPUTS_INDEX = "forktool-outputs.index"  # stat index of the outputs: unchanged
 
 
 def _hash_outputs(bdir: Path, arts: list[ArtifactSpec]) -> dict[str, str]:
-    from forktool.index import hash_indexed
     return hash_indexed(bdir, [o for a in arts for o in a.outputs], bdir / OUTPUTS_INDEX)[0]
 
 
