@@ -61,7 +61,8 @@ class Cache:
         value_json = json.dumps(value, sort_keys=True, separators=(",", ":"))
         entry = {"kind": self.kind, "key": key, "sha256": _checksum(value_json), "value": value}
         try:
-            atomic_write(self._path(key), json.dumps(entry, sort_keys=True, separators=(",", ":")).encode())
+            atomic_write(self._path(key), json.dumps(entry, sort_keys=True, separators=(",", ":")).encode(),
+                         durable=False)
         except OSError:
             pass  # a cache that cannot be written only costs speed
 
@@ -156,7 +157,7 @@ def flush_valid() -> None:
         p = _pending_valid.pop()
         try:
             if not p.is_file():
-                atomic_write(p, p.name.encode())
+                atomic_write(p, p.name.encode(), durable=False)
         except OSError:
             pass
 

@@ -98,7 +98,7 @@ def scan_indexed(root: Path, index_path: Path) -> tuple[Manifest, int]:
         data = {"version": INDEX_VERSION, "root": str(root), "taken_ns": now_ns,
                 "entries": {rel: [*k, en.sha256, en.mode] for rel, (k, en) in sorted(new.items())}}
         try:
-            atomic_write(index_path, json.dumps(data, separators=(",", ":")).encode())
+            atomic_write(index_path, json.dumps(data, separators=(",", ":")).encode(), durable=False)
         except OSError:
             pass
     return out, hashed

@@ -8,7 +8,7 @@ import re
 import stat
 import tempfile
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -162,15 +162,20 @@ def diff_manifests(old: Mapping[str, Entry], new: Mapping[str, Entry]) -> list[t
     return out
 
 
-def atomic_write(path: Path, data: bytes, mode: str = REGULAR) -> None:
-    """Write via a temp file in the same directory and os.replace it into place."""
+def atomic_write(path: Path, data: bytes, mode: str = REGULAR, *, durable: bool = True) -> None:
+    """Write via a temp file in the same directory and os.replace it into place.
+
+    durable=False skips the fsync: for caches only (a stat index, a derived value), whose loss or truncation after
+    a crash costs a recomputation and is detected by their own checks; never for state, plans or backups.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".forktool-", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.chmod(tmp, 0o755 if mode == EXECUTABLE else 0o644)
         os.replace(tmp, path)
     except BaseException:
@@ -179,17 +184,20 @@ def atomic_write(path: Path, data: bytes, mode: str = REGULAR) -> None:
         raise
 
 
-def fsync_all(fds: list[int]) -> None:
-    """fsync every descriptor, several at once: the filesystem commits concurrent fsyncs together, so the
-    update waits for about one disk flush instead of one per file. Raises the first failure."""
-    errors: list[OSError] = []
-    lanes = min(len(fds), 8)
+def run_all(fn: Callable[..., object], items: Sequence[object], lanes: int = 8) -> None:
+    """fn(item) for every item, on up to `lanes` threads; after all have run, raises the first exception.
+
+    For system calls that mostly wait on the filesystem (fsync, a rename that frees the replaced file's blocks):
+    they release the interpreter lock, and the filesystem serves concurrent ones together.
+    """
+    errors: list[Exception] = []
+    lanes = min(len(items), lanes)
 
     def lane(k: int) -> None:
-        for fd in fds[k::lanes]:
+        for item in items[k::lanes]:
             try:
-                os.fsync(fd)
-            except OSError as e:
+                fn(item)
+            except Exception as e:  # handed to the calling thread below
                 errors.append(e)
 
     threads = [threading.Thread(target=lane, args=(k,)) for k in range(1, lanes)]
@@ -201,6 +209,12 @@ def fsync_all(fds: list[int]) -> None:
         t.join()
     if errors:
         raise errors[0]
+
+
+def fsync_all(fds: list[int]) -> None:
+    """fsync every descriptor, several at once: the filesystem commits concurrent fsyncs together, so the
+    update waits for about one disk flush instead of one per file. Raises the first failure."""
+    run_all(os.fsync, fds)
 
 
 # files open at once while they wait for one fsync together (well under the usual limit of 1024 descriptors)
