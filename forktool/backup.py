@@ -75,7 +75,8 @@ def create(backups_dir: Path, tree: Path, slug: str, reason: str, current: Manif
                 "tree_digest": digest(current), "files": manifest_to_json(current), "stored": stored,
                 "state": state}
         meta["checksum"] = _checksum(meta)
-        atomic_write(tmp / "manifest.json", json.dumps(meta, indent=1, sort_keys=True).encode())
+        # one line: indent makes json use its pure-Python encoder, 0.01 s for a thousand-file manifest
+        atomic_write(tmp / "manifest.json", json.dumps(meta, sort_keys=True, separators=(",", ":")).encode())
         tmp.rename(backups_dir / name)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

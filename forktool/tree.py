@@ -9,8 +9,8 @@ import stat
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import NamedTuple
 
 from forktool.errors import UnsafePathError
 
@@ -19,8 +19,9 @@ EXECUTABLE = "100755"
 SYMLINK = "120000"
 
 
-@dataclass(frozen=True)
-class Entry:
+class Entry(NamedTuple):
+    """One file of a manifest (a tuple: built, compared and hashed at C speed over a thousand-file tree)."""
+
     sha256: str
     mode: str = REGULAR
 

@@ -145,10 +145,10 @@ class Workspace:
         for rel in sorted(paths):
             want = result.files[rel] if rel in result.files else self.base_bytes(rel)
             mode = self.pristine[rel].mode if rel in self.pristine else REGULAR
-            if rel in result.files:
-                new_files[rel] = Entry(sha256_bytes(want), mode) if want is not None else None
-            have = current.get(rel)
             want_entry = Entry(sha256_bytes(want), mode) if want is not None else None
+            if rel in result.files:
+                new_files[rel] = want_entry
+            have = current.get(rel)
             if have != want_entry:
                 writes.append(txn.Write(rel, want, mode))
         applied = [{"id": p.id, "name": p.name, "sha256": p.sha256, "diff_sha256": p.diff_sha256,
