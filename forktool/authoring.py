@@ -108,7 +108,9 @@ def _remember_reexport(ws: Workspace, patch: Patch, before: Applied, diffed: dic
     root = caches_root(ws.state_dir, ws.use_cache)
     if root is None or patch.paths != [fd.path for fd in files_diff]:
         return
-    pre, post, modes = [], [], []
+    pre: list[str | None] = []
+    post: list[str] = []
+    modes: list[str | None] = []
     for rel in patch.paths:
         old, new, old_mode, new_mode = diffed[rel]
         mode = ws.pristine[rel].mode if rel in ws.pristine else REGULAR
