@@ -161,7 +161,13 @@ def _loader() -> Any:
 def parse_yaml(text: str, where: str) -> Any:
     from forktool import cache
 
-    data = cache.parsed_yaml(text, lambda t: _parse_yaml(t, where))  # the same bytes parse to the same value
+    # the same bytes parse to the same value; measured before it is remembered (aliases can expand a document)
+    data = cache.parsed_yaml(text, lambda t: _measured(_parse_yaml(t, where), where))
+    measure(data, where)
+    return data
+
+
+def _measured(data: Any, where: str) -> Any:
     measure(data, where)
     return data
 
