@@ -154,7 +154,8 @@ def parsed_yaml(text: str, parse: Callable[[str], Any]) -> Any:
 
     Only a document that parsed without error and comes back from JSON as the very same value is remembered (a
     date, a set or a non-string key is parsed every time); an entry whose key or checksum does not match is
-    ignored, so a remembered value is always what the parser gave for these exact bytes.
+    ignored, so a remembered value is always what the parser gave for these exact bytes. Like a passed check,
+    it is written by flush_valid when the command succeeds: a refused command leaves the user cache as it was.
     """
     store = Cache(user_cache_dir(), "yaml")
     key = key_of("yaml", _yaml_fingerprint(), hashlib.sha256(text.encode()).hexdigest())
@@ -167,8 +168,11 @@ def parsed_yaml(text: str, parse: Callable[[str], Any]) -> Any:
     except (TypeError, ValueError):
         same = False
     if same:
-        store.put(key, {"value": data})
+        _pending_yaml.append((key, {"value": data}))
     return data
+
+
+_pending_yaml: list[tuple[str, Any]] = []
 
 
 def _validated_path(schema_name: str, schema: Any, data: Any) -> Path | None:
@@ -201,6 +205,11 @@ _pending_valid: list[Path] = []
 
 
 def flush_valid() -> None:
+    if _pending_yaml:
+        store = Cache(user_cache_dir(), "yaml")
+        for key, value in _pending_yaml:
+            store.put(key, value)
+        _pending_yaml.clear()
     while _pending_valid:
         p = _pending_valid.pop()
         try:
@@ -212,3 +221,4 @@ def flush_valid() -> None:
 
 def forget_valid() -> None:
     _pending_valid.clear()
+    _pending_yaml.clear()
