@@ -9,7 +9,7 @@ import stat
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import NamedTuple
 
 from forktool.errors import UnsafePathError
@@ -48,8 +48,7 @@ def check_rel_path(rel: str, where: str = "") -> str:
     """Reject anything that could name a place outside the root; returns the normalised path."""
     if not rel or "\x00" in rel or "\\" in rel:
         raise UnsafePathError(f"invalid path {rel!r}", where=where, hint="paths must be plain relative POSIX paths")
-    p = PurePosixPath(rel)
-    if p.is_absolute():
+    if rel.startswith("/"):
         raise UnsafePathError(f"absolute path {rel!r} is not allowed", where=where,
                               hint="paths must be relative to the vendored root")
     if any(part in ("..", ".", "") for part in rel.split("/")):
@@ -61,14 +60,14 @@ def check_rel_path(rel: str, where: str = "") -> str:
 def resolve_inside(root: Path, rel: str, where: str = "") -> Path:
     """The on-disk path for rel under root, refusing symlinked parents or a symlink leaving root."""
     check_rel_path(rel, where)
-    target = root / rel
-    cur = root
-    for part in rel.split("/")[:-1]:
-        cur = cur / part
-        if cur.is_symlink():
-            raise UnsafePathError(f"{rel}: parent directory {cur.relative_to(root)} is a symlink", where=where,
+    base = os.fspath(root)
+    parts = rel.split("/")
+    for i in range(1, len(parts)):  # plain strings: this runs for every file a command writes or restores
+        if os.path.islink(os.path.join(base, *parts[:i])):
+            raise UnsafePathError(f"{rel}: parent directory {'/'.join(parts[:i])} is a symlink", where=where,
                                   hint="forktool does not write through symlinks; replace the link with a directory")
-    if target.is_symlink():
+    target = root / rel
+    if os.path.islink(target):
         real = os.path.realpath(target)
         if os.path.commonpath([real, os.path.realpath(root)]) != os.path.realpath(root):
             raise UnsafePathError(f"{rel} is a symlink pointing outside the vendored root ({real})", where=where,
