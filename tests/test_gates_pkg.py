@@ -104,9 +104,27 @@ def test_gpu_bench_reads_llama_bench_json(tmp_path: Path):
     doc = [{"n_prompt": 2048, "n_gen": 0, "samples_ts": [146000.5, 145000.0]},
            {"n_prompt": 0, "n_gen": 128, "samples_ts": [1750.0, 1748.5]}]
     fake_tool(tmp_path / "llama-bench", "main: loading\n" + json.dumps(doc))
-    a = argparse.Namespace(bench_pp=2048, bench_tg=128, bench_reps=2)
+    a = argparse.Namespace(bench_pp=2048, bench_tg=128, bench_reps=2, bench_cpus="")
     assert bench(tmp_path, tmp_path / "m.gguf", "b", tmp_path, a, {}) == {"pp": [146000.5, 145000.0],
                                                                         "tg": [1750.0, 1748.5]}
+
+
+def test_gate_b_compare_fails_a_slowdown_beyond_the_noise_and_passes_within_it():
+    from gates.gpu import compare
+
+    up = [[100.0, 101.0, 99.0], [101.0, 101.5, 100.5], [99.5, 99.0, 100.0]]  # round medians 100, 101, 99.5
+    slow = [[x * 0.9 for x in rnd] for rnd in up]  # 10 % slower, same 1.5 % noise
+    r = compare({"full": slow, "upstream": up}, "full", "upstream", 0.03)
+    assert r["ratio"] == pytest.approx(0.9, abs=1e-3)
+    assert r["noise"] == pytest.approx(0.015, abs=1e-4) and r["threshold"] == pytest.approx(0.03)
+    assert r["pass"] is False and r["best_ratio"] == pytest.approx(0.9, abs=1e-3)
+    same = [[x * 0.99 for x in rnd] for rnd in up]
+    r = compare({"full": same, "upstream": up}, "full", "upstream", 0.03)
+    assert r["pass"] is True and r["round_ratio_min_max"][0] == pytest.approx(0.99, abs=1e-3)
+    # wide run-to-run swings widen the bound: twice the larger spread of round medians
+    noisy = [[90.0, 90.0], [130.0, 130.0]]
+    r = compare({"full": noisy, "upstream": [[110.0, 110.0], [111.0, 111.0]]}, "full", "upstream", 0.03)
+    assert r["threshold"] == pytest.approx(2 * 40.0 / 110.0, abs=1e-3)
 
 
 def test_linear_fit_recovers_fixed_cost_and_bandwidth():
