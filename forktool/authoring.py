@@ -8,11 +8,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 from forktool.apply import Applied, apply_patch
-from forktool.errors import ForktoolError, UsageError
+from forktool.errors import ApplyError, ForktoolError, UsageError
 from forktool.markers import hooks_in_patch
 from forktool.project import Project
 from forktool.series import Patch, diff_file, make_header, parse_patch, set_trailers, with_files
-from forktool.tree import REGULAR, SYMLINK, atomic_write
+from forktool.tree import REGULAR, SYMLINK, Manifest, atomic_write
 from forktool.workspace import Workspace
 
 Reader = Callable[[str], bytes | None]
@@ -42,25 +42,40 @@ def with_derived_trailers(project: Project, patch: Patch, files_diff: list) -> t
     return with_files(replace(diff_only, header=set_trailers(patch.header, trailers)), files_diff), trailers
 
 
-def refresh(ws: Workspace, pid: str) -> dict:
-    if ws.state.top != pid:
-        raise UsageError(f"patch {pid} is not the top applied patch (top: {ws.state.top or 'none'})",
-                         where=str(ws.tree), hint=f"run `forktool apply --upto {pid}` first, edit, then refresh")
+def _check_refreshable(ws: Workspace, pid: str) -> tuple[int, Patch]:
+    """The patch to refresh: applied, and no applied patch changed on disk since (a message-only edit of `pid`
+    itself is kept)."""
+    applied = [a["id"] for a in ws.state.applied]
+    if pid not in applied:
+        raise UsageError(f"patch {pid} is not applied (top: {ws.state.top or 'none'})", where=str(ws.tree),
+                         hint=f"run `forktool apply --upto {pid}` first, edit, then refresh")
     idx = ws.index(pid)
     patch = ws.patches[idx]
     stale = ws.applied_stale()
-    if pid in stale and ws.state.applied[-1].get("diff_sha256") == patch.diff_sha256:
+    if pid in stale and ws.state.applied[applied.index(pid)].get("diff_sha256") == patch.diff_sha256:
         stale.remove(pid)  # only its message was edited: refresh keeps the new message
     if stale:
         raise ForktoolError(f"applied patch(es) {', '.join(stale)} changed on disk since they were applied",
                             where="patches/", hint="run `forktool apply --upto ID` to re-apply them first")
-    before = ws.compute(ws.patches[:idx])
-    current = ws.current()
+    return idx, patch
+
+
+def _local_edits(ws: Workspace, current: Manifest) -> set[str]:
     changed = {p for _, p in ws.local_changes()}
     for rel in sorted(changed):
         e = current.get(rel)
         if e is not None and e.mode == SYMLINK:
             raise ForktoolError(f"{rel} is a symlink; patches carry regular files only", where=rel)
+    return changed
+
+
+def refresh(ws: Workspace, pid: str) -> dict:
+    idx, patch = _check_refreshable(ws, pid)
+    if ws.state.top != pid:
+        return refresh_below_top(ws, idx, patch)
+    before = ws.compute(ws.patches[:idx])
+    current = ws.current()
+    changed = _local_edits(ws, current)
     rels = sorted(set(patch.paths) | changed)
     files_diff = []
     diffed: dict[str, tuple[bytes | None, bytes | None, str | None, str | None]] = {}
@@ -89,7 +104,90 @@ def refresh(ws: Workspace, pid: str) -> dict:
     ws._write_state()
     ws.record_patched()
     return {"patch": patch.name, "changed": new_bytes != old_bytes, "files": refreshed.paths,
-            "hooks": trailers["Opencoti-Hooks"], "build_impact": trailers["Build-Impact"]}
+            "hooks": trailers["Opencoti-Hooks"], "build_impact": trailers["Build-Impact"], "reanchored": []}
+
+
+def refresh_below_top(ws: Workspace, idx: int, patch: Patch) -> dict:
+    """Refresh an applied patch below the top while the tree holds the whole applied series.
+
+    The tree's edit since the last move (the tree against the applied series) is placed on the contents right
+    after `patch`, `patch` is rewritten from the result, and the patches above it are applied again on top of the
+    rewritten one (re-anchored when they now apply at an offset). That must give back the tree byte for byte:
+    otherwise, or when the edit touches lines a patch above owns, nothing is written and the error says which.
+    """
+    n = len(ws.state.applied)
+    current = ws.current()
+    changed = _local_edits(ws, current)
+    expected = ws.expected()
+    full = ws.compute(ws.patches[:n])
+
+    def read(acc: Applied) -> Reader:
+        return lambda rel: acc.files[rel] if rel in acc.files else ws.base_bytes(rel)
+
+    edit_files = []
+    for rel in sorted(changed):
+        old, new = read(full)(rel), ws.disk_bytes(rel)
+        old_mode = expected[rel].mode if rel in expected else None
+        new_mode = current[rel].mode if rel in current else None
+        fd = diff_file(rel, old, new, old_mode, new_mode)
+        if fd is not None:
+            edit_files.append(fd)
+    edit = with_files(Patch("edit", "the tree's edit", b"", []), edit_files)
+    above = ws.patches[idx + 1:n]
+    hint = (f"move the tree down to it (`forktool apply --upto {patch.id}`), edit there, `forktool refresh "
+            f"{patch.id}`, then `forktool apply --reanchor`")
+    before = ws.compute(ws.patches[:idx])
+    at = Applied(dict(before.files))
+    apply_patch(patch, ws.base_bytes, at)
+    try:
+        apply_patch(edit, ws.base_bytes, at)
+    except ApplyError as e:
+        raise ForktoolError(f"the edit does not fit under the patches above {patch.id} "
+                            f"({', '.join(p.id for p in above)}): it touches lines they change",
+                            where=e.where.replace("patch the tree's edit, ", ""), details=e.details, hint=hint) from e
+    rels = sorted(set(patch.paths) | changed)
+    files_diff = []
+    for rel in rels:
+        old, new = read(before)(rel), read(at)(rel)
+        mode = ws.pristine[rel].mode if rel in ws.pristine else REGULAR
+        fd = diff_file(rel, old, new, mode if old is not None else None, mode if new is not None else None)
+        if fd is not None:
+            files_diff.append(fd)
+    refreshed, trailers = with_derived_trailers(ws.project, patch, files_diff)
+    new_patches = list(ws.patches)
+    new_patches[idx] = parse_patch(refreshed.raw, patch.name)
+    acc = Applied(dict(before.files))
+    apply_patch(new_patches[idx], ws.base_bytes, acc)
+    reanchored = []
+    for k in range(idx + 1, n):
+        prev = Applied(dict(acc.files))
+        try:
+            apply_patch(new_patches[k], ws.base_bytes, acc)
+        except ApplyError as e:
+            raise ForktoolError(f"patch {new_patches[k].id} no longer applies on top of the refreshed {patch.id}",
+                                where=e.where, details=e.details, hint=hint) from e
+        again = export(ws, new_patches[k], prev, read(acc))
+        if again.raw != new_patches[k].raw:
+            new_patches[k] = parse_patch(again.raw, new_patches[k].name)
+            reanchored.append(new_patches[k].id)
+    for rel in sorted(set(full.files) | set(acc.files) | changed):
+        if read(acc)(rel) != ws.disk_bytes(rel):
+            raise ForktoolError(f"the refreshed {patch.id} and the patches above it do not give back {rel} as the "
+                                "tree holds it", where=rel, hint=hint)
+    ws.patches[:] = new_patches
+    # the re-anchored patches above first: same changes, so they still apply on the old patch (at an offset) if
+    # the run stops before the refreshed one is written
+    for k in reversed(range(idx, n)):
+        p = ws.patches[k]
+        if (k == idx and p.raw != patch.raw) or p.id in reanchored:
+            atomic_write(ws.project.patches_dir / p.name, p.raw)
+        ws.state.applied[k] = {"id": p.id, "name": p.name, "sha256": p.sha256, "diff_sha256": p.diff_sha256,
+                               "drift": []}
+    ws.state.files = {rel: current.get(rel) for rel in set(ws.state.files) | set(rels)}
+    ws._write_state()
+    ws.record_patched()
+    return {"patch": patch.name, "changed": refreshed.raw != patch.raw, "files": refreshed.paths,
+            "hooks": trailers["Opencoti-Hooks"], "build_impact": trailers["Build-Impact"], "reanchored": reanchored}
 
 
 def _remember_reexport(ws: Workspace, patch: Patch, before: Applied, diffed: dict, files_diff: list) -> None:

@@ -93,9 +93,9 @@ def verify(no_cache: Annotated[bool, typer.Option("--no-cache", help="Prove ever
 
 
 @app.command()
-def refresh(patch_id: Annotated[str, typer.Argument(metavar="ID", help="The top applied patch.")],
+def refresh(patch_id: Annotated[str, typer.Argument(metavar="ID", help="An applied patch.")],
             json: Json = False) -> None:
-    """Rewrite one patch from the current tree (it must be the top applied patch)."""
+    """Rewrite one applied patch from the current tree (below the top: the patches above are re-applied on it)."""
     from forktool.commands import tree_cmds
     _run(json, lambda p: tree_cmds.refresh(p, patch_id))
 

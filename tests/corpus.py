@@ -983,7 +983,6 @@ def cli_cases() -> Iterator[Case]:
         ("unapply-to-name", ["unapply", "--to", "0070-one.patch"], ("0070-one.patch",)),
         ("refresh-empty", ["refresh", ""], ("ID",)),
         ("refresh-unknown", ["refresh", "1234"], ("1234",)),
-        ("refresh-not-top", ["refresh", "0070"], ("0070",)),
         ("new-empty-slug", ["new", ""], ("slug",)),
         ("new-bad-slug", ["new", "Bad Slug"], ("slug",)),
         ("new-slug-slash", ["new", "../x"], ("slug",)),
@@ -1014,6 +1013,15 @@ def cli_cases() -> Iterator[Case]:
     ]
     for lbl, argv, must in argvs:
         yield Case("cli", lbl, lambda c: None, argv, must=must)
+
+    def below(c: Ctx) -> None:  # the tree moved down to 0070: 0071 and 0089 are not applied
+        run_cli(c.root, ["unapply", "--to", "0070"])
+    yield Case("cli", "refresh-not-applied", below, ["refresh", "0071"], must=("0071", "apply --upto"))
+
+    def owned_above(c: Ctx) -> None:  # an edit of a line 0089 adds, refreshed into 0071 below it
+        p = c.tree / "up" / "src" / "b.c"
+        p.write_text(p.read_text().replace("extra\n", "extra, edited\n"))
+    yield Case("cli", "refresh-edit-owned-above", owned_above, ["refresh", "0071"], must=("0089", "apply --upto 0071"))
 
 
 # ------------------------------------------------ family: the state of a stopped `forktool sync`

@@ -141,11 +141,71 @@ def test_edit_loop_refresh_and_conflicting_later_patch(proj: Proj):
     assert proj.state_digest() == before
 
 
-def test_refresh_refuses_when_not_top(proj: Proj):
+def test_refresh_below_the_top_rewrites_it_and_reanchors_the_patches_above(proj: Proj):
     series(proj)
     proj.run("apply")
-    code, out, err = proj.run("refresh", "0070", expect=2)
-    assert "apply --upto 0070" in err
+    proj.edit("up/src/b.c", "// opencoti-hook: two\n", "// opencoti-hook: two\nint also; // opencoti-hook: two\n")
+    tree = proj.digest()
+    hunks = [ln for ln in (proj.root / "patches/0089-three.patch").read_text().splitlines() if ln.startswith("@@")]
+    res = proj.json("refresh", "0071")
+    assert res["changed"] and res["reanchored"] == ["0089"] and res["hooks"] == "two"
+    assert proj.digest() == tree  # the tree is not touched: the patches now describe it
+    assert "+int also; // opencoti-hook: two" in (proj.root / "patches/0071-two.patch").read_text()
+    text = (proj.root / "patches/0089-three.patch").read_text()
+    now = [ln for ln in text.splitlines() if ln.startswith("@@")]
+    assert now[0] != hunks[0] and now[1:] == hunks[1:]  # b.c's hunk one line lower, new.c's the same
+    assert "+// opencoti-hook: three" in text
+    assert proj.json("verify")["ok"] is True
+    st = proj.json("status")
+    assert st["tree"] == "clean" and [r["state"] for r in st["patches"]] == ["applied"] * 3
+    proj.run("unapply")
+    proj.run("apply")
+    assert proj.digest() == tree  # the rewritten series gives back the edited tree byte for byte
+    # nothing edited: a refresh below the top only writes the patch's canonical form (trailers), once
+    proj.run("refresh", "0070")
+    before = proj.state_digest()
+    assert proj.json("refresh", "0070")["changed"] is False
+    assert proj.state_digest() == before and proj.digest() == tree
+
+
+def test_refresh_below_the_top_refuses_an_edit_of_lines_a_later_patch_owns(proj: Proj):
+    series(proj)
+    proj.run("apply")
+    proj.edit("up/src/b.c", "extra\n", "extra, edited\n")  # a line 0089 adds
+    before = proj.state_digest()
+    code, out, err = proj.run("refresh", "0071", expect=1)
+    assert "0089" in err and "up/src/b.c" in err and "apply --upto 0071" in err
+    assert proj.state_digest() == before  # tree (the edit kept), patches and state untouched
+    assert proj.json("refresh", "0089")["changed"] is True  # the top owns that line: it takes the edit
+
+
+def test_refresh_below_the_top_takes_new_and_untouched_files_and_refuses_a_later_patchs_file(proj: Proj):
+    series(proj)
+    proj.run("apply")
+    proj.edit("up/include/c.h", "int a(void);\n", "int a(void);\nint b2; // opencoti-hook: one\n")
+    (proj.tree / "up/src/extra.c").write_text("int extra;\n")
+    tree = proj.digest()
+    res = proj.json("refresh", "0070")
+    assert res["files"] == ["up/include/c.h", "up/src/a.c", "up/src/extra.c"] and res["reanchored"] == []
+    assert proj.digest() == tree and proj.json("verify")["ok"] is True
+    proj.run("unapply")
+    proj.run("apply")
+    assert proj.digest() == tree
+    # a file only a later patch creates cannot take an edit into a patch below it
+    proj.edit("up/src/new.c", "int n;\n", "int n, m;\n")
+    before = proj.state_digest()
+    code, out, err = proj.run("refresh", "0070", expect=1)
+    assert "up/src/new.c" in err and "0089" in err
+    assert proj.state_digest() == before
+
+
+def test_refresh_refuses_a_patch_that_is_not_applied(proj: Proj):
+    series(proj)
+    proj.run("apply", "--upto", "0070")
+    before = proj.state_digest()
+    code, out, err = proj.run("refresh", "0071", expect=2)
+    assert "not applied" in err and "apply --upto 0071" in err
+    assert proj.state_digest() == before
 
 
 def test_new_inserts_after_top_and_refresh_fills_it(proj: Proj):

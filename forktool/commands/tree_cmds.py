@@ -125,8 +125,11 @@ def refresh(project: Project, pid: str) -> Report:
     with open_workspace(project) as ws:
         res = authoring.refresh(ws, pid)
     word = "rewrote" if res["changed"] else "unchanged:"
-    return Report(res, [f"{word} patches/{res['patch']} ({len(res['files'])} file(s); hooks: {res['hooks'] or 'none'}; "
-                        f"build impact: {res['build_impact'] or 'none'})"])
+    lines = [f"{word} patches/{res['patch']} ({len(res['files'])} file(s); hooks: {res['hooks'] or 'none'}; "
+             f"build impact: {res['build_impact'] or 'none'})"]
+    if res.get("reanchored"):
+        lines.append(f"re-anchored above it: {', '.join(res['reanchored'])} (same changes, canonical bytes)")
+    return Report(res, lines)
 
 
 def new(project: Project, slug: str, title: str, author: str, patch_id: str | None = None) -> Report:
