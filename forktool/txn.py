@@ -245,12 +245,17 @@ def _check_link(rel: str, target: bytes, tdir: Path, where: str) -> None:
             parts.append(part)
 
 
-def _move(tree: Path, tdir: Path, e: dict[str, Any]) -> bool:
-    """Carry out one journal entry (idempotent: a staged file already moved is skipped); True for a removal."""
+def _move(tree: Path, tdir: Path, e: dict[str, Any], made_dirs: frozenset[str] = frozenset()) -> bool:
+    """Carry out one journal entry (idempotent: a staged file already moved is skipped); True for a removal.
+
+    made_dirs: the directories the plan's writes create; a removed file found as one of them was removed, and
+    its path then filled by those writes, before a crash."""
     target = resolve_inside(tree, e["path"], "journal")
     if e["staged"] is None:
         if target.is_symlink() or target.is_file():
             target.unlink()
+        elif target.is_dir() and e["path"] in made_dirs:
+            pass
         elif target.exists():
             raise ForktoolError(f"{e['path']} is not a file and cannot be removed", where=str(target))
         return True
@@ -280,17 +285,19 @@ def _roll_forward(tree: Path, state_dir: Path, plan: dict[str, Any]) -> None:
     tdir = txn_dir(state_dir)
     removed = []
     entries = plan["entries"]
+    made = frozenset(p[:i] for e in entries if e["staged"] is not None for p in [e["path"]]
+                     for i in range(len(p)) if p[i] == "/")
     try:
         later = []
         for n, e in enumerate(entries):
             if n and e["staged"] is not None and e["mode"] != SYMLINK:
                 later.append(e)
                 continue
-            if _move(tree, tdir, e):
+            if _move(tree, tdir, e, made):
                 removed.append(e["path"])
             if n == 0:
                 _fault("replacing")
-        run_all(lambda e: _move(tree, tdir, e), later)
+        run_all(lambda e: _move(tree, tdir, e, made), later)
         remove_empty_parents(tree, removed)
         atomic_write(state_dir / "state.json", json.dumps(plan["state"], indent=1, sort_keys=True).encode())
     except OSError as e:
