@@ -78,21 +78,24 @@ def refresh(ws: Workspace, pid: str) -> dict:
     changed = _local_edits(ws, current)
     rels = sorted(set(patch.paths) | changed)
     files_diff = []
+    diffed: dict[str, tuple[bytes | None, bytes | None, str | None, str | None]] = {}
     for rel in rels:
         old = before.files[rel] if rel in before.files else ws.base_bytes(rel)
         new = ws.disk_bytes(rel)
         old_mode = ws.pristine[rel].mode if rel in ws.pristine else REGULAR
         new_mode = current[rel].mode if rel in current else old_mode
-        fd = diff_file(rel, old, new, old_mode if old is not None else None,
-                       new_mode if new is not None else None)
+        args = (old, new, old_mode if old is not None else None, new_mode if new is not None else None)
+        fd = diff_file(rel, *args)
         if fd is not None:
             files_diff.append(fd)
+            diffed[rel] = args
     refreshed, trailers = with_derived_trailers(ws.project, patch, files_diff)
     old_bytes = patch.raw
     new_bytes = refreshed.raw
     if new_bytes != old_bytes:
         atomic_write(ws.project.patches_dir / patch.name, new_bytes)
     ws.patches[idx] = parse_patch(new_bytes, patch.name)
+    _remember_reexport(ws, ws.patches[idx], before, diffed, files_diff)
     # the tree already holds the refreshed result: record it as applied
     files = {rel: current.get(rel) for rel in set(ws.state.files) | set(rels)}
     ws.state.applied[-1] = {"id": pid, "name": patch.name, "sha256": ws.patches[idx].sha256,
@@ -185,6 +188,42 @@ def refresh_below_top(ws: Workspace, idx: int, patch: Patch) -> dict:
     ws.record_patched()
     return {"patch": patch.name, "changed": refreshed.raw != patch.raw, "files": refreshed.paths,
             "hooks": trailers["Opencoti-Hooks"], "build_impact": trailers["Build-Impact"], "reanchored": reanchored}
+
+
+def _remember_reexport(ws: Workspace, patch: Patch, before: Applied, diffed: dict, files_diff: list) -> None:
+    """Record in the re-export cache that `patch` re-exports byte for byte from these exact contents, when what
+    refresh just did is the very computation verify's re-export would do.
+
+    verify exports the top patch with diff_file(rel, before, disk, mode, mode) over the patch's files, mode being
+    the pristine file's (regular for a new one); refresh called diff_file with the same bytes and, when the file
+    exists on both sides with that mode, the same modes. The entry is keyed as verify keys it (patch bytes, paths,
+    pre-image digests, and post-image digests of the bytes refresh read, not of the stat index), so a file edited
+    afterwards, even keeping its size and mtime, gives verify another key and a fresh export.
+    """
+    from forktool.cache import Cache, caches_root, key_of
+    from forktool.tree import sha256_bytes
+
+    root = caches_root(ws.state_dir, ws.use_cache)
+    if root is None or patch.paths != [fd.path for fd in files_diff]:
+        return
+    pre: list[str | None] = []
+    post: list[str] = []
+    modes: list[str | None] = []
+    for rel in patch.paths:
+        old, new, old_mode, new_mode = diffed[rel]
+        mode = ws.pristine[rel].mode if rel in ws.pristine else REGULAR
+        if old is None or new is None or old_mode != mode or new_mode != mode:
+            return  # a new or deleted file, or a mode that differs: verify computes it
+        if rel in before.files:
+            pre.append(sha256_bytes(old))
+        else:
+            e = ws.pristine.get(rel)
+            pre.append(e.sha256 if e else None)
+        post.append(sha256_bytes(new))
+        modes.append(ws.pristine[rel].mode if rel in ws.pristine else None)
+    if with_files(patch, files_diff).raw != patch.raw:
+        return
+    Cache(root, "reexport").put(key_of("reexport", patch.sha256, patch.paths, pre, post, modes), True)
 
 
 def new(ws: Workspace, slug: str, title: str, author: str, want: str | None = None) -> dict:

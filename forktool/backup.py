@@ -15,12 +15,12 @@ from forktool.errors import ForktoolError, UnsafePathError, UsageError
 from forktool.store import ObjectStore
 from forktool.tree import (
     Manifest,
-    atomic_write,
     digest,
     manifest_from_json,
     manifest_to_json,
     resolve_inside,
     sha256_bytes,
+    write_many,
 )
 
 SLUG_OK = "abcdefghijklmnopqrstuvwxyz0123456789-"
@@ -70,12 +70,14 @@ def create(backups_dir: Path, tree: Path, slug: str, reason: str, current: Manif
                                     hint="stop whatever is writing to the vendored tree and retry")
             blobs.append(data)
             stored.append(rel)
-        ObjectStore(tmp / "objects").put_many(blobs)
         meta: dict = {"name": name, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "reason": reason,
                 "tree_digest": digest(current), "files": manifest_to_json(current), "stored": stored,
                 "state": state}
         meta["checksum"] = _checksum(meta)
-        atomic_write(tmp / "manifest.json", json.dumps(meta, indent=1, sort_keys=True).encode())
+        # one line: indent makes json use its pure-Python encoder, 0.01 s for a thousand-file manifest; the
+        # objects and the manifest are made durable together (one wait for the disk) before the rename below
+        manifest = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
+        write_many([*ObjectStore(tmp / "objects").missing(blobs), (tmp / "manifest.json", manifest)])
         tmp.rename(backups_dir / name)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,13 +62,23 @@ class Cache:
         value_json = json.dumps(value, sort_keys=True, separators=(",", ":"))
         entry = {"kind": self.kind, "key": key, "sha256": _checksum(value_json), "value": value}
         try:
-            atomic_write(self._path(key), json.dumps(entry, sort_keys=True, separators=(",", ":")).encode())
+            atomic_write(self._path(key), json.dumps(entry, sort_keys=True, separators=(",", ":")).encode(),
+                         durable=False)
         except OSError:
             pass  # a cache that cannot be written only costs speed
 
 
+_tool_fp: list[str] = []
+
+
 def tool_fingerprint() -> str:
     """The tool version plus the stat fields of its own files, so a changed forktool never reuses a verdict."""
+    if not _tool_fp:
+        _tool_fp.append(_tool_fingerprint())
+    return _tool_fp[0]
+
+
+def _tool_fingerprint() -> str:
     import forktool
 
     pkg = Path(forktool.__file__).parent
@@ -122,6 +133,48 @@ def user_cache_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "forktool"
 
 
+def _yaml_fingerprint() -> str:
+    """forktool's own files (the loader's rules live in schema.py) and the YAML parser's, by their stat fields."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("yaml")
+    parts: list[object] = [tool_fingerprint()]
+    for loc in ([spec.origin] if spec and spec.origin else []) + list(spec.submodule_search_locations or [] if spec
+                                                                         else []):
+        try:
+            st = os.stat(loc)
+            parts.append([loc, st.st_size, st.st_mtime_ns])
+        except OSError:
+            parts.append([loc, None])
+    return key_of("yaml-parser", parts)
+
+
+def parsed_yaml(text: str, parse: Callable[[str], Any]) -> Any:
+    """parse(text), remembered in the user cache under the text's digest and the parser's fingerprint.
+
+    Only a document that parsed without error and comes back from JSON as the very same value is remembered (a
+    date, a set or a non-string key is parsed every time); an entry whose key or checksum does not match is
+    ignored, so a remembered value is always what the parser gave for these exact bytes. Like a passed check,
+    it is written by flush_valid when the command succeeds: a refused command leaves the user cache as it was.
+    """
+    store = Cache(user_cache_dir(), "yaml")
+    key = key_of("yaml", _yaml_fingerprint(), hashlib.sha256(text.encode()).hexdigest())
+    hit = store.get(key)
+    if isinstance(hit, dict) and set(hit) == {"value"}:
+        return hit["value"]
+    data = parse(text)
+    try:
+        same = json.loads(json.dumps(data)) == data
+    except (TypeError, ValueError):
+        same = False
+    if same:
+        _pending_yaml.append((key, {"value": data}))
+    return data
+
+
+_pending_yaml: list[tuple[str, Any]] = []
+
+
 def _validated_path(schema_name: str, schema: Any, data: Any) -> Path | None:
     try:
         doc = json.dumps([schema_name, schema, data], sort_keys=True, separators=(",", ":"),
@@ -152,14 +205,20 @@ _pending_valid: list[Path] = []
 
 
 def flush_valid() -> None:
+    if _pending_yaml:
+        store = Cache(user_cache_dir(), "yaml")
+        for key, value in _pending_yaml:
+            store.put(key, value)
+        _pending_yaml.clear()
     while _pending_valid:
         p = _pending_valid.pop()
         try:
             if not p.is_file():
-                atomic_write(p, p.name.encode())
+                atomic_write(p, p.name.encode(), durable=False)
         except OSError:
             pass
 
 
 def forget_valid() -> None:
     _pending_valid.clear()
+    _pending_yaml.clear()

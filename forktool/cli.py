@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import sys
-import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -46,6 +45,8 @@ def run(json_flag: bool, fn: Callable[[Project], Report]) -> None:
                          {"error": f"no space left on the device: {e}", "kind": "NoSpace"})
             code = 1
         else:  # a bug: say so, with the traceback, and exit 3
+            import traceback
+
             output.error(f"internal error: {type(e).__name__}: {e}\n{traceback.format_exc()}",
                          {"error": f"internal error: {e}", "kind": "InternalError"})
             code = 3
@@ -232,6 +233,8 @@ def _main_typer(argv: list[str]) -> int:
     except typer.Exit as e:
         return int(e.exit_code or 0)
     except Exception as e:  # a bug outside a command body (import, option parsing): exit 3
+        import traceback
+
         output.error(f"internal error: {type(e).__name__}: {e}\n{traceback.format_exc()}")
         return 3
     return 0

@@ -54,7 +54,7 @@ def _save(index_path: Path, root: Path, taken_ns: int, entries: dict[str, tuple[
     data = {"version": INDEX_VERSION, "root": str(root), "taken_ns": taken_ns,
             "entries": {rel: [*k, en.sha256, en.mode] for rel, (k, en) in sorted(entries.items())}}
     try:
-        atomic_write(index_path, json.dumps(data, separators=(",", ":")).encode())
+        atomic_write(index_path, json.dumps(data, separators=(",", ":")).encode(), durable=False)
     except OSError:
         pass
 
@@ -62,14 +62,17 @@ def _save(index_path: Path, root: Path, taken_ns: int, entries: dict[str, tuple[
 def scan_indexed(root: Path, index_path: Path) -> tuple[Manifest, int]:
     """The manifest of root, as tree.scan gives it, re-hashing only files whose stat changed.
 
-    Returns (manifest, files hashed). The index is rewritten when anything was hashed or removed;
-    failing to write it only costs speed next time.
+    Returns (manifest, files hashed). The index is rewritten when the path set changed or a hashed file could be
+    trusted from it next time; an entry modified within RACY_NS of now would be re-hashed from a new index as
+    from the old one, so files written by the command just before do not make each command rewrite it.
+    Failing to write it only costs speed next time.
     """
     old, taken_ns = _load(index_path, root)
     now_ns = time.time_ns()
     out: Manifest = {}
     new: dict[str, tuple[Stat, Entry]] = {}
     hashed = 0
+    useful = False  # a hashed entry a new index would let the next scan trust
     check_root(root)
     if not root.exists():
         return out, 0
@@ -98,13 +101,14 @@ def scan_indexed(root: Path, index_path: Path) -> tuple[Manifest, int]:
                     entry = prev[1]
                 else:
                     hashed += 1
+                    useful = useful or st.st_mtime_ns < now_ns - RACY_NS
                     if mode == SYMLINK:
                         entry = Entry(sha256_bytes(os.readlink(e.path).encode()), SYMLINK)
                     else:
                         entry = Entry(sha256_file(Path(e.path)), mode)
                 out[rel] = entry
                 new[rel] = (key, entry)
-    if hashed or set(new) != set(old):
+    if useful or set(new) != set(old):
         _save(index_path, root, now_ns, new)
     return out, hashed
 
@@ -121,6 +125,7 @@ def hash_indexed(root: Path, rels: list[str], index_path: Path) -> tuple[dict[st
     out: dict[str, str] = {}
     new: dict[str, tuple[Stat, Entry]] = {}
     hashed = 0
+    useful = False  # as in scan_indexed: rewrite only for a hashed entry the next call could trust
     for rel in dict.fromkeys(rels):
         path = root / rel
         try:
@@ -135,9 +140,10 @@ def hash_indexed(root: Path, rels: list[str], index_path: Path) -> tuple[dict[st
             entry = prev[1]
         else:
             hashed += 1
+            useful = useful or st.st_mtime_ns < now_ns - RACY_NS
             entry = Entry(sha256_file(path), EXECUTABLE if st.st_mode & stat.S_IXUSR else REGULAR)
         out[rel] = entry.sha256
         new[rel] = (key, entry)
-    if hashed or set(new) != set(old):
+    if useful or set(new) != set(old):
         _save(index_path, root, now_ns, new)
     return out, hashed

@@ -36,10 +36,18 @@ def hooks_in_patch(patch: Patch) -> list[str]:
 
 
 def scan_file(rel: str, data: bytes) -> list[Marker]:
-    if b"opencoti-hook" not in data:
-        return []
+    """Markers in data, line by line (a marker never spans lines); only lines holding the word are searched."""
     out = []
-    for n, line in enumerate(data.split(b"\n"), 1):
-        for m in MARKER_RE.finditer(line):
-            out.append(Marker(rel, n, m.group(1).decode()))
+    line, at = 1, 0  # the number of the line starting at offset `at`
+    i = data.find(b"opencoti-hook")
+    while i != -1:
+        start = data.rfind(b"\n", 0, i) + 1
+        line += data.count(b"\n", at, start)
+        at = start
+        end = data.find(b"\n", i)
+        if end == -1:
+            end = len(data)
+        for m in MARKER_RE.finditer(data, start, end):
+            out.append(Marker(rel, line, m.group(1).decode()))
+        i = data.find(b"opencoti-hook", end)
     return out

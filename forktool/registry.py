@@ -5,8 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from forktool.errors import ConfigError
 from forktool.project import read_yaml_mapping
 
@@ -103,4 +101,6 @@ def dump(reg: Registry) -> str:
                                                       for s in h.sites]}.items() if v != ""}
                   for h in reg.hooks.values()},
     }
+    import yaml  # only when the registry is written back
+
     return yaml.safe_dump(data, sort_keys=False, width=110, allow_unicode=True)

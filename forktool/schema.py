@@ -159,10 +159,24 @@ def _loader() -> Any:
 
 
 def parse_yaml(text: str, where: str) -> Any:
+    from forktool import cache
+
+    # the same bytes parse to the same value; measured before it is remembered (aliases can expand a document)
+    data = cache.parsed_yaml(text, lambda t: _measured(_parse_yaml(t, where), where))
+    measure(data, where)
+    return data
+
+
+def _measured(data: Any, where: str) -> Any:
+    measure(data, where)
+    return data
+
+
+def _parse_yaml(text: str, where: str) -> Any:
     import yaml
 
     try:
-        data = yaml.load(text, Loader=_loader())  # noqa: S506 - the loader is a SafeLoader
+        return yaml.load(text, Loader=_loader())  # noqa: S506 - the loader is a SafeLoader
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         at = f":{mark.line + 1}" if mark is not None else ""
@@ -171,8 +185,6 @@ def parse_yaml(text: str, where: str) -> Any:
                           hint="fix the YAML (plain mappings, lists and scalars only)") from None
     except RecursionError:
         raise ConfigError(f"{Path(where).name} is nested too deeply", where=where) from None
-    measure(data, where)
-    return data
 
 
 def measure(data: Any, where: str) -> None:
@@ -280,6 +292,72 @@ def volatile_shape(data: Any, name: str) -> Any:
     return {**data, key: dict.fromkeys(data[key])}
 
 
+# documents whose sha256 values change with every write (state.json after each apply or refresh)
+_DIGEST_SHAPED = {"state"}
+_HEX64 = re.compile(r"[0-9a-f]{64}\Z")
+_ZEROS = "0" * 64
+
+
+@cache
+def _schema_strings(name: str) -> tuple[tuple[str, ...], bool]:
+    """Every pattern in the schema `name`, and whether a const or enum in it names a 64-character string."""
+    from forktool import schemas
+    patterns: list[str] = []
+    fixed = False
+    stack: list[Any] = [schemas.SCHEMAS[name]]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if isinstance(node.get("pattern"), str):
+                patterns.append(node["pattern"])
+            for k in ("const", "enum"):
+                if k in node:
+                    vals = node[k] if k == "enum" and isinstance(node[k], list) else [node[k]]
+                    fixed = fixed or any(isinstance(x, str) and len(x) == 64 for x in vals)
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return tuple(patterns), fixed
+
+
+def digest_shape(data: Any, name: str) -> Any:
+    """data with every sha256-like string value (64 lowercase hex digits; never a key) replaced by 64 zeros, or
+    None when the schema could tell two such strings apart.
+
+    The schema cannot tell them apart when no const or enum in it names a 64-character string and every pattern
+    in it matches each replaced value exactly when it matches the zeros: every keyword that looks at a string
+    (pattern, const, enum, length) then gives the same answer for both, so the document passes exactly when
+    its shape does (uniqueItems can only fail more often on the shape, never less).
+    """
+    if name not in _DIGEST_SHAPED:
+        return None
+    patterns, fixed = _schema_strings(name)
+    if fixed:
+        return None
+    seen: set[str] = set()
+
+    def blank(o: Any) -> Any:
+        if isinstance(o, str):
+            if len(o) == 64 and _HEX64.match(o):
+                seen.add(o)
+                return _ZEROS
+            return o
+        if isinstance(o, dict):
+            return {k: blank(v) for k, v in o.items()}
+        if isinstance(o, list):
+            return [blank(v) for v in o]
+        return o
+
+    shape = blank(data)
+    if not seen:
+        return None
+    for p in patterns:
+        want = re.search(p, _ZEROS) is not None
+        if any((re.search(p, v) is not None) != want for v in seen):
+            return None
+    return shape
+
+
 def check(data: Any, name: str, where: str, hint: str = "") -> Any:
     """data checked against the schema `name`; the first error becomes a ConfigError naming file and key."""
     from forktool import cache, schemas
@@ -288,6 +366,9 @@ def check(data: Any, name: str, where: str, hint: str = "") -> Any:
     shape = volatile_shape(data, name)
     if shape is not None and cache.known_valid(f"{name}#shape", schemas.SCHEMAS[name], shape):
         return data
+    digests = digest_shape(data, name)
+    if digests is not None and cache.known_valid(f"{name}#digests", schemas.SCHEMAS[name], digests):
+        return data
     v = _validator(name)
     import jsonschema
     err = jsonschema.exceptions.best_match(v.iter_errors(data), key=_relevance)
@@ -295,6 +376,8 @@ def check(data: Any, name: str, where: str, hint: str = "") -> Any:
         cache.remember_valid(name, schemas.SCHEMAS[name], data)
         if shape is not None:
             cache.remember_valid(f"{name}#shape", schemas.SCHEMAS[name], shape)
+        if digests is not None:
+            cache.remember_valid(f"{name}#digests", schemas.SCHEMAS[name], digests)
         return data
     # report the deepest error of a oneOf/anyOf when it names a concrete key
     while err.context:

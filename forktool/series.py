@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import re
 from collections.abc import Iterable
@@ -426,6 +425,8 @@ def _opcodes(a: list[bytes], b: list[bytes]) -> list[tuple[str, int, int, int, i
     suf = 0
     while suf < len(a) - pre and suf < len(b) - pre and a[-1 - suf] == b[-1 - suf]:
         suf += 1
+    import difflib  # only when a patch is re-exported
+
     sm = difflib.SequenceMatcher(None, a[pre:len(a) - suf], b[pre:len(b) - suf], autojunk=False)
     ops = []
     if pre:

@@ -28,10 +28,14 @@ class ObjectStore:
 
     def put_many(self, blobs: list[bytes]) -> list[str]:
         """put for several objects, made durable together (one wait for the disk instead of one per object)."""
-        shas = [sha256_bytes(b) for b in blobs]
-        todo = {self.path(sha): b for sha, b in zip(shas, blobs, strict=True) if not self.path(sha).is_file()}
-        write_many(list(todo.items()))
-        return shas
+        write_many(self.missing(blobs))
+        return [sha256_bytes(b) for b in blobs]
+
+    def missing(self, blobs: list[bytes]) -> list[tuple[Path, bytes]]:
+        """(path, bytes) of the blobs not stored yet, each once: for tree.write_many, alone or with other files
+        that must become durable in the same wait."""
+        todo = {self.path(sha256_bytes(b)): b for b in blobs}
+        return [(p, b) for p, b in todo.items() if not p.is_file()]
 
     def get(self, sha: str) -> bytes:
         p = self.path(sha)

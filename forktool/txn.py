@@ -23,6 +23,7 @@ from forktool.tree import (
     fsync_all,
     remove_empty_parents,
     resolve_inside,
+    run_all,
     sha256_bytes,
 )
 
@@ -244,32 +245,59 @@ def _check_link(rel: str, target: bytes, tdir: Path, where: str) -> None:
             parts.append(part)
 
 
+def _move(tree: Path, tdir: Path, e: dict[str, Any], made_dirs: frozenset[str] = frozenset()) -> bool:
+    """Carry out one journal entry (idempotent: a staged file already moved is skipped); True for a removal.
+
+    made_dirs: the directories the plan's writes create; a removed file found as one of them was removed, and
+    its path then filled by those writes, before a crash."""
+    target = resolve_inside(tree, e["path"], "journal")
+    if e["staged"] is None:
+        if target.is_symlink() or target.is_file():
+            target.unlink()
+        elif target.is_dir() and e["path"] in made_dirs:
+            pass
+        elif target.exists():
+            raise ForktoolError(f"{e['path']} is not a file and cannot be removed", where=str(target))
+        return True
+    src = tdir / "new" / e["staged"]
+    if src.exists():  # gone: already moved before a crash
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if e["mode"] == SYMLINK:
+            if target.is_symlink() or target.is_file():
+                target.unlink()
+            target.symlink_to(src.read_text())
+            src.unlink()
+        else:
+            os.chmod(src, 0o755 if e["mode"] == EXECUTABLE else 0o644)
+            os.replace(src, target)
+    return False
+
+
 def _roll_forward(tree: Path, state_dir: Path, plan: dict[str, Any]) -> None:
+    """Carry out a committed plan, then record its state and drop the journal.
+
+    The first entry, every removal and every symlink go one by one in the plan's order (a removal can make
+    room for a later write); the other entries, regular files replaced by their staged copies, are
+    independent of each other and of order, so they are renamed concurrently: a rename that frees the
+    replaced file's blocks waits on the filesystem, and concurrent ones are served together. Each entry is
+    idempotent, so after a crash at any point recovery carries out the same plan again.
+    """
     tdir = txn_dir(state_dir)
     removed = []
+    entries = plan["entries"]
+    made = frozenset(p[:i] for e in entries if e["staged"] is not None for p in [e["path"]]
+                     for i in range(len(p)) if p[i] == "/")
     try:
-        for n, e in enumerate(plan["entries"]):
-            target = resolve_inside(tree, e["path"], "journal")
-            if e["staged"] is None:
-                if target.is_symlink() or target.is_file():
-                    target.unlink()
-                elif target.exists():
-                    raise ForktoolError(f"{e['path']} is not a file and cannot be removed", where=str(target))
+        later = []
+        for n, e in enumerate(entries):
+            if n and e["staged"] is not None and e["mode"] != SYMLINK:
+                later.append(e)
+                continue
+            if _move(tree, tdir, e, made):
                 removed.append(e["path"])
-            else:
-                src = tdir / "new" / e["staged"]
-                if src.exists():  # gone: already moved before a crash
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    if e["mode"] == SYMLINK:
-                        if target.is_symlink() or target.is_file():
-                            target.unlink()
-                        target.symlink_to(src.read_text())
-                        src.unlink()
-                    else:
-                        os.chmod(src, 0o755 if e["mode"] == EXECUTABLE else 0o644)
-                        os.replace(src, target)
             if n == 0:
                 _fault("replacing")
+        run_all(lambda e: _move(tree, tdir, e, made), later)
         remove_empty_parents(tree, removed)
         atomic_write(state_dir / "state.json", json.dumps(plan["state"], indent=1, sort_keys=True).encode())
     except OSError as e:

@@ -12,8 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from forktool import archive, proc, schema
-from forktool import git as fgit
+from forktool import schema
 from forktool.errors import ConfigError, ForktoolError, UnsafePathError
 from forktool.project import Component, Project
 from forktool.store import ObjectStore
@@ -50,6 +49,8 @@ def sdist_path(project: Project, comp: Component) -> Path:
 
 def pip_download(requirement: str, dest: Path) -> Path:
     """The one place forktool downloads: `pip download` of one source distribution into dest; returns its path."""
+    from forktool import proc  # the download, extraction and git machinery load only when a fetch needs them
+
     proc.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
               "--disable-pip-version-check", "-d", dest, requirement])
     found = sorted(dest.glob("*.tar.gz"))
@@ -90,6 +91,8 @@ class Extracted:
 
 def extract(data: bytes, comp: Component, store: ObjectStore, strip_top: bool) -> Extracted:
     """Filtered extraction into the object store (forktool/archive.py checks every member first)."""
+    from forktool import archive
+
     manifest, skipped = archive.extract_to_store(data, store, comp.spec, strip_top=strip_top, subdir=comp.subdir,
                                                  keep=lambda rel: keep(rel, comp))
     if not manifest:
@@ -165,6 +168,8 @@ def fetch_pristine(project: Project, *, local_sdist: Path | None = None,
             strip_top = True
         else:
             progress(f"archiving {comp.spec} with git")
+            from forktool import git as fgit
+
             archive = fgit.archive_commit(comp.url, comp.commit, project.cache_dir)
             strip_top = False
         progress(f"extracting {comp.name} (filters: {len(comp.include)} include, {len(comp.exclude)} exclude)")

@@ -51,8 +51,22 @@ def _file_digest(path: Path) -> str | None:
         return None
 
 
+_signatures: dict[int, tuple[Workspace, str]] = {}
+
+
 def _store_signature(ws: Workspace) -> str:
-    """The stat fields of every pristine object in the cache: a changed object changes this key."""
+    """The stat fields of every pristine object in the cache: a changed object changes this key (taken once per
+    snapshot: the verdict key and the pristine check both use it)."""
+    held = _signatures.get(id(ws))
+    if held is not None and held[0] is ws:
+        return held[1]
+    sig = _take_store_signature(ws)
+    _signatures.clear()
+    _signatures[id(ws)] = (ws, sig)
+    return sig
+
+
+def _take_store_signature(ws: Workspace) -> str:
     parts = []
     root = str(ws.store.root)
     for e in ws.pristine.values():

@@ -143,13 +143,16 @@ class Workspace:
         writes: list[txn.Write] = []
         new_files: dict[str, Entry | None] = {}
         for rel in sorted(paths):
-            want = result.files[rel] if rel in result.files else self.base_bytes(rel)
             mode = self.pristine[rel].mode if rel in self.pristine else REGULAR
             if rel in result.files:
-                new_files[rel] = Entry(sha256_bytes(want), mode) if want is not None else None
-            have = current.get(rel)
-            want_entry = Entry(sha256_bytes(want), mode) if want is not None else None
-            if have != want_entry:
+                want = result.files[rel]
+                want_entry = Entry(sha256_bytes(want), mode) if want is not None else None
+                new_files[rel] = want_entry
+            else:  # back to pristine: its entry is known, and its bytes are read (and checked) only to be written
+                want, want_entry = None, self.pristine.get(rel)
+            if current.get(rel) != want_entry:
+                if rel not in result.files:
+                    want = self.base_bytes(rel)
                 writes.append(txn.Write(rel, want, mode))
         applied = [{"id": p.id, "name": p.name, "sha256": p.sha256, "diff_sha256": p.diff_sha256,
                     "drift": [d.to_json() for d in result.drift.get(p.id, [])]} for p in target]

@@ -135,3 +135,48 @@ def test_stat_index_hashes_only_what_changed(tmp_path: Path):
     index.write_bytes(b"\x00garbage")
     m4, hashed4 = scan_indexed(root, index)
     assert m4 == scan(root) and hashed4 == len(m4)
+
+
+def _reexports(p: Proj) -> set[Path]:
+    return set((p.root / ".opencoti" / "cache" / "reexport").rglob("*.json"))
+
+
+def test_verify_right_after_refresh_agrees_with_no_cache(rp: Proj):  # noqa: F811
+    rp.run("apply")
+    assert verdict(rp)["ok"]
+    rp.edit("up/src/ctx.c", "c->window = 0;", "c->window = 64;")
+    before = _reexports(rp)
+    rp.run("refresh", "0070")
+    recorded = _reexports(rp) - before
+    assert len(recorded) == 1  # refresh recorded the re-export it proved
+    after_refresh = verdict(rp)
+    assert _reexports(rp) == before | recorded  # verify found it: nothing re-exported, nothing new stored
+    scratch = verdict(rp, "--no-cache")
+    assert after_refresh["ok"] and not after_refresh["cached"]
+    assert comparable(after_refresh) == comparable(scratch)
+
+
+def test_verify_after_refresh_sees_an_edit_that_keeps_size_and_mtime(rp: Proj):  # noqa: F811
+    rp.run("apply")
+    rp.edit("up/src/ctx.c", "c->window = 0;", "c->window = 64;")
+    rp.run("refresh", "0070")
+    f = rp.tree / "up/src/ctx.c"
+    st = f.stat()
+    f.write_bytes(f.read_bytes().replace(b"window = 64;", b"window = 65;"))  # right after refresh, same size
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert f.stat().st_size == st.st_size and f.stat().st_mtime_ns == st.st_mtime_ns
+    tampered, scratch = verdict(rp), verdict(rp, "--no-cache")
+    assert not tampered["ok"] and not tampered["cached"]
+    assert comparable(tampered) == comparable(scratch)
+    assert any(x["where"] == "patches/0070-ctx-window.patch" for x in tampered["problems"])  # the re-export
+    assert any("modified up/src/ctx.c" in x["what"] for x in tampered["problems"])
+
+
+def test_refresh_records_no_re_export_it_did_not_compute(rp: Proj):  # noqa: F811
+    rp.run("apply")
+    (rp.tree / "up/src/new.c").write_text("int n; // opencoti-hook: ctx-window\n")  # a new file joins the patch
+    before = _reexports(rp)
+    rp.run("refresh", "0070")
+    assert _reexports(rp) == before  # a new file: verify's export is not the computation refresh did
+    v, scratch = verdict(rp), verdict(rp, "--no-cache")
+    assert comparable(v) == comparable(scratch)

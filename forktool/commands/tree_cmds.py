@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from forktool import authoring, output, vendor
+from forktool import output, vendor
 from forktool.commands import open_workspace
 from forktool.errors import check_id, check_line
 from forktool.output import Report
@@ -31,9 +31,14 @@ def apply(project: Project, upto: str | None, force: bool, reanchor: bool = Fals
     with open_workspace(project) as ws:
         end = ws.index(upto) + 1 if upto else len(ws.patches)
         label = f"apply-{ws.patches[end - 1].id}" if end else "apply-none"
-        reanchored = authoring.reanchor(ws, end) if reanchor else []
+        reanchored: list[str] = []
+        if reanchor:
+            from forktool import authoring  # the patch writer, loaded only when patches are rewritten
+
+            reanchored = authoring.reanchor(ws, end)
         res = ws.goto(ws.patches[:end], force=force, label=label)
-        authoring.write_patches(ws, reanchored)
+        if reanchored:
+            authoring.write_patches(ws, reanchored)
         rep = _moved(ws, "apply", res)
         rep.data["reanchored"] = reanchored
         if reanchored:
@@ -114,6 +119,8 @@ def verify(project: Project, use_cache: bool = True) -> Report:
 
 
 def refresh(project: Project, pid: str) -> Report:
+    from forktool import authoring
+
     check_id(pid, "ID")
     with open_workspace(project) as ws:
         res = authoring.refresh(ws, pid)
@@ -126,6 +133,8 @@ def refresh(project: Project, pid: str) -> Report:
 
 
 def new(project: Project, slug: str, title: str, author: str, patch_id: str | None = None) -> Report:
+    from forktool import authoring
+
     check_line(title, "--title"), check_line(author, "--author"), check_id(patch_id, "--id")
     with open_workspace(project) as ws:
         res = authoring.new(ws, slug, title, author, patch_id)
