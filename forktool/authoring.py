@@ -124,18 +124,21 @@ def refresh_below_top(ws: Workspace, idx: int, patch: Patch) -> dict:
     def read(acc: Applied) -> Reader:
         return lambda rel: acc.files[rel] if rel in acc.files else ws.base_bytes(rel)
 
+    hint = (f"move the tree down to it (`forktool apply --upto {patch.id}`), edit there, `forktool refresh "
+            f"{patch.id}`, then `forktool apply --reanchor`")
     edit_files = []
     for rel in sorted(changed):
         old, new = read(full)(rel), ws.disk_bytes(rel)
         old_mode = expected[rel].mode if rel in expected else None
         new_mode = current[rel].mode if rel in current else None
+        if old is not None and new is not None and old_mode != new_mode:
+            raise ForktoolError(f"{rel} changed its mode ({old_mode} -> {new_mode}): below the top only content "
+                                "edits are placed", where=rel, hint=hint)
         fd = diff_file(rel, old, new, old_mode, new_mode)
         if fd is not None:
             edit_files.append(fd)
     edit = with_files(Patch("edit", "the tree's edit", b"", []), edit_files)
     above = ws.patches[idx + 1:n]
-    hint = (f"move the tree down to it (`forktool apply --upto {patch.id}`), edit there, `forktool refresh "
-            f"{patch.id}`, then `forktool apply --reanchor`")
     before = ws.compute(ws.patches[:idx])
     at = Applied(dict(before.files))
     apply_patch(patch, ws.base_bytes, at)

@@ -199,6 +199,16 @@ def test_refresh_below_the_top_takes_new_and_untouched_files_and_refuses_a_later
     assert proj.state_digest() == before
 
 
+def test_refresh_below_the_top_refuses_a_mode_change(proj: Proj):
+    series(proj)
+    proj.run("apply")
+    os.chmod(proj.tree / "up/src/a.c", 0o755)
+    before = proj.state_digest()
+    code, out, err = proj.run("refresh", "0070", expect=1)
+    assert "up/src/a.c" in err and "mode" in err and "apply --upto 0070" in err
+    assert proj.state_digest() == before and os.stat(proj.tree / "up/src/a.c").st_mode & 0o111
+
+
 def test_refresh_refuses_a_patch_that_is_not_applied(proj: Proj):
     series(proj)
     proj.run("apply", "--upto", "0070")
