@@ -18,10 +18,10 @@ from forktool.workspace import Workspace
 Reader = Callable[[str], bytes | None]
 
 
-def export(ws: Workspace, patch: Patch, before: Applied, after_read: Reader) -> Patch:
-    """The patch regenerated from tree contents, keeping its message; paths = its own."""
+def export(ws: Workspace, patch: Patch, before: Applied, after_read: Reader, paths: list[str] | None = None) -> Patch:
+    """The patch regenerated from tree contents, keeping its message; paths = its own unless given."""
     files = []
-    for rel in patch.paths:
+    for rel in patch.paths if paths is None else paths:
         old = before.files[rel] if rel in before.files else ws.base_bytes(rel)
         new = after_read(rel)
         mode = ws.pristine[rel].mode if rel in ws.pristine else REGULAR
@@ -149,14 +149,7 @@ def refresh_below_top(ws: Workspace, idx: int, patch: Patch) -> dict:
                             f"({', '.join(p.id for p in above)}): it touches lines they change",
                             where=e.where.replace("patch the tree's edit, ", ""), details=e.details, hint=hint) from e
     rels = sorted(set(patch.paths) | changed)
-    files_diff = []
-    for rel in rels:
-        old, new = read(before)(rel), read(at)(rel)
-        mode = ws.pristine[rel].mode if rel in ws.pristine else REGULAR
-        fd = diff_file(rel, old, new, mode if old is not None else None, mode if new is not None else None)
-        if fd is not None:
-            files_diff.append(fd)
-    refreshed, trailers = with_derived_trailers(ws.project, patch, files_diff)
+    refreshed, trailers = with_derived_trailers(ws.project, patch, export(ws, patch, before, read(at), rels).files)
     new_patches = list(ws.patches)
     new_patches[idx] = parse_patch(refreshed.raw, patch.name)
     acc = Applied(dict(before.files))
