@@ -4,13 +4,17 @@
 llama_memory_hybrid_idx branch in llama_model::create_memory: the residency parameters follow `share`
 directly, and the callers that passed name_tag's default "" before them stop doing so.
 
-0089: the same two callers again (the measure-pass arguments follow the residency ones without name_tag).
-
 0072: in build_attn 0.3.35 stores K/V first and reads the views after the store block (0.3.36 reads them
 inside it): the tail staging and stream pinning follow the reads. 0.3.35 restores K/V state cell by cell
 (0.3.36 batches contiguous runs) and has no state_clear():
 with a window, each restored cell is read into the part (window or host tail) that holds it; the
 contiguous fast path stays as upstream wrote it in head mode; the state_clear() changes go with the function.
+The window and tail tensors are named as 0.3.35 names its own K/V, without name_tag.
+
+0073: 0.3.35 has no get_prev_tokens() after set_input_v_rot(): the mapped-copy rule follows set_input_v_rot()
+alone. The mapped K/V tensors are named without name_tag, as in 0072.
+
+0089: the same two callers again (the measure-pass arguments follow the residency ones without name_tag).
 """
 
 from __future__ import annotations
@@ -95,6 +99,10 @@ RESOLUTIONS: dict[str, dict[str, list[Block]]] = {
                  "    ggml_tensor * cur = build_attn_mha(q, k, v, kq_b, kq_mask, sinks, v_mla, kq_scale, il);\n"),
         ],
     },
+    "0073": {
+        # 0.3.35 has no get_prev_tokens (0.3.36 added it): only the mapped-copy rule follows set_input_v_rot
+        "src/llama-kv-cache.cpp": [ours_from("\n// opencoti-hook: kv-mapped-tail\n// rule: attention reads the mapped tail")],
+    },
     "0089": {
         "src/llama-kv-cache-iswa.cpp": [text(
             "            kv_residency_mode, vram_target_mib, kv_window_cells, // opencoti-hook: kv-residency-params\n"
@@ -103,9 +111,18 @@ RESOLUTIONS: dict[str, dict[str, list[Block]]] = {
     },
 }
 # patch -> file -> (old, new, count): edits outside conflict blocks (the callers that passed name_tag's default;
-# the K/V views read after the store block in 0.3.35's build_attn)
+# the K/V views read after the store block in 0.3.35's build_attn; the window, tail and mapped K/V tensors named
+# without name_tag, as 0.3.35 names its own)
 EDITS: dict[str, dict[str, tuple[str, str, int]]] = {
     "0072": {
+        "src/llama-kv-cache.cpp": ('            ggml_format_name(k,  "cache_%sk_l%d",      name_tag, il);\n'
+                                   '            ggml_format_name(v,  "cache_%sv_l%d",      name_tag, il);\n'
+                                   '            ggml_format_name(kt, "cache_%sk_tail_l%d", name_tag, il);\n'
+                                   '            ggml_format_name(vt, "cache_%sv_tail_l%d", name_tag, il);\n',
+                                   '            ggml_format_name(k,  "cache_k_l%d",      il);\n'
+                                   '            ggml_format_name(v,  "cache_v_l%d",      il);\n'
+                                   '            ggml_format_name(kt, "cache_k_tail_l%d", il);\n'
+                                   '            ggml_format_name(vt, "cache_v_tail_l%d", il);\n', 1),
         "src/llama-graph.cpp": ("    ggml_tensor * k = mctx_cur->get_k(ctx0, il);\n"
                                 "    ggml_tensor * v = mctx_cur->get_v(ctx0, il);\n\n"
                                 "    ggml_tensor * cur = build_attn_mha(",
@@ -114,6 +131,10 @@ EDITS: dict[str, dict[str, tuple[str, str, int]]] = {
                                 "    ggml_tensor * v = mctx_cur->get_v(ctx0, il);\n\n"
                                 "    opencoti_pin_stream(k, v, il); // opencoti-hook: kv-tail-stream\n\n"
                                 "    ggml_tensor * cur = build_attn_mha(", 1),
+    },
+    "0073": {
+        "src/llama-kv-cache.cpp": ('ggml_format_name(kv[i], i == 0 ? "cache_%sk_l%d" : "cache_%sv_l%d", name_tag, il);',
+                                   'ggml_format_name(kv[i], i == 0 ? "cache_k_l%d" : "cache_v_l%d", il);', 1),
     },
     "0070": {
         "src/llama-kv-cache-iswa.cpp": ('            "", kv_residency_mode, vram_target_mib, kv_window_cells);',
