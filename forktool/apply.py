@@ -31,9 +31,14 @@ class Applied:
 Reader = Callable[[str], bytes | None]
 
 
-def _find(lines: list[bytes], block: list[bytes], expected: int, lo: int) -> int | None:
-    """Position of block in lines at or after lo, nearest to expected; None when absent."""
+def _find(lines: list[bytes], block: list[bytes], expected: int, lo: int, at_start: bool = False,
+          at_end: bool = False) -> int | None:
+    """Position of block in lines at or after lo, nearest to expected; None when absent. at_start / at_end: the
+    block may stand only at the beginning / only at the end of lines."""
     n = len(block)
+    if at_start or at_end:
+        at = 0 if at_start else len(lines) - n
+        return at if lo <= at and lines[at:at + n] == block else None
     if 0 <= expected <= len(lines) - n and expected >= lo and lines[expected:expected + n] == block:
         return expected
     best: int | None = None
@@ -59,6 +64,16 @@ def _first_difference(lines: list[bytes], block: list[bytes], at: int) -> str:
     return f"line {at + 1}: block not found"
 
 
+def _anchors(h: Hunk) -> tuple[bool, bool]:
+    """Where a hunk is tied to, as GNU patch reads it: one with less context before its change than after it
+    belongs at the beginning of the file, one with less after than before at the end (the context stopped there
+    because the file did). Anywhere else it would be the same lines in another place, not an offset."""
+    ops = [op for op, _ in h.lines]
+    lead = next((i for i, op in enumerate(ops) if op != b" "), len(ops))
+    trail = next((i for i, op in enumerate(reversed(ops)) if op != b" "), len(ops))
+    return lead < trail, trail < lead
+
+
 def apply_file(patch: Patch, fd: FileDiff, content: bytes | None) -> tuple[bytes | None, list[Drift]]:
     where = f"patch {patch.name}, file {fd.path}"
     if fd.is_new:
@@ -78,10 +93,13 @@ def apply_file(patch: Patch, fd: FileDiff, content: bytes | None) -> tuple[bytes
         old = h.old_lines()
         base = h.old_start - 1 if h.old_count else h.old_start
         expected = base + shift
-        at = _find(lines, old, expected, pos)
+        at_start, at_end = _anchors(h)
+        at = _find(lines, old, expected, pos, at_start, at_end)
         if at is None:
             raise ApplyError(
-                f"hunk #{number} of {fd.path} does not apply (exact context only, no fuzz)",
+                f"hunk #{number} of {fd.path} does not apply (exact context only, no fuzz"
+                + (", at the beginning of the file" if at_start else ", at the end of the file" if at_end else "")
+                + ")",
                 where=f"{where}, hunk #{number} (@@ -{h.old_start},{h.old_count})",
                 details=[_first_difference(lines, old, max(expected, pos))],
                 hint="the upstream text changed here: edit the tree at this place and run `forktool refresh "

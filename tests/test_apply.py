@@ -394,3 +394,26 @@ def test_try_patch_reports_each_file_and_changes_nothing():
     record(three.id, outcomes, acc)
     assert acc.files["up/src/new.c"] == b"int n;\n" and "up/src/b.c" not in acc.files
     assert apply_series([one], upstream.get, Applied()).files == before
+
+
+
+def test_a_hunk_whose_context_stops_at_the_file_end_applies_only_there():
+    """Less context after the change than before it: the file ended there; the same lines elsewhere in a longer
+    file are another place, not an offset (likewise at the beginning). Full context on both sides: an offset."""
+    from forktool.apply import apply_file
+    from forktool.errors import ApplyError
+    from forktool.series import parse_patch
+
+    body = "".join(f"line {i}\n" for i in range(1, 13))
+    for name, new, anchored, longer in (
+            ("0070-tail.patch", body + "added\n", "at the end", body + "more\n"),
+            ("0071-head.patch", "first\n" + body, "at the beginning", "zero\n" + body)):
+        patch = parse_patch(make_patch(name, {"up/src/t.c": (body, new)}).encode(), name)
+        assert apply_file(patch, patch.files[0], body.encode()) == (new.encode(), [])
+        with pytest.raises(ApplyError) as e:
+            apply_file(patch, patch.files[0], longer.encode())
+        assert f"{anchored} of the file" in e.value.what
+    mid = body.replace("line 6\n", "line 6\nmid\n")
+    patch = parse_patch(make_patch("0072-mid.patch", {"up/src/t.c": (body, mid)}).encode(), "0072-mid.patch")
+    out, drift = apply_file(patch, patch.files[0], ("zero\n" + body + "more\n").encode())
+    assert out == ("zero\n" + mid + "more\n").encode() and [d.offset for d in drift] == [1]
