@@ -62,8 +62,8 @@ class Cache:
         value_json = json.dumps(value, sort_keys=True, separators=(",", ":"))
         entry = {"kind": self.kind, "key": key, "sha256": _checksum(value_json), "value": value}
         try:
-            atomic_write(self._path(key), json.dumps(entry, sort_keys=True, separators=(",", ":")).encode(),
-                         durable=False)
+            # unsorted: a hit gives back every mapping in the order it was stored (the checksum ignores order)
+            atomic_write(self._path(key), json.dumps(entry, separators=(",", ":")).encode(), durable=False)
         except OSError:
             pass  # a cache that cannot be written only costs speed
 

@@ -52,3 +52,14 @@ def test_values_json_cannot_carry_and_bad_documents_are_not_remembered(tmp_path:
         schema.parse_yaml(corpus._billion_laughs().decode(), "bomb.yaml")  # measured before it is remembered
     cache.flush_valid()
     assert _entries(tmp_path) == []
+
+
+def test_a_remembered_parse_keeps_the_order_of_every_mapping(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Readers that write a file back in its own order (the registry's hooks) get the document's order from a hit."""
+    monkeypatch.setenv("FORKTOOL_CACHE", str(tmp_path))
+    text = "z: 1\na: {y: 1, b: [{q: 1, c: 2}]}\nm: 3\n"
+    first = schema.parse_yaml(text, "f.yaml")
+    cache.flush_valid()
+    monkeypatch.setattr(schema, "_parse_yaml", lambda t, w: pytest.fail("parsed again"))
+    again = schema.parse_yaml(text, "f.yaml")
+    assert json.dumps(again) == json.dumps(first) == '{"z": 1, "a": {"y": 1, "b": [{"q": 1, "c": 2}]}, "m": 3}'
