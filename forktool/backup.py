@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,8 +14,10 @@ from forktool.store import ObjectStore
 from forktool.tree import (
     Manifest,
     digest,
+    make_temp_dir,
     manifest_from_json,
     manifest_to_json,
+    remove_tree,
     resolve_inside,
     sha256_bytes,
     write_many,
@@ -56,7 +56,7 @@ def create(backups_dir: Path, tree: Path, slug: str, reason: str, current: Manif
     name, n = base, 2
     while (backups_dir / name).exists():
         name, n = f"{base}-{n}", n + 1
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=backups_dir))
+    tmp = make_temp_dir(backups_dir, ".tmp-")
     try:
         stored = []
         blobs = []
@@ -80,7 +80,10 @@ def create(backups_dir: Path, tree: Path, slug: str, reason: str, current: Manif
         write_many([*ObjectStore(tmp / "objects").missing(blobs), (tmp / "manifest.json", manifest)])
         tmp.rename(backups_dir / name)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            remove_tree(tmp)
+        except OSError:
+            pass
         raise
     return Backup(name, backups_dir / name, meta["created"], reason, len(current), len(stored), meta["tree_digest"])
 
@@ -196,5 +199,5 @@ def prune(backups_dir: Path, keep: int) -> list[str]:
     backups = list_backups(backups_dir)
     doomed = backups[: max(0, len(backups) - keep)]
     for b in doomed:
-        shutil.rmtree(b.path)
+        remove_tree(b.path)
     return [b.name for b in doomed]

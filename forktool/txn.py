@@ -5,7 +5,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import shutil
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +21,7 @@ from forktool.tree import (
     atomic_write,
     fsync_all,
     remove_empty_parents,
+    remove_tree,
     resolve_inside,
     run_all,
     sha256_bytes,
@@ -148,7 +148,7 @@ def commit(tree: Path, state_dir: Path, writes: list[Write], state_after: dict) 
             if tdir.is_symlink() or tdir.is_file():
                 tdir.unlink()
             elif tdir.exists():
-                shutil.rmtree(tdir)
+                remove_tree(tdir)
             (tdir / "new").mkdir(parents=True)
             entries = []
             for n, w in enumerate(writes):
@@ -172,7 +172,10 @@ def commit(tree: Path, state_dir: Path, writes: list[Write], state_after: dict) 
         atomic_write(tdir / "plan.json", json.dumps(plan, sort_keys=True).encode())
     except OSError as e:
         # nothing in the tree moved yet: drop the half-made journal and say why
-        shutil.rmtree(tdir, ignore_errors=True)
+        try:
+            remove_tree(tdir)
+        except OSError:
+            pass
         if schema.is_no_space(e):
             raise schema.no_space(e, str(tdir)) from None
         raise ForktoolError(f"could not stage the update: {e}", where=str(tdir),
@@ -308,7 +311,7 @@ def _roll_forward(tree: Path, state_dir: Path, plan: dict[str, Any]) -> None:
                  f"(or discard it with `rm -rf {tdir}` and restore the backup made before, `forktool backup list`)"
         ) from None
     _fault("state-written")
-    shutil.rmtree(tdir)
+    remove_tree(tdir)
 
 
 def recover(tree: Path, state_dir: Path, state_schema: str | None = None) -> str | None:
@@ -324,5 +327,5 @@ def recover(tree: Path, state_dir: Path, state_schema: str | None = None) -> str
         plan = _read_plan(tree, state_dir, state_schema)
         _roll_forward(tree, state_dir, plan)
         return "finished an interrupted update (rolled forward from the journal)"
-    shutil.rmtree(tdir)
+    remove_tree(tdir)
     return "discarded an interrupted update that had not started writing (tree untouched)"

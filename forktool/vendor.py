@@ -5,9 +5,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
-import shutil
 import sys
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +20,7 @@ from forktool.tree import (
     Manifest,
     atomic_write,
     digest,
+    make_temp_dir,
     manifest_from_json,
     manifest_to_json,
     resolve_inside,
@@ -65,6 +64,9 @@ def download_sdist(project: Project, comp: Component, local: Path | None = None)
     dest = sdist_path(project, comp)
     if dest.is_file() and sha256_file(dest) == comp.sha256:
         return dest
+    import shutil  # the download's modules load only when something is downloaded
+    import tempfile
+
     with tempfile.TemporaryDirectory(prefix="forktool-dl-") as tmp:
         candidate = local if local is not None else pip_download(comp.spec, Path(tmp))
         got = sha256_file(candidate)
@@ -219,7 +221,9 @@ def materialise_to(store: ObjectStore, manifest: Manifest, dest: Path) -> None:
     if os.path.lexists(dest):
         raise ForktoolError(f"{dest} already exists", where=str(dest))
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
+    import shutil
+
+    tmp = make_temp_dir(dest.parent, f".{dest.name}-")
     try:
         for rel in sorted(manifest):
             p = resolve_inside(tmp, rel, "pristine manifest")
