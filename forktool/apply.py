@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from forktool.errors import ApplyError
+from forktool.record import Record
 from forktool.series import FileDiff, Hunk, Patch, split_lines
 
 
-@dataclass(frozen=True)
-class Drift:
+class Drift(NamedTuple):
     patch: str
     path: str
     hunk: int
@@ -20,12 +20,14 @@ class Drift:
         return {"patch": self.patch, "file": self.path, "hunk": self.hunk, "offset": self.offset}
 
 
-@dataclass
-class Applied:
+class Applied(Record):
     """Contents after applying patches: path -> bytes (None = deleted/absent), and the drift seen."""
 
-    files: dict[str, bytes | None] = field(default_factory=dict)
-    drift: dict[str, list[Drift]] = field(default_factory=dict)
+    FIELDS = ("files", "drift")
+
+    def __init__(self, files: dict[str, bytes | None] | None = None, drift: dict[str, list[Drift]] | None = None):
+        self.files: dict[str, bytes | None] = {} if files is None else files
+        self.drift: dict[str, list[Drift]] = {} if drift is None else drift
 
 
 Reader = Callable[[str], bytes | None]
@@ -121,8 +123,7 @@ def apply_series(patches: list[Patch], read: Reader, into: Applied | None = None
     return state
 
 
-@dataclass(frozen=True)
-class FileOutcome:
+class FileOutcome(NamedTuple):
     """One file of a patch tried on its own: the new bytes and drift, or the error that stopped it."""
 
     path: str

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from forktool import schema
 from forktool.errors import ForktoolError, UnsafePathError, UsageError
@@ -26,8 +26,7 @@ from forktool.tree import (
 SLUG_OK = "abcdefghijklmnopqrstuvwxyz0123456789-"
 
 
-@dataclass
-class Backup:
+class Backup(NamedTuple):
     name: str
     path: Path
     created: str

@@ -8,9 +8,8 @@ import os
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, NamedTuple
 
 from forktool import schema
 from forktool.errors import ForktoolError, UnsafePathError
@@ -28,8 +27,7 @@ from forktool.tree import (
 )
 
 
-@dataclass(frozen=True)
-class Write:
+class Write(NamedTuple):
     path: str
     data: bytes | None  # None: delete
     mode: str

@@ -7,8 +7,8 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from forktool import schema
 from forktool.errors import ConfigError, ForktoolError, UnsafePathError
@@ -85,8 +85,7 @@ def download_sdist(project: Project, comp: Component, local: Path | None = None)
 # ---------------------------------------------------------------- safe extract
 
 
-@dataclass
-class Extracted:
+class Extracted(NamedTuple):
     manifest: Manifest  # relative to the component root
     skipped: int
 
@@ -138,8 +137,7 @@ def component_lock_key(comp: Component) -> dict:
             "include": list(comp.include), "exclude": list(comp.exclude), "subdir": comp.subdir}
 
 
-@dataclass
-class FetchResult:
+class FetchResult(NamedTuple):
     manifest: Manifest
     digest: str
     files: int
