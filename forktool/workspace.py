@@ -8,13 +8,25 @@ from contextlib import contextmanager
 
 from forktool import backup as bk
 from forktool import schema, txn, vendor
-from forktool.apply import Applied, apply_series
+from forktool.apply import Applied, Drift, apply_series
+from forktool.cache import Cache, caches_root, key_of
 from forktool.errors import DirtyTreeError, ForktoolError, UsageError
 from forktool.index import scan_indexed
 from forktool.project import Project
 from forktool.series import Patch, SeriesEntry, parse_patch, read_series, series_digest_of
 from forktool.state import State, load_state, save_state
-from forktool.tree import REGULAR, Entry, Manifest, diff_manifests, digest, resolve_inside, scan, sha256_bytes
+from forktool.store import ObjectStore
+from forktool.tree import (
+    REGULAR,
+    Entry,
+    Manifest,
+    atomic_write,
+    diff_manifests,
+    digest,
+    resolve_inside,
+    scan,
+    sha256_bytes,
+)
 
 Progress = Callable[[str], None]
 
@@ -113,7 +125,21 @@ class Workspace:
     # ------------------------------------------------------------ moving the tree
 
     def compute(self, patches: list[Patch]) -> Applied:
-        return apply_series(patches, self.base_bytes)
+        """pristine + patches in memory; remembered (see _remembered) so that applying the same series on the same
+        pristine again reads its results instead of applying every hunk again."""
+        if not patches:
+            return Applied()
+        root = caches_root(self.state_dir, self.use_cache)
+        if root is None:
+            return apply_series(patches, self.base_bytes)
+        results = Cache(root, "series-result")
+        key = key_of("series-result", _applier_stamp(), self.pristine_digest, [(p.name, p.sha256) for p in patches])
+        hit = _remembered(results.get(key), patches, ObjectStore(root / "objects"))
+        if hit is not None:
+            return hit
+        out = apply_series(patches, self.base_bytes)
+        _remember(results, key, out, ObjectStore(root / "objects"))
+        return out
 
     def goto(self, target: list[Patch], *, force: bool, label: str) -> dict:
         """Make the tree hold pristine + target, all or nothing, writing only files whose bytes change."""
@@ -201,6 +227,70 @@ class Workspace:
                            "top": self.patches[-1].id}
         vendor.write_lock(self.project, lock)
         return True
+
+
+_stamp: list[list[object]] = []
+
+
+def _applier_stamp() -> list[object]:
+    """The applier's and the parser's source files by their stat fields: a changed forktool never reuses a result."""
+    if not _stamp:
+        from forktool import apply, series
+
+        parts: list[object] = []
+        for mod in (apply, series):
+            try:
+                st = os.stat(mod.__file__ or "")
+                parts.append([st.st_size, st.st_mtime_ns])
+            except OSError:
+                parts.append(None)
+        _stamp.append(parts)
+    return _stamp[0]
+
+
+def _remember(results: Cache, key: str, out: Applied, objects: ObjectStore) -> None:
+    """Keep the files of a series result in the cache's object store (by sha256) and their digests under key.
+
+    Written without fsync, as every cache: a lost or torn object fails its sha256 when read, and the series is
+    applied again."""
+    files: dict[str, str | None] = {}
+    try:
+        for rel, data in out.files.items():
+            if data is None:
+                files[rel] = None
+                continue
+            sha = sha256_bytes(data)
+            if not objects.has(sha):
+                atomic_write(objects.path(sha), data, durable=False)
+            files[rel] = sha
+    except OSError:
+        return  # a cache that cannot be written only costs speed
+    results.put(key, {"files": files, "drift": {pid: [d.to_json() for d in ds] for pid, ds in out.drift.items()}})
+
+
+def _remembered(value: object, patches: list[Patch], objects: ObjectStore) -> Applied | None:
+    """The Applied a remembered value stands for, or None when it is not exactly one: every path the patches
+    touch and no other, each object present and matching its sha256, every drift well formed."""
+    if not isinstance(value, dict) or set(value) != {"files", "drift"}:
+        return None
+    files, drift = value["files"], value["drift"]
+    if not isinstance(files, dict) or set(files) != {f.path for p in patches for f in p.files}:
+        return None
+    if not isinstance(drift, dict) or set(drift) != {p.id for p in patches}:
+        return None
+    out = Applied()
+    try:
+        for pid, ds in drift.items():
+            out.drift[pid] = [Drift(d["patch"], d["file"], d["hunk"], d["offset"]) for d in ds
+                              if type(d["hunk"]) is int and type(d["offset"]) is int and d["patch"] == pid
+                              and isinstance(d["file"], str) and len(d) == 4]
+            if len(out.drift[pid]) != len(ds):
+                return None
+        for rel, sha in files.items():
+            out.files[rel] = None if sha is None else objects.get(sha)  # read back and checked against its sha256
+    except (ForktoolError, TypeError, KeyError, ValueError):
+        return None
+    return out
 
 
 @contextmanager
