@@ -218,6 +218,27 @@ def parse_patch(data: bytes, name: str) -> Patch:
     return Patch(m.group(1), name, header, files, data)
 
 
+def to_plain(p: Patch) -> tuple:
+    """The parsed patch as plain tuples (for forktool.cache.Memo; its raw bytes are the memo's key)."""
+    return (p.id, p.name, p.header, tuple((f.path, f.old_mode, f.new_mode, f.old_index, f.new_index,
+                                          tuple((h.old_start, h.old_count, h.new_start, h.new_count, tuple(h.lines))
+                                                for h in f.hunks)) for f in p.files))
+
+
+def from_plain(t: tuple, raw: bytes) -> Patch:
+    """The Patch to_plain gave t for; raises TypeError or ValueError when t is not of that shape."""
+    pid, name, header, files = t
+    if not (type(pid) is str and type(name) is str and type(header) is bytes and type(files) is tuple):
+        raise TypeError("not a parsed patch")
+    out = []
+    for path, old_mode, new_mode, old_index, new_index, hunks in files:
+        fd = FileDiff(path, old_mode, new_mode, old_index, new_index)
+        for os_, oc, ns, nc, lines in hunks:
+            fd.hunks.append(Hunk(os_, oc, ns, nc, list(lines)))
+        out.append(fd)
+    return Patch(pid, name, header, out, raw)
+
+
 def _parse_file(lines: list[bytes], i: int, name: str) -> FileDiff:
     start = i
     head = lines[i].decode("utf-8", "replace")

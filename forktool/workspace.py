@@ -9,11 +9,19 @@ from contextlib import contextmanager
 from forktool import backup as bk
 from forktool import schema, txn, vendor
 from forktool.apply import Applied, Drift, apply_series
-from forktool.cache import Cache, caches_root, key_of
+from forktool.cache import Cache, Memo, caches_root, code_stamp, key_of
 from forktool.errors import DirtyTreeError, ForktoolError, UsageError
 from forktool.index import scan_indexed
 from forktool.project import Project
-from forktool.series import Patch, SeriesEntry, parse_patch, read_series, series_digest_of
+from forktool.series import (
+    Patch,
+    SeriesEntry,
+    from_plain,
+    parse_patch,
+    read_series,
+    series_digest_of,
+    to_plain,
+)
 from forktool.state import State, load_state, save_state
 from forktool.store import ObjectStore
 from forktool.tree import (
@@ -31,15 +39,34 @@ from forktool.tree import (
 Progress = Callable[[str], None]
 
 
-def load_patches(project: Project, entries: list[SeriesEntry]) -> list[Patch]:
+def load_patches(project: Project, entries: list[SeriesEntry], use_cache: bool = True) -> list[Patch]:
+    """The series' patches, read and parsed; a patch parsed before (the same name and bytes, the same parser)
+    comes from its memo."""
+    memo = Memo(caches_root(project.state_dir, use_cache), "patch")
     out = []
     for e in entries:
         p = project.patches_dir / e.name
         data = schema.read_regular(p, f"patches/{e.name} (patches/series:{e.line})", schema.PATCH_LIMIT,
                                    project.root, "add the file or remove the line from patches/series",
                                    where=f"patches/series:{e.line}")
-        out.append(parse_patch(data, e.name))
+        key = key_of("patch", _parser_stamp(), e.name, sha256_bytes(data))
+        plain = memo.get(key)
+        try:
+            if plain is not None:
+                out.append(from_plain(plain, data))
+                continue
+        except (TypeError, ValueError):
+            pass
+        patch = parse_patch(data, e.name)
+        memo.put(key, to_plain(patch))
+        out.append(patch)
     return out
+
+
+def _parser_stamp() -> list[object]:
+    from forktool import series
+
+    return code_stamp(series)
 
 
 series_digest = series_digest_of  # the series digest's one home is forktool.series
@@ -56,8 +83,8 @@ class Workspace:
         self.use_cache = use_cache
         self.progress: Progress = progress or (lambda _m: None)
         self.entries = read_series(project.series_file)
-        self.patches = load_patches(project, self.entries)
-        self.pristine, self.pristine_digest = vendor.read_pristine(project)
+        self.patches = load_patches(project, self.entries, use_cache)
+        self.pristine, self.pristine_digest = vendor.read_pristine(project, use_cache)
         self.store = vendor.objects(project)
         self.state = load_state(self.state_dir, self.pristine_digest, self.tree)
         schema.check_state_covers(self.state_dir / "state.json", self.state.applied, self.state.files,
@@ -229,23 +256,11 @@ class Workspace:
         return True
 
 
-_stamp: list[list[object]] = []
-
-
 def _applier_stamp() -> list[object]:
-    """The applier's and the parser's source files by their stat fields: a changed forktool never reuses a result."""
-    if not _stamp:
-        from forktool import apply, series
+    """The applier's and the parser's code: a changed forktool never reuses a series result."""
+    from forktool import apply, series
 
-        parts: list[object] = []
-        for mod in (apply, series):
-            try:
-                st = os.stat(mod.__file__ or "")
-                parts.append([st.st_size, st.st_mtime_ns])
-            except OSError:
-                parts.append(None)
-        _stamp.append(parts)
-    return _stamp[0]
+    return code_stamp(apply, series)
 
 
 def _remember(results: Cache, key: str, out: Applied, objects: ObjectStore) -> None:
