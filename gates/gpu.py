@@ -168,8 +168,8 @@ def gate_a(a: argparse.Namespace, model: Path, work: Path) -> dict:
     try:
         pre = run("a-pre0089", completion(a.pre_bin, model, a.boot_ctx, prompt, 32, extra), work)
         full = run("a-full", completion(a.full_bin, model, a.boot_ctx, prompt, 32, extra), work)
-        before = run("a-before", completion(a.before_bin, model, a.boot_ctx, prompt, 32, extra), work) \
-            if a.before_bin else None
+        before = run("a-before", completion(a.before_bin, model, a.boot_ctx, prompt, 32, extra), work,
+                     env=a.before_env) if a.before_bin else None
     finally:
         ballast.close()
     ok = (pre["rc"] != 0 and bool(pre["oom_lines"]) and full["rc"] == 0 and bool(full["window"])
@@ -265,27 +265,30 @@ def gate_c(a: argparse.Namespace, model: Path, work: Path) -> dict:
     text.write_text(make_text(6000, 3))
     ppl = str(a.full_bin / "llama-perplexity")
 
-    def common(ub: int) -> list[str]:
-        return ["-m", str(model), "-f", str(text), "-c", "2048", "-b", "512", "-ub", str(ub), "-ngl", "99", "-fa", "on",
-                "--chunks", "4" if ub > 1 else "1", "-t", "8", "-lv", "4"]
+    def common(ub: int, ctx: int) -> list[str]:
+        return ["-m", str(model), "-f", str(text), "-c", str(ctx), "-b", "512", "-ub", str(ub), "-ngl", "99", "-fa", "on",
+                "--chunks", "4" if ub > 1 and ctx <= 2048 else "1", "-t", "8", "-lv", "4"]
 
     out: dict = {"windows": []}
     ok = True
-    for ub in (512, 1):
-        base = work / f"resident-ub{ub}.kld"
-        r0 = run(f"c-resident-ub{ub}", [ppl, *common(ub), "--kl-divergence-base", str(base)], work)
+    # 2048-cell contexts (tensors of 2 MiB: a mapped tail lies wholly in host memory) and, at 4096, windows whose
+    # device part ends inside a tensor (the 2 MiB mapping granularity is 2048 cells of this model's 1 KiB rows)
+    for ub, ctx, windows in ((512, 2048, a.windows), (1, 2048, a.windows), (512, 4096, a.windows_4k)):
+        base = work / f"resident-ub{ub}-c{ctx}.kld"
+        r0 = run(f"c-resident-ub{ub}-c{ctx}", [ppl, *common(ub, ctx), "--kl-divergence-base", str(base)], work)
         ok = ok and r0["rc"] == 0
-        for w in a.windows:
+        for w in windows:
             stats: dict = {}
             r: dict = {}
             for _attempt in range(3):  # llama-perplexity can lose its last log lines at exit: retry
-                r = run(f"c-window-{w}-ub{ub}", [ppl, *common(ub), "--kv-residency-mode", "window",
+                r = run(f"c-window-{w}-ub{ub}-c{ctx}", [ppl, *common(ub, ctx), "--kv-residency-mode", "window",
                                                  "--kl-divergence-base", str(base), "--kl-divergence"],
                         work, env={WINDOW_ENV: str(w)})
                 stats = parse_stats(r["text"])
                 if "max_kld" in stats and "same_top_pct" in stats:
                     break
-            row = {"window": w, "ubatch": ub, "rc": r["rc"], "window_line": r["window_lines"][:1], **stats}
+            row = {"window": w, "ubatch": ub, "ctx": ctx, "rc": r["rc"], "window_line": r["window_lines"][:1],
+                   "mapped_line": [ln.strip() for ln in r["text"].splitlines() if "host tail mapped" in ln][:1], **stats}
             ok = ok and r["rc"] == 0 and bool(r["window"]) and stats.get("max_kld", 1) <= TOL_TOOL_MAX_KLD \
                 and stats.get("same_top_pct", 0) >= TOL_SAME_TOP_PCT
             out["windows"].append(row)
@@ -322,7 +325,8 @@ def gate_d(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
             if config != "window" and share not in a.before_shares:
                 continue
             r = run(f"d-{config.replace(' ', '-')}-{share}", completion(b, model, ctx, prompt, a.curve_n,
-                    ["--kv-residency-mode", "window", "-fit", "off"]), work, env={WINDOW_ENV: str(cells)}, measure=True)
+                    ["--kv-residency-mode", "window", "-fit", "off"]), work,
+                    env={WINDOW_ENV: str(cells), **(a.before_env if config != "window" else {})}, measure=True)
             row = curve_row(config, round(1.0 - min(cells, n_prompt) / n_prompt, 4), r, ctx)
             rows.append(row)
             log(f"curve: {row}")
@@ -416,7 +420,8 @@ def gate_e(a: argparse.Namespace, model: Path, work: Path) -> dict:
         for name, b, extra, env in (
                 ("upstream", a.upstream_bin, [], {}),
                 ("window", a.full_bin, ["--kv-residency-mode", "window", "-fit", "off"], {WINDOW_ENV: "16384"}),
-                ("window_before", a.before_bin, ["--kv-residency-mode", "window", "-fit", "off"], {WINDOW_ENV: "16384"})):
+                ("window_before", a.before_bin, ["--kv-residency-mode", "window", "-fit", "off"],
+                 {WINDOW_ENV: "16384", **a.before_env})):
             if b is None:
                 continue
             r = run(f"e-{name}-{ctx}", completion(b, model, ctx, prompt, 4, extra), work, env=env)
@@ -434,11 +439,11 @@ def gate_f(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
     out: dict = {"link": link_bandwidth()}
     prompt = work / "prompt-f.txt"
     prompt.write_text(make_text(1600, 13))
-    builds = [("after", a.full_bin)] + ([("before", a.before_bin)] if a.before_bin else [])
-    for name, b in builds:
+    builds = [("after", a.full_bin, {})] + ([("before", a.before_bin, a.before_env)] if a.before_bin else [])
+    for name, b, benv in builds:
         # splits of the decode graph with a 256-cell window and ~2k cells used (one graph printed per ubatch)
         r = run(f"f-sched-{name}", completion(b, model, 4096, prompt, 2, ["--kv-residency-mode", "window", "-fit", "off"]),
-                work, env={WINDOW_ENV: "256", "GGML_SCHED_DEBUG": "2"})
+                work, env={WINDOW_ENV: "256", "GGML_SCHED_DEBUG": "2", **benv})
         lines = r["text"].splitlines()
         # the last graph printed (the decode graph): its split headers and the nodes the CPU runs
         start = max((i for i, ln in enumerate(lines) if ln.startswith("## SPLIT #0:")), default=0)
@@ -454,7 +459,7 @@ def gate_f(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
             prompt_d.write_text(make_text(a.curve_words, 5))
         for cells in a.fit_windows:
             r = run(f"f-fit-{name}-{cells}", completion(b, model, a.curve_ctx, prompt_d, 32,
-                    ["--kv-residency-mode", "window", "-fit", "off"]), work, env={WINDOW_ENV: str(cells)})
+                    ["--kv-residency-mode", "window", "-fit", "off"]), work, env={WINDOW_ENV: str(cells), **benv})
             if r.get("decode_ms_per_token") and r.get("prompt_tokens"):
                 used_tail = max(0, r["prompt_tokens"] + 16 - cells)
                 pts.append({"window": cells, "tail_mib_read_per_token": round(used_tail * KV_BYTES_PER_CELL / MIB, 1),
@@ -496,6 +501,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--bench-cpus", default="0-7", help="taskset CPU list for llama-bench ('' = not pinned)")
     ap.add_argument("--bench-min-threshold", type=float, default=0.03, help="smallest |ratio-1| bound of gate b")
     ap.add_argument("--windows", type=int, nargs="+", default=[1024, 256])
+    ap.add_argument("--windows-4k", type=int, nargs="*", default=[3072, 2048, 512],
+                    help="gate c windows at a 4096-cell context")
+    ap.add_argument("--before-copy", action="store_true",
+                    help="without --before-bin: compare against the full build's copying tail path "
+                         "(OPENCOTI_KV_TAIL=copy) as 'before'")
     ap.add_argument("--curve-ctx", type=int, default=131072)
     ap.add_argument("--curve-words", type=int, default=30000)
     ap.add_argument("--curve-n", type=int, default=64)
@@ -507,7 +517,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--targets", type=int, nargs="*", default=[2300, 2100, 1900, 1700], help="--vram-target rows")
     ap.add_argument("--buffer-ctxs", type=int, nargs="+", default=[131072, 524288, 1048576])
     ap.add_argument("--fit-windows", type=int, nargs="+", default=[256, 12288, 24576])
-    return ap.parse_args(argv)
+    a = ap.parse_args(argv)
+    a.before_env = {}
+    if a.before_copy and a.before_bin is None:
+        a.before_bin, a.before_env = a.full_bin, {"OPENCOTI_KV_TAIL": "copy"}
+    return a
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,13 +3,14 @@
 # CUDA build plus host-only switches (positions whose archive is unchanged since the last build are reused), then
 # `python -m gates.gpu` and the curve's plot. Results in build/gpu-gates/out.
 #   GPU_GATES_ONLY   gates to run (default a,b,c,d,e; f = the per-token breakdown)
-#   a build/device-bundle/before.tar.gz placed beforehand is built too and compared as "before"
+#   a build/device-bundle/before.tar.gz placed beforehand is built too and compared as "before"; without one,
+#   "before" is the full build on its copying tail path (OPENCOTI_KV_TAIL=copy)
 set -euo pipefail
 py=${PYTHON:-python3}
 "$py" -m gates.bundle --out build/device-bundle
 bash gates/device_build.sh build/device-bundle build/device-out 16
 before=()
-if [ -d build/device-out/before ]; then before=(--before-bin build/device-out/before); fi
+if [ -d build/device-out/before ]; then before=(--before-bin build/device-out/before); else before=(--before-copy); fi
 rc=0
 "$py" -m gates.gpu --full-bin build/device-out/full --pre-bin build/device-out/pre0089 \
   --upstream-bin build/device-out/upstream "${before[@]}" --work build/gpu-gates --out build/gpu-gates/out \
