@@ -28,6 +28,9 @@ class Applied(Record):
     def __init__(self, files: dict[str, bytes | None] | None = None, drift: dict[str, list[Drift]] | None = None):
         self.files: dict[str, bytes | None] = {} if files is None else files
         self.drift: dict[str, list[Drift]] = {} if drift is None else drift
+        # path -> sha256 of files[path], where it is already known (read back from a remembered result and
+        # checked); not part of the value: whoever changes files keeps it or leaves it out
+        self.digests: dict[str, str] = {}
 
 
 Reader = Callable[[str], bytes | None]
@@ -112,6 +115,8 @@ def apply_patch(patch: Patch, read: Reader, into: Applied) -> None:
         results[fd.path], d = apply_file(patch, fd, current)
         drift.extend(d)
     into.files.update(results)
+    for rel in results:
+        into.digests.pop(rel, None)
     into.drift[patch.id] = drift
 
 
@@ -152,6 +157,8 @@ def try_patch(patch: Patch, read: Reader, into: Applied | None = None) -> list[F
 def record(patch_id: str, outcomes: list[FileOutcome], into: Applied) -> None:
     """Put the successful outcomes of try_patch into `into` (failed files keep their contents)."""
     into.files.update({o.path: o.content for o in outcomes if o.error is None})
+    for o in outcomes:
+        into.digests.pop(o.path, None)
     into.drift[patch_id] = [d for o in outcomes for d in o.drift]
 
 

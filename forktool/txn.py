@@ -31,6 +31,7 @@ class Write(NamedTuple):
     path: str
     data: bytes | None  # None: delete
     mode: str
+    sha256: str | None = None  # of data, when the caller has just computed or checked it (else computed here)
 
 
 def _fault(point: str) -> None:
@@ -159,7 +160,7 @@ def commit(tree: Path, state_dir: Path, writes: list[Write], state_after: dict) 
                         while fds:
                             os.close(fds.pop())
                 entries.append({"path": w.path, "staged": staged, "mode": w.mode,
-                                "sha256": sha256_bytes(w.data) if w.data is not None else None})
+                                "sha256": (w.sha256 or sha256_bytes(w.data)) if w.data is not None else None})
                 if n == 0:
                     _fault("staging")
             fsync_all(fds)

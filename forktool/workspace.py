@@ -199,14 +199,15 @@ class Workspace:
             mode = self.pristine[rel].mode if rel in self.pristine else REGULAR
             if rel in result.files:
                 want = result.files[rel]
-                want_entry = Entry(sha256_bytes(want), mode) if want is not None else None
+                sha = result.digests.get(rel) or (sha256_bytes(want) if want is not None else None)
+                want_entry = Entry(sha, mode) if sha is not None else None
                 new_files[rel] = want_entry
             else:  # back to pristine: its entry is known, and its bytes are read (and checked) only to be written
                 want, want_entry = None, self.pristine.get(rel)
             if current.get(rel) != want_entry:
                 if rel not in result.files:
-                    want = self.base_bytes(rel)
-                writes.append(txn.Write(rel, want, mode))
+                    want = self.base_bytes(rel)  # checked against the pristine entry's sha256 as it is read
+                writes.append(txn.Write(rel, want, mode, want_entry.sha256 if want_entry is not None else None))
         applied = [{"id": p.id, "name": p.name, "sha256": p.sha256, "diff_sha256": p.diff_sha256,
                     "drift": [d.to_json() for d in result.drift.get(p.id, [])]} for p in target]
         new_state = State(self.pristine_digest, applied, new_files)
@@ -303,6 +304,8 @@ def _remembered(value: object, patches: list[Patch], objects: ObjectStore) -> Ap
                 return None
         for rel, sha in files.items():
             out.files[rel] = None if sha is None else objects.get(sha)  # read back and checked against its sha256
+            if sha is not None:
+                out.digests[rel] = sha
     except (ForktoolError, TypeError, KeyError, ValueError):
         return None
     return out
