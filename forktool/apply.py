@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
 
 from forktool.errors import ApplyError
-from forktool.record import Record
+from forktool.record import NamedTuple, Record
 from forktool.series import FileDiff, Hunk, Patch, split_lines
 
 

@@ -7,10 +7,10 @@ import os
 import stat
 import time
 from pathlib import Path
-from typing import NamedTuple
 
 from forktool import schema
 from forktool.errors import ForktoolError, UnsafePathError, UsageError
+from forktool.record import NamedTuple
 from forktool.store import ObjectStore
 from forktool.tree import (
     Manifest,

@@ -8,11 +8,13 @@ import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
 
 from forktool.record import Record
 
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at run time
 if TYPE_CHECKING:
+    from typing import Any
+
     from rich.console import Console
 
 _err: Console | None = None  # rich loads on the first line shown: --json runs and fast starts skip it

@@ -5,10 +5,13 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, NamedTuple
 
 from forktool.errors import ConfigError, UsageError
-from forktool.record import Record
+from forktool.record import NamedTuple, Record
+
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at run time
+if TYPE_CHECKING:
+    from typing import Any
 
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 

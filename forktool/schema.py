@@ -23,9 +23,12 @@ import re
 import stat
 from functools import cache
 from pathlib import Path
-from typing import Any
 
 from forktool.errors import ConfigError, ForktoolError, UnsafePathError
+
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at run time
+if TYPE_CHECKING:
+    from typing import Any
 
 CONFIG_LIMIT = 4 << 20  # a YAML config or a JSON record
 STATE_LIMIT = 256 << 20  # manifests of whole trees

@@ -6,10 +6,9 @@ import hashlib
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import NamedTuple
 
 from forktool.errors import ConfigError, PatchFormatError
-from forktool.record import Record
+from forktool.record import NamedTuple, Record
 from forktool.tree import EXECUTABLE, REGULAR, check_rel_path, sha256_bytes
 
 FROM_LINE = b"From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"

@@ -9,9 +9,9 @@ import stat
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import NamedTuple
 
 from forktool.errors import UnsafePathError
+from forktool.record import NamedTuple
 
 REGULAR = "100644"
 EXECUTABLE = "100755"

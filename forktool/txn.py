@@ -9,10 +9,10 @@ import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
-from typing import Any, NamedTuple
 
 from forktool import schema
 from forktool.errors import ForktoolError, UnsafePathError
+from forktool.record import NamedTuple
 from forktool.tree import (
     EXECUTABLE,
     FSYNC_BATCH,
@@ -25,6 +25,10 @@ from forktool.tree import (
     run_all,
     sha256_bytes,
 )
+
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at run time
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class Write(NamedTuple):

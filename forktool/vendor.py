@@ -8,11 +8,11 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
 
 from forktool import schema
 from forktool.errors import ConfigError, ForktoolError, UnsafePathError
 from forktool.project import Component, Project
+from forktool.record import NamedTuple
 from forktool.store import ObjectStore
 from forktool.tree import (
     EXECUTABLE,

@@ -283,3 +283,47 @@ def test_record_equality_repr_and_replace():
         x.replace(c=1)
     with pytest.raises(TypeError):
         hash(x)
+
+
+def test_the_run_time_namedtuple_behaves_as_typings():
+    import typing
+
+    from forktool.record import NamedTuple
+
+    def make(base: type) -> type:
+        class Point(base):  # type: ignore[misc, valid-type]
+            """A point."""
+
+            x: int
+            y: str = "b"
+            z: tuple = ()
+
+            @property
+            def both(self) -> str:
+                return f"{self.x}{self.y}"
+
+            def twice(self) -> int:
+                return self.x * 2
+
+        return Point
+
+    ours, theirs = make(NamedTuple), make(typing.NamedTuple)
+    for cls in (ours, theirs):
+        p = cls(1)
+        assert (p, p.both, p.twice(), p._fields, cls._field_defaults) == (
+            (1, "b", ()), "1b", 2, ("x", "y", "z"), {"y": "b", "z": ()})
+        assert p._replace(y="c") == (1, "c", ()) and p._asdict() == {"x": 1, "y": "b", "z": ()}
+        assert repr(cls(2, "q")) == "Point(x=2, y='q', z=())" and cls.__doc__ == "A point."
+        assert hash(p) == hash((1, "b", ())) and isinstance(p, tuple)
+        with pytest.raises(AttributeError):
+            p.x = 3  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        class Bad(NamedTuple):  # a field without a default after one with a default
+            a: int = 1
+            b: int
+    with pytest.raises(AttributeError):
+        class Worse(NamedTuple):
+            a: int
+
+            def _replace(self) -> None:  # type: ignore[override]
+                pass
