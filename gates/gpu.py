@@ -262,7 +262,7 @@ def gate_b(a: argparse.Namespace, model: Path, work: Path) -> dict:
 # (c) ---------------------------------------------------------------------------------------------------------
 def gate_c(a: argparse.Namespace, model: Path, work: Path) -> dict:
     text = work / "ppl.txt"
-    text.write_text(make_text(6000, 3))
+    text.write_text(make_text(12000, 3))  # llama-perplexity needs two contexts' worth of tokens (4096-cell rows)
     ppl = str(a.full_bin / "llama-perplexity")
 
     def common(ub: int, ctx: int) -> list[str]:
