@@ -150,6 +150,8 @@ def manifest_from_json(raw: Mapping[str, list[str]]) -> Manifest:
 
 def diff_manifests(old: Mapping[str, Entry], new: Mapping[str, Entry]) -> list[tuple[str, str]]:
     """Sorted (status, path) with status in added / removed / modified."""
+    if old == new:  # the usual answer, found at C speed
+        return []
     out = []
     for p in sorted(set(old) | set(new)):
         if p not in old:
