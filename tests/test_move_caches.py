@@ -327,3 +327,43 @@ def test_the_run_time_namedtuple_behaves_as_typings():
 
             def _replace(self) -> None:  # type: ignore[override]
                 pass
+
+
+def test_run_all_runs_every_item_on_threads_kept_between_calls():
+    import threading
+
+    from forktool.tree import run_all
+
+    for n in (0, 1, 5, 30):
+        seen: list[int] = []
+        run_all(seen.append, list(range(n)))
+        assert sorted(seen) == list(range(n))
+    lanes = [t for t in threading.enumerate() if t.name == "forktool-lane"]
+    assert 1 <= len(lanes) <= 7  # started once, reused by every later call
+    ran: list[int] = []
+
+    def fail_on_odd(i: int) -> None:
+        ran.append(i)
+        if i % 2:
+            raise ValueError(i)
+
+    with pytest.raises(ValueError):
+        run_all(fail_on_odd, list(range(20)))
+    assert sorted(ran) == list(range(20))  # every item ran before the error was raised
+    assert [t for t in threading.enumerate() if t.name == "forktool-lane"] == lanes
+
+
+def test_run_all_in_a_forked_child():
+    from forktool.tree import run_all
+
+    run_all(lambda i: None, list(range(8)))  # the parent's lanes exist
+    pid = os.fork()
+    if pid == 0:  # the child has none of them: it starts its own
+        seen: list[int] = []
+        try:
+            run_all(seen.append, list(range(16)))
+            os._exit(0 if sorted(seen) == list(range(16)) else 1)
+        finally:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
