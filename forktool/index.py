@@ -13,6 +13,7 @@ from forktool.tree import (
     EXECUTABLE,
     REGULAR,
     SYMLINK,
+    UNRECORDABLE,
     Entry,
     Manifest,
     atomic_write,
@@ -93,13 +94,16 @@ def scan_indexed(root: Path, index_path: Path) -> tuple[Manifest, int]:
     if not root.exists():
         return out, 0
     get = old.get
+    unrecordable = UNRECORDABLE.search
+    entry = tuple.__new__  # Entry(sha, mode) without a Python-level call per file
     stack = [(os.fspath(root), "")]
     while stack:  # this loop runs once per file of the tree at every command: plain strings and ints only
         d, prefix = stack.pop()
         with os.scandir(d) as it:
             for e in it:
                 rel = prefix + e.name
-                check_name(rel, root)
+                if unrecordable(rel):
+                    check_name(rel, root)
                 st = e.stat(follow_symlinks=False)
                 kind = st.st_mode & _IFMT
                 if kind == _IFDIR:
@@ -112,17 +116,19 @@ def scan_indexed(root: Path, index_path: Path) -> tuple[Manifest, int]:
                     mode = SYMLINK
                 else:
                     raise special_file(rel, root)
-                key = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
                 prev = get(rel)
-                if (type(prev) is tuple and len(prev) == 6 and prev[:4] == key and prev[5] == mode
-                        and type(prev[4]) is str and key[1] < trusted_before):
-                    sha = prev[4]
-                else:
-                    hashed += 1
-                    useful = useful or key[1] < now_ns - RACY_NS
-                    sha = sha256_bytes(os.readlink(e.path).encode()) if mode == SYMLINK else sha256_file(Path(e.path))
-                out[rel] = Entry(sha, mode)
-                new[rel] = (*key, sha, mode)
+                mtime = st.st_mtime_ns
+                if (type(prev) is tuple and len(prev) == 6 and prev[0] == st.st_size and prev[1] == mtime
+                        and prev[2] == st.st_ctime_ns and prev[3] == st.st_ino and prev[5] == mode
+                        and type(prev[4]) is str and mtime < trusted_before):
+                    out[rel] = entry(Entry, (prev[4], mode))
+                    new[rel] = prev
+                    continue
+                hashed += 1
+                useful = useful or mtime < now_ns - RACY_NS
+                sha = sha256_bytes(os.readlink(e.path).encode()) if mode == SYMLINK else sha256_file(Path(e.path))
+                out[rel] = entry(Entry, (sha, mode))
+                new[rel] = (st.st_size, mtime, st.st_ctime_ns, st.st_ino, sha, mode)
     if useful or new.keys() != old.keys():
         _save(index_path, root, now_ns, new)
     return out, hashed

@@ -128,11 +128,11 @@ def check_link(rel: str, target: str, root: Path) -> None:
                               where=str(root / rel), hint=f"remove the link (`rm {root / rel}`)")
 
 
-_UNRECORDABLE = re.compile("[\n\r\\\\\udc80-\udcff]")  # newline, backslash, or a byte that is not UTF-8
+UNRECORDABLE = re.compile("[\n\r\\\\\udc80-\udcff]")  # newline, backslash, or a byte that is not UTF-8
 
 
 def check_name(rel: str, root: Path) -> None:
-    if _UNRECORDABLE.search(rel):
+    if UNRECORDABLE.search(rel):
         raise UnsafePathError(f"{rel!r} in the vendored tree has a name forktool cannot record (a newline, backslash "
                               "or bytes that are not UTF-8)", where=str(root),
                               hint="rename or remove that file")
