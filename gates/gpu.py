@@ -166,7 +166,10 @@ def gate_a(a: argparse.Namespace, model: Path, work: Path) -> dict:
     extra = ["--kv-residency-mode", "window", "-fit", "off"]
     ballast = Ballast(a.leave_mib)
     try:
-        pre = run("a-pre0089", completion(a.pre_bin, model, a.boot_ctx, prompt, 32, extra), work)
+        # without 0089 the sizer budgets a fixed 1536 MiB for the compute buffer; on the copying tail path (the one
+        # builds without a mapped buffer type take) the buffer at 1M is about 4 GiB, so the reserve fails there
+        pre = run("a-pre0089", completion(a.pre_bin, model, a.boot_ctx, prompt, 32, extra), work,
+                  env={"OPENCOTI_KV_TAIL": "copy"})
         full = run("a-full", completion(a.full_bin, model, a.boot_ctx, prompt, 32, extra), work)
         before = run("a-before", completion(a.before_bin, model, a.boot_ctx, prompt, 32, extra), work,
                      env=a.before_env) if a.before_bin else None
