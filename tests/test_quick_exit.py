@@ -39,3 +39,12 @@ def test_quick_exit_into_a_closed_pipe(proj: Proj):
                        capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout == "{"
     assert "Traceback" not in r.stderr
+
+
+def test_in_process_callers_keep_the_collector(proj: Proj):
+    import gc
+
+    _series(proj)
+    proj.run("apply")
+    proj.run("status")
+    assert gc.isenabled()  # only the console script's entry() turns it off, for the process it ends
