@@ -295,7 +295,11 @@ def _submit(job: Callable[[], None], wanted: int) -> None:
 
 def _wait_for_lanes(q: Any) -> None:
     while True:
-        q.get()()
+        job = q.get()
+        try:
+            job()
+        except BaseException:  # noqa: S110  # the lane has recorded it and released its caller; keep waiting
+            pass
 
 
 def fsync_all(fds: list[int]) -> None:
