@@ -7,6 +7,8 @@ Rows (whole processes, medians; forktool and its anchor run alternately, so both
   edit a .cpp hunk of 0089 -> refresh -> verify -> build (cpu): forktool's share = total - make
   --help, --version, status                     vs a bare `python -c pass`
 With --baseline DIR, another version's commands run alternately on their own copy (a "before" column).
+forktool runs as users run it: the console script of a plain `pip install .` in a fresh venv (--install
+editable runs `python -m forktool` of this interpreter instead, with the editable install's path finder).
 Python's bytecode cache is ON here: PYTHONDONTWRITEBYTECODE is removed from the environment of every command
 (this development environment sets it; users' installs keep their .pyc files), so start-up is what users see.
 """
@@ -51,6 +53,24 @@ def timed(fn: Callable[[], object]) -> float:
     return wall
 
 
+def install(src: Path, venv: Path, env: dict[str, str]) -> tuple[str, list[str]]:
+    """A plain (non-editable) `pip install` of the forktool at src into a fresh venv; returns (its python, its
+    `forktool` console script). The venv finds forktool's dependencies through one .pth line naming this
+    interpreter's site-packages (an entry on sys.path, as a user's venv has its own), so nothing is downloaded
+    but the build backend pip's isolated build asks for."""
+    import site
+    import sysconfig
+
+    run([sys.executable, "-m", "venv", "--without-pip", str(venv)], REPO, env)
+    py = str(venv / "bin" / "python")
+    run([sys.executable, "-m", "pip", "--python", py, "install", "-q", "--no-deps", str(src)], REPO, env)
+    purelib = Path(run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], REPO, env)
+                   .stdout.strip())
+    deps = [p for p in (sysconfig.get_paths()["purelib"], *site.getsitepackages()) if Path(p).is_dir()]
+    (purelib / "zz-forktool-deps.pth").write_text(deps[0] + "\n")
+    return py, [str(venv / "bin" / "forktool")]
+
+
 def med(ts: list[float]) -> float:
     return statistics.median(ts)
 
@@ -65,7 +85,18 @@ def main() -> None:
                          "on their own copy of the project, alternating with this version's, as a 'before' column")
     ap.add_argument("--work", type=Path, default=REPO / "build" / "bench-core",
                     help="scratch directory (under /work, ccache shares objects with other checkouts)")
+    ap.add_argument("--install", choices=("wheel", "editable"), default="wheel",
+                    help="wheel (default): run the `forktool` console script of a plain `pip install .` into a fresh "
+                         "venv under --work, as users run it (the same for --baseline); editable: `python -m "
+                         "forktool` of this interpreter, whose `pip install -e` path finder loads at every start")
+    ap.add_argument("--rows", default="",
+                    help="run only the rows whose name contains one of these comma-separated words "
+                         "(e.g. `--rows unapply,version`); the edit -> build row runs when `build` is among them")
     args = ap.parse_args()
+    wanted = [w.strip() for w in args.rows.split(",") if w.strip()]
+
+    def chosen(name: str) -> bool:
+        return not wanted or any(w in name for w in wanted)
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["FORKTOOL_CACHE"] = os.environ.get("FORKTOOL_CACHE") or str(Path.home() / ".cache" / "forktool")
@@ -75,8 +106,11 @@ def main() -> None:
     for d in ("vendor", "patches", "registry"):
         shutil.copytree(REPO / d, root / d, ignore=shutil.ignore_patterns("llamafile", ".*"))
     env["FORKTOOL_ROOT"] = str(root)
-    py = sys.executable
-    ft = [py, "-m", "forktool"]
+    if args.install == "wheel":
+        py, ft = install(REPO, work / "venv", env)
+    else:
+        py = sys.executable
+        ft = [py, "-m", "forktool"]
 
     def forktool(*a: str) -> subprocess.CompletedProcess:
         return run([*ft, *a], root, env)
@@ -84,13 +118,17 @@ def main() -> None:
     forktool("vendor", "fetch")
     base_root = work / "proj-baseline"
     benv = dict(env, FORKTOOL_ROOT=str(base_root))
+    bpy, bft = py, ft
     if args.baseline:
         for d in ("vendor", "patches", "registry"):
             shutil.copytree(REPO / d, base_root / d, ignore=shutil.ignore_patterns("llamafile", ".*"))
-        benv["PYTHONPATH"] = str(args.baseline.resolve())
+        if args.install == "wheel":
+            bpy, bft = install(args.baseline.resolve(), work / "venv-baseline", env)
+        else:
+            benv["PYTHONPATH"] = str(args.baseline.resolve())
 
     def before(*a: str) -> subprocess.CompletedProcess:
-        return run([*ft, *a], base_root, benv)
+        return run([*bft, *a], base_root, benv)
 
     if args.baseline:
         before("vendor", "fetch")
@@ -120,6 +158,8 @@ def main() -> None:
 
     def side_by_side(name: str, ours: Callable[[], object], anchor_name: str, anchor: Callable[[], object],
                      baseline: Callable[[], object] | None = None) -> None:
+        if not chosen(name):
+            return
         a, b, ca, cb, z, cz = [], [], [], [], [], []
         for _ in range(args.repeat):
             a.append(timed(ours))
@@ -147,10 +187,10 @@ def main() -> None:
     side_by_side("forktool --help", lambda: forktool("--help"), *bare, lambda: before("--help"))
     side_by_side("forktool status", lambda: forktool("status"), *bare, lambda: before("status"))
     side_by_side("python -c 'import forktool.cli'", lambda: run([py, "-c", "import forktool.cli"], root, env), *bare,
-                 lambda: run([py, "-c", "import forktool.cli"], base_root, benv))
+                 lambda: run([bpy, "-c", "import forktool.cli"], base_root, benv))
 
     loop: list[dict[str, float]] = []
-    if args.build_repeat:
+    if args.build_repeat and chosen("edit -> build"):
         forktool("build", "--profile", "cpu", "-j", str(args.jobs))  # the first build, not measured
         target = root / "vendor" / "llamafile" / EDIT_FILE
         original = target.read_text()

@@ -1,5 +1,5 @@
 """Entry point for `python -m forktool`."""
 
-from forktool.cli import main
+from forktool.cli import entry
 
-raise SystemExit(main())
+entry()

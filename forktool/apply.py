@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from forktool.errors import ApplyError
+from forktool.record import NamedTuple, Record
 from forktool.series import FileDiff, Hunk, Patch, split_lines
 
 
-@dataclass(frozen=True)
-class Drift:
+class Drift(NamedTuple):
     patch: str
     path: str
     hunk: int
@@ -20,12 +19,17 @@ class Drift:
         return {"patch": self.patch, "file": self.path, "hunk": self.hunk, "offset": self.offset}
 
 
-@dataclass
-class Applied:
+class Applied(Record):
     """Contents after applying patches: path -> bytes (None = deleted/absent), and the drift seen."""
 
-    files: dict[str, bytes | None] = field(default_factory=dict)
-    drift: dict[str, list[Drift]] = field(default_factory=dict)
+    FIELDS = ("files", "drift")
+
+    def __init__(self, files: dict[str, bytes | None] | None = None, drift: dict[str, list[Drift]] | None = None):
+        self.files: dict[str, bytes | None] = {} if files is None else files
+        self.drift: dict[str, list[Drift]] = {} if drift is None else drift
+        # path -> sha256 of files[path], where it is already known (read back from a remembered result and
+        # checked); not part of the value: whoever changes files keeps it or leaves it out
+        self.digests: dict[str, str] = {}
 
 
 Reader = Callable[[str], bytes | None]
@@ -128,6 +132,8 @@ def apply_patch(patch: Patch, read: Reader, into: Applied) -> None:
         results[fd.path], d = apply_file(patch, fd, current)
         drift.extend(d)
     into.files.update(results)
+    for rel in results:
+        into.digests.pop(rel, None)
     into.drift[patch.id] = drift
 
 
@@ -139,8 +145,7 @@ def apply_series(patches: list[Patch], read: Reader, into: Applied | None = None
     return state
 
 
-@dataclass(frozen=True)
-class FileOutcome:
+class FileOutcome(NamedTuple):
     """One file of a patch tried on its own: the new bytes and drift, or the error that stopped it."""
 
     path: str
@@ -169,6 +174,8 @@ def try_patch(patch: Patch, read: Reader, into: Applied | None = None) -> list[F
 def record(patch_id: str, outcomes: list[FileOutcome], into: Applied) -> None:
     """Put the successful outcomes of try_patch into `into` (failed files keep their contents)."""
     into.files.update({o.path: o.content for o in outcomes if o.error is None})
+    for o in outcomes:
+        into.digests.pop(o.path, None)
     into.drift[patch_id] = [d for o in outcomes for d in o.drift]
 
 

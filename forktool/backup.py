@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
+import stat
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from forktool import schema
 from forktool.errors import ForktoolError, UnsafePathError, UsageError
+from forktool.record import NamedTuple
 from forktool.store import ObjectStore
 from forktool.tree import (
     Manifest,
     digest,
+    make_temp_dir,
     manifest_from_json,
     manifest_to_json,
+    remove_tree,
     resolve_inside,
     sha256_bytes,
     write_many,
@@ -26,8 +27,7 @@ from forktool.tree import (
 SLUG_OK = "abcdefghijklmnopqrstuvwxyz0123456789-"
 
 
-@dataclass
-class Backup:
+class Backup(NamedTuple):
     name: str
     path: Path
     created: str
@@ -56,10 +56,10 @@ def create(backups_dir: Path, tree: Path, slug: str, reason: str, current: Manif
     name, n = base, 2
     while (backups_dir / name).exists():
         name, n = f"{base}-{n}", n + 1
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=backups_dir))
+    tmp = make_temp_dir(backups_dir, ".tmp-")
     try:
         stored = []
-        blobs = []
+        blobs: dict[str, bytes] = {}
         for rel, e in sorted(current.items()):
             if pristine.get(rel) == e:
                 continue
@@ -68,7 +68,7 @@ def create(backups_dir: Path, tree: Path, slug: str, reason: str, current: Manif
             if sha256_bytes(data) != e.sha256:
                 raise ForktoolError(f"{rel} changed while it was being backed up", where=str(p),
                                     hint="stop whatever is writing to the vendored tree and retry")
-            blobs.append(data)
+            blobs[e.sha256] = data
             stored.append(rel)
         meta: dict = {"name": name, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "reason": reason,
                 "tree_digest": digest(current), "files": manifest_to_json(current), "stored": stored,
@@ -77,12 +77,53 @@ def create(backups_dir: Path, tree: Path, slug: str, reason: str, current: Manif
         # one line: indent makes json use its pure-Python encoder, 0.01 s for a thousand-file manifest; the
         # objects and the manifest are made durable together (one wait for the disk) before the rename below
         manifest = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
-        write_many([*ObjectStore(tmp / "objects").missing(blobs), (tmp / "manifest.json", manifest)])
+        objects = ObjectStore(tmp / "objects")
+        earlier = _earlier(backups_dir)
+        todo = [(objects.path(sha), data) for sha, data in blobs.items()
+                if not _link_same(earlier, sha, data, objects.path(sha))]
+        write_many([*todo, (tmp / "manifest.json", manifest)])
         tmp.rename(backups_dir / name)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            remove_tree(tmp)
+        except OSError:
+            pass
         raise
     return Backup(name, backups_dir / name, meta["created"], reason, len(current), len(stored), meta["tree_digest"])
+
+
+# how many of the newest backups create() looks in for an object it can link instead of writing again
+EARLIER = 4
+
+
+def _earlier(backups_dir: Path) -> list[ObjectStore]:
+    """The object stores of the newest finished backups (names sort by their UTC time stamp)."""
+    try:
+        names = sorted((n for n in os.listdir(backups_dir) if not n.startswith(".")), reverse=True)
+    except OSError:
+        return []
+    return [ObjectStore(backups_dir / n / "objects") for n in names[:EARLIER]]
+
+
+def _link_same(earlier: list[ObjectStore], sha: str, data: bytes, dest: Path) -> bool:
+    """Hard-link dest to an earlier backup's object holding exactly `data`; True when linked.
+
+    That object was written and fsynced before its own backup was renamed into place, so the link is as
+    durable as a new copy would be, without writing and fsyncing the bytes again (unapply backs up the same
+    patched files at every round trip). Its bytes are compared, not trusted by name: a damaged object is
+    never linked. Restore checks every object against its sha256 as before."""
+    for store in earlier:
+        src = store.path(sha)
+        try:
+            st = os.lstat(src)
+            if not stat.S_ISREG(st.st_mode) or st.st_size != len(data) or src.read_bytes() != data:
+                continue
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.link(src, dest)
+            return True
+        except OSError:
+            continue
+    return False
 
 
 def _checksum(meta: dict) -> str:
@@ -196,5 +237,5 @@ def prune(backups_dir: Path, keep: int) -> list[str]:
     backups = list_backups(backups_dir)
     doomed = backups[: max(0, len(backups) - keep)]
     for b in doomed:
-        shutil.rmtree(b.path)
+        remove_tree(b.path)
     return [b.name for b in doomed]

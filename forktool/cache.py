@@ -11,9 +11,12 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from forktool.tree import atomic_write
+
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at run time
+if TYPE_CHECKING:
+    from typing import Any
 
 CACHE_VERSION = 1
 
@@ -222,3 +225,61 @@ def flush_valid() -> None:
 def forget_valid() -> None:
     _pending_valid.clear()
     _pending_yaml.clear()
+
+
+def code_stamp(*modules: Any) -> list[object]:
+    """The source files of modules by their stat fields (size, mtime_ns): a value derived by their code is never
+    reused by a changed forktool."""
+    parts: list[object] = []
+    for mod in modules:
+        try:
+            st = os.stat(mod.__file__ or "")
+            parts.append([st.st_size, st.st_mtime_ns])
+        except OSError:
+            parts.append(None)
+    return parts
+
+
+class Memo:
+    """Values derived from exact input bytes (a parsed patch, a checked manifest), kept in marshal form.
+
+    marshal of plain tuples, lists, dicts, strings and bytes loads several times faster than JSON, or than
+    parsing and checking the input again. An entry is a sha256 of its body, a newline and the body, marshal of
+    (kind, key, value); the checksum is verified before marshal.loads sees the body, and the kind and key must
+    be the ones asked for, so a torn, damaged or foreign entry is ignored (the caller derives the value again).
+    The key must name everything the value depends on: the input's digest and the code_stamp of the code.
+    """
+
+    def __init__(self, root: Path | None, kind: str):
+        self.root = root / kind if root is not None else None
+        self.kind = kind
+
+    def _path(self, key: str) -> Path:
+        assert self.root is not None
+        return self.root / key[:2] / key[2:]
+
+    def get(self, key: str) -> Any | None:
+        if self.root is None:
+            return None
+        import marshal
+
+        try:
+            data = self._path(key).read_bytes()
+            body = memoryview(data)[65:]
+            if data[64:65] != b"\n" or hashlib.sha256(body).hexdigest().encode() != data[:64]:
+                return None
+            kind, got, value = marshal.loads(body)
+        except (OSError, ValueError, EOFError, TypeError):
+            return None
+        return value if kind == self.kind and got == key else None
+
+    def put(self, key: str, value: Any) -> None:
+        if self.root is None:
+            return
+        import marshal
+
+        try:
+            body = marshal.dumps((self.kind, key, value))
+            atomic_write(self._path(key), hashlib.sha256(body).hexdigest().encode() + b"\n" + body, durable=False)
+        except (OSError, ValueError):
+            pass  # a cache that cannot be written (or a value marshal cannot hold) only costs speed

@@ -8,10 +8,13 @@ import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
+from forktool.record import Record
+
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at run time
 if TYPE_CHECKING:
+    from typing import Any
+
     from rich.console import Console
 
 _err: Console | None = None  # rich loads on the first line shown: --json runs and fast starts skip it
@@ -100,13 +103,15 @@ def escape(text: str) -> str:
     return _escape(text)
 
 
-@dataclass
-class Report:
+class Report(Record):
     """What a command returns: JSON data and the human lines that show the same facts."""
 
-    data: dict[str, Any]
-    lines: list[str] = field(default_factory=list)
-    exit_code: int = 0
+    FIELDS = ("data", "lines", "exit_code")
+
+    def __init__(self, data: dict[str, Any], lines: list[str] | None = None, exit_code: int = 0):
+        self.data = data
+        self.lines: list[str] = [] if lines is None else lines
+        self.exit_code = exit_code
 
 
 def emit(report: Report) -> int:

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from forktool.errors import ConfigError, UsageError
+from forktool.record import NamedTuple, Record
+
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at run time
+if TYPE_CHECKING:
+    from typing import Any
 
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 
 
-@dataclass(frozen=True)
-class Component:
+class Component(NamedTuple):
     """One upstream source tree materialised under the vendored root."""
 
     name: str
@@ -36,8 +38,7 @@ class Component:
         return f"{self.package}=={self.version}" if self.kind == "sdist" else f"{self.url}@{self.commit}"
 
 
-@dataclass(frozen=True)
-class VendorConfig:
+class VendorConfig(NamedTuple):
     components: tuple[Component, ...]
     source: Path
 
@@ -91,12 +92,14 @@ def load_vendor_config(path: Path) -> VendorConfig:
     return VendorConfig(parsed, path)
 
 
-@dataclass
-class Project:
+class Project(Record):
     """Paths of one forktool project; everything else is derived from them."""
 
-    root: Path
-    _vendor: VendorConfig | None = field(default=None, repr=False)
+    FIELDS = ("root",)
+
+    def __init__(self, root: Path, _vendor: VendorConfig | None = None):
+        self.root = root
+        self._vendor = _vendor  # vendor.yaml, read on first use
 
     @property
     def patches_dir(self) -> Path:

@@ -23,9 +23,12 @@ import re
 import stat
 from functools import cache
 from pathlib import Path
-from typing import Any
 
 from forktool.errors import ConfigError, ForktoolError, UnsafePathError
+
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at run time
+if TYPE_CHECKING:
+    from typing import Any
 
 CONFIG_LIMIT = 4 << 20  # a YAML config or a JSON record
 STATE_LIMIT = 256 << 20  # manifests of whole trees
@@ -83,7 +86,11 @@ def read_regular(path: Path, what: str = "", limit: int = CONFIG_LIMIT, root: Pa
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # swapped for something else since the stat
             raise ConfigError(f"{label}: {path} is not a regular file", where=str(path))
-        data = f.read(limit + 1)
+        # read what the stat promised (asking for limit + 1 bytes at once makes Python allocate that much first),
+        # then, only for a file that grew since, on up to the limit
+        data = f.read(min(limit, st.st_size) + 1)
+        if len(data) > st.st_size:
+            data += f.read(limit + 1 - len(data))
     if len(data) > limit:
         raise ConfigError(f"{label}: {path} grew past the {limit >> 20} MiB limit while being read", where=str(path))
     return data

@@ -5,7 +5,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at run time
+if TYPE_CHECKING:
+    from typing import Any
+
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 

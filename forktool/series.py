@@ -5,10 +5,10 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from forktool.errors import ConfigError, PatchFormatError
+from forktool.record import NamedTuple, Record
 from forktool.tree import EXECUTABLE, REGULAR, check_rel_path, sha256_bytes
 
 FROM_LINE = b"From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
@@ -22,8 +22,7 @@ CONTEXT = 3
 # ---------------------------------------------------------------- series
 
 
-@dataclass(frozen=True)
-class SeriesEntry:
+class SeriesEntry(NamedTuple):
     id: str
     name: str
     line: int
@@ -61,14 +60,17 @@ def read_series(path: Path) -> list[SeriesEntry]:
 # ---------------------------------------------------------------- patch model
 
 
-@dataclass
-class Hunk:
-    old_start: int
-    old_count: int
-    new_start: int
-    new_count: int
-    # (op, text) with op in b" -+" and text including its b"\n" unless it ends a file without one
-    lines: list[tuple[bytes, bytes]]
+class Hunk(Record):
+    FIELDS = ("old_start", "old_count", "new_start", "new_count", "lines")
+
+    def __init__(self, old_start: int, old_count: int, new_start: int, new_count: int,
+                 lines: list[tuple[bytes, bytes]]):
+        self.old_start = old_start
+        self.old_count = old_count
+        self.new_start = new_start
+        self.new_count = new_count
+        # (op, text) with op in b" -+" and text including its b"\n" unless it ends a file without one
+        self.lines = lines
 
     def old_lines(self) -> list[bytes]:
         return [t for op, t in self.lines if op in b" -"]
@@ -77,14 +79,17 @@ class Hunk:
         return [t for op, t in self.lines if op in b" +"]
 
 
-@dataclass
-class FileDiff:
-    path: str
-    old_mode: str | None  # None: file is new
-    new_mode: str | None  # None: file is deleted
-    old_index: str = ZERO
-    new_index: str = ZERO
-    hunks: list[Hunk] = field(default_factory=list)
+class FileDiff(Record):
+    FIELDS = ("path", "old_mode", "new_mode", "old_index", "new_index", "hunks")
+
+    def __init__(self, path: str, old_mode: str | None, new_mode: str | None, old_index: str = ZERO,
+                 new_index: str = ZERO, hunks: list[Hunk] | None = None):
+        self.path = path
+        self.old_mode = old_mode  # None: file is new
+        self.new_mode = new_mode  # None: file is deleted
+        self.old_index = old_index
+        self.new_index = new_index
+        self.hunks: list[Hunk] = [] if hunks is None else hunks
 
     @property
     def is_new(self) -> bool:
@@ -107,13 +112,15 @@ class FileDiff:
         return out
 
 
-@dataclass
-class Patch:
-    id: str
-    name: str
-    header: bytes  # everything before the b"---\n" separator
-    files: list[FileDiff]
-    raw: bytes = b""
+class Patch(Record):
+    FIELDS = ("id", "name", "header", "files", "raw")
+
+    def __init__(self, id: str, name: str, header: bytes, files: list[FileDiff], raw: bytes = b""):
+        self.id = id
+        self.name = name
+        self.header = header  # everything before the b"---\n" separator
+        self.files = files
+        self.raw = raw
 
     @property
     def sha256(self) -> str:
@@ -208,6 +215,27 @@ def parse_patch(data: bytes, name: str) -> Patch:
             raise _fail(name, 1, f"file {f.path} appears twice in one patch")
         seen.add(f.path)
     return Patch(m.group(1), name, header, files, data)
+
+
+def to_plain(p: Patch) -> tuple:
+    """The parsed patch as plain tuples (for forktool.cache.Memo; its raw bytes are the memo's key)."""
+    return (p.id, p.name, p.header, tuple((f.path, f.old_mode, f.new_mode, f.old_index, f.new_index,
+                                          tuple((h.old_start, h.old_count, h.new_start, h.new_count, tuple(h.lines))
+                                                for h in f.hunks)) for f in p.files))
+
+
+def from_plain(t: tuple, raw: bytes) -> Patch:
+    """The Patch to_plain gave t for; raises TypeError or ValueError when t is not of that shape."""
+    pid, name, header, files = t
+    if not (type(pid) is str and type(name) is str and type(header) is bytes and type(files) is tuple):
+        raise TypeError("not a parsed patch")
+    out = []
+    for path, old_mode, new_mode, old_index, new_index, hunks in files:
+        fd = FileDiff(path, old_mode, new_mode, old_index, new_index)
+        for os_, oc, ns, nc, lines in hunks:
+            fd.hunks.append(Hunk(os_, oc, ns, nc, list(lines)))
+        out.append(fd)
+    return Patch(pid, name, header, out, raw)
 
 
 def _parse_file(lines: list[bytes], i: int, name: str) -> FileDiff:
@@ -482,6 +510,6 @@ def _grouped(codes: list[tuple[str, int, int, int, int]]) -> list[list[tuple[str
 
 
 def with_files(p: Patch, files: list[FileDiff]) -> Patch:
-    q = replace(p, files=files, raw=b"")
+    q = p.replace(files=files, raw=b"")
     q.raw = format_patch(q)
     return q

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from forktool import schema
 from forktool.errors import ForktoolError
+from forktool.record import Record
 from forktool.tree import Entry, atomic_write
 
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at run time
 if TYPE_CHECKING:
     from forktool.project import Project
 
@@ -18,11 +18,15 @@ STATE_VERSION = 1
 STATE_FILE = "state.json"
 
 
-@dataclass
-class State:
-    pristine_digest: str = ""
-    applied: list[dict] = field(default_factory=list)  # {id, name, sha256, diff_sha256, drift}
-    files: dict[str, Entry | None] = field(default_factory=dict)  # touched paths after the applied patches
+class State(Record):
+    FIELDS = ("pristine_digest", "applied", "files")
+
+    def __init__(self, pristine_digest: str = "", applied: list[dict] | None = None,
+                 files: dict[str, Entry | None] | None = None):
+        self.pristine_digest = pristine_digest
+        self.applied: list[dict] = [] if applied is None else applied  # {id, name, sha256, diff_sha256, drift}
+        # touched paths after the applied patches
+        self.files: dict[str, Entry | None] = {} if files is None else files
 
     def to_json(self) -> dict:
         return {"version": STATE_VERSION, "pristine_digest": self.pristine_digest, "applied": self.applied,

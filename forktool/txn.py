@@ -5,16 +5,14 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import shutil
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 from forktool import schema
 from forktool.errors import ForktoolError, UnsafePathError
+from forktool.record import NamedTuple
 from forktool.tree import (
     EXECUTABLE,
     FSYNC_BATCH,
@@ -22,17 +20,22 @@ from forktool.tree import (
     atomic_write,
     fsync_all,
     remove_empty_parents,
+    remove_tree,
     resolve_inside,
     run_all,
     sha256_bytes,
 )
 
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at run time
+if TYPE_CHECKING:
+    from typing import Any
 
-@dataclass(frozen=True)
-class Write:
+
+class Write(NamedTuple):
     path: str
     data: bytes | None  # None: delete
     mode: str
+    sha256: str | None = None  # of data, when the caller has just computed or checked it (else computed here)
 
 
 def _fault(point: str) -> None:
@@ -148,7 +151,7 @@ def commit(tree: Path, state_dir: Path, writes: list[Write], state_after: dict) 
             if tdir.is_symlink() or tdir.is_file():
                 tdir.unlink()
             elif tdir.exists():
-                shutil.rmtree(tdir)
+                remove_tree(tdir)
             (tdir / "new").mkdir(parents=True)
             entries = []
             for n, w in enumerate(writes):
@@ -161,7 +164,7 @@ def commit(tree: Path, state_dir: Path, writes: list[Write], state_after: dict) 
                         while fds:
                             os.close(fds.pop())
                 entries.append({"path": w.path, "staged": staged, "mode": w.mode,
-                                "sha256": sha256_bytes(w.data) if w.data is not None else None})
+                                "sha256": (w.sha256 or sha256_bytes(w.data)) if w.data is not None else None})
                 if n == 0:
                     _fault("staging")
             fsync_all(fds)
@@ -172,7 +175,10 @@ def commit(tree: Path, state_dir: Path, writes: list[Write], state_after: dict) 
         atomic_write(tdir / "plan.json", json.dumps(plan, sort_keys=True).encode())
     except OSError as e:
         # nothing in the tree moved yet: drop the half-made journal and say why
-        shutil.rmtree(tdir, ignore_errors=True)
+        try:
+            remove_tree(tdir)
+        except OSError:
+            pass
         if schema.is_no_space(e):
             raise schema.no_space(e, str(tdir)) from None
         raise ForktoolError(f"could not stage the update: {e}", where=str(tdir),
@@ -308,7 +314,7 @@ def _roll_forward(tree: Path, state_dir: Path, plan: dict[str, Any]) -> None:
                  f"(or discard it with `rm -rf {tdir}` and restore the backup made before, `forktool backup list`)"
         ) from None
     _fault("state-written")
-    shutil.rmtree(tdir)
+    remove_tree(tdir)
 
 
 def recover(tree: Path, state_dir: Path, state_schema: str | None = None) -> str | None:
@@ -324,5 +330,5 @@ def recover(tree: Path, state_dir: Path, state_schema: str | None = None) -> str
         plan = _read_plan(tree, state_dir, state_schema)
         _roll_forward(tree, state_dir, plan)
         return "finished an interrupted update (rolled forward from the journal)"
-    shutil.rmtree(tdir)
+    remove_tree(tdir)
     return "discarded an interrupted update that had not started writing (tree untouched)"

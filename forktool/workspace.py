@@ -8,26 +8,65 @@ from contextlib import contextmanager
 
 from forktool import backup as bk
 from forktool import schema, txn, vendor
-from forktool.apply import Applied, apply_series
+from forktool.apply import Applied, Drift, apply_series
+from forktool.cache import Cache, Memo, caches_root, code_stamp, key_of
 from forktool.errors import DirtyTreeError, ForktoolError, UsageError
 from forktool.index import scan_indexed
 from forktool.project import Project
-from forktool.series import Patch, SeriesEntry, parse_patch, read_series, series_digest_of
+from forktool.series import (
+    Patch,
+    SeriesEntry,
+    from_plain,
+    parse_patch,
+    read_series,
+    series_digest_of,
+    to_plain,
+)
 from forktool.state import State, load_state, save_state
-from forktool.tree import REGULAR, Entry, Manifest, diff_manifests, digest, resolve_inside, scan, sha256_bytes
+from forktool.store import ObjectStore
+from forktool.tree import (
+    REGULAR,
+    Entry,
+    Manifest,
+    atomic_write,
+    diff_manifests,
+    digest,
+    resolve_inside,
+    scan,
+    sha256_bytes,
+)
 
 Progress = Callable[[str], None]
 
 
-def load_patches(project: Project, entries: list[SeriesEntry]) -> list[Patch]:
+def load_patches(project: Project, entries: list[SeriesEntry], use_cache: bool = True) -> list[Patch]:
+    """The series' patches, read and parsed; a patch parsed before (the same name and bytes, the same parser)
+    comes from its memo."""
+    memo = Memo(caches_root(project.state_dir, use_cache), "patch")
     out = []
     for e in entries:
         p = project.patches_dir / e.name
         data = schema.read_regular(p, f"patches/{e.name} (patches/series:{e.line})", schema.PATCH_LIMIT,
                                    project.root, "add the file or remove the line from patches/series",
                                    where=f"patches/series:{e.line}")
-        out.append(parse_patch(data, e.name))
+        key = key_of("patch", _parser_stamp(), e.name, sha256_bytes(data))
+        plain = memo.get(key)
+        try:
+            if plain is not None:
+                out.append(from_plain(plain, data))
+                continue
+        except (TypeError, ValueError):
+            pass
+        patch = parse_patch(data, e.name)
+        memo.put(key, to_plain(patch))
+        out.append(patch)
     return out
+
+
+def _parser_stamp() -> list[object]:
+    from forktool import series
+
+    return code_stamp(series)
 
 
 series_digest = series_digest_of  # the series digest's one home is forktool.series
@@ -44,8 +83,8 @@ class Workspace:
         self.use_cache = use_cache
         self.progress: Progress = progress or (lambda _m: None)
         self.entries = read_series(project.series_file)
-        self.patches = load_patches(project, self.entries)
-        self.pristine, self.pristine_digest = vendor.read_pristine(project)
+        self.patches = load_patches(project, self.entries, use_cache)
+        self.pristine, self.pristine_digest = vendor.read_pristine(project, use_cache)
         self.store = vendor.objects(project)
         self.state = load_state(self.state_dir, self.pristine_digest, self.tree)
         schema.check_state_covers(self.state_dir / "state.json", self.state.applied, self.state.files,
@@ -113,7 +152,21 @@ class Workspace:
     # ------------------------------------------------------------ moving the tree
 
     def compute(self, patches: list[Patch]) -> Applied:
-        return apply_series(patches, self.base_bytes)
+        """pristine + patches in memory; remembered (see _remembered) so that applying the same series on the same
+        pristine again reads its results instead of applying every hunk again."""
+        if not patches:
+            return Applied()
+        root = caches_root(self.state_dir, self.use_cache)
+        if root is None:
+            return apply_series(patches, self.base_bytes)
+        results = Cache(root, "series-result")
+        key = key_of("series-result", _applier_stamp(), self.pristine_digest, [(p.name, p.sha256) for p in patches])
+        hit = _remembered(results.get(key), patches, ObjectStore(root / "objects"))
+        if hit is not None:
+            return hit
+        out = apply_series(patches, self.base_bytes)
+        _remember(results, key, out, ObjectStore(root / "objects"))
+        return out
 
     def goto(self, target: list[Patch], *, force: bool, label: str) -> dict:
         """Make the tree hold pristine + target, all or nothing, writing only files whose bytes change."""
@@ -146,14 +199,15 @@ class Workspace:
             mode = self.pristine[rel].mode if rel in self.pristine else REGULAR
             if rel in result.files:
                 want = result.files[rel]
-                want_entry = Entry(sha256_bytes(want), mode) if want is not None else None
+                sha = result.digests.get(rel) or (sha256_bytes(want) if want is not None else None)
+                want_entry = Entry(sha, mode) if sha is not None else None
                 new_files[rel] = want_entry
             else:  # back to pristine: its entry is known, and its bytes are read (and checked) only to be written
                 want, want_entry = None, self.pristine.get(rel)
             if current.get(rel) != want_entry:
                 if rel not in result.files:
-                    want = self.base_bytes(rel)
-                writes.append(txn.Write(rel, want, mode))
+                    want = self.base_bytes(rel)  # checked against the pristine entry's sha256 as it is read
+                writes.append(txn.Write(rel, want, mode, want_entry.sha256 if want_entry is not None else None))
         applied = [{"id": p.id, "name": p.name, "sha256": p.sha256, "diff_sha256": p.diff_sha256,
                     "drift": [d.to_json() for d in result.drift.get(p.id, [])]} for p in target]
         new_state = State(self.pristine_digest, applied, new_files)
@@ -201,6 +255,60 @@ class Workspace:
                            "top": self.patches[-1].id}
         vendor.write_lock(self.project, lock)
         return True
+
+
+def _applier_stamp() -> list[object]:
+    """The applier's and the parser's code: a changed forktool never reuses a series result."""
+    from forktool import apply, series
+
+    return code_stamp(apply, series)
+
+
+def _remember(results: Cache, key: str, out: Applied, objects: ObjectStore) -> None:
+    """Keep the files of a series result in the cache's object store (by sha256) and their digests under key.
+
+    Written without fsync, as every cache: a lost or torn object fails its sha256 when read, and the series is
+    applied again."""
+    files: dict[str, str | None] = {}
+    try:
+        for rel, data in out.files.items():
+            if data is None:
+                files[rel] = None
+                continue
+            sha = sha256_bytes(data)
+            if not objects.has(sha):
+                atomic_write(objects.path(sha), data, durable=False)
+            files[rel] = sha
+    except OSError:
+        return  # a cache that cannot be written only costs speed
+    results.put(key, {"files": files, "drift": {pid: [d.to_json() for d in ds] for pid, ds in out.drift.items()}})
+
+
+def _remembered(value: object, patches: list[Patch], objects: ObjectStore) -> Applied | None:
+    """The Applied a remembered value stands for, or None when it is not exactly one: every path the patches
+    touch and no other, each object present and matching its sha256, every drift well formed."""
+    if not isinstance(value, dict) or set(value) != {"files", "drift"}:
+        return None
+    files, drift = value["files"], value["drift"]
+    if not isinstance(files, dict) or set(files) != {f.path for p in patches for f in p.files}:
+        return None
+    if not isinstance(drift, dict) or set(drift) != {p.id for p in patches}:
+        return None
+    out = Applied()
+    try:
+        for pid, ds in drift.items():
+            out.drift[pid] = [Drift(d["patch"], d["file"], d["hunk"], d["offset"]) for d in ds
+                              if type(d["hunk"]) is int and type(d["offset"]) is int and d["patch"] == pid
+                              and isinstance(d["file"], str) and len(d) == 4]
+            if len(out.drift[pid]) != len(ds):
+                return None
+        for rel, sha in files.items():
+            out.files[rel] = None if sha is None else objects.get(sha)  # read back and checked against its sha256
+            if sha is not None:
+                out.digests[rel] = sha
+    except (ForktoolError, TypeError, KeyError, ValueError):
+        return None
+    return out
 
 
 @contextmanager

@@ -18,6 +18,7 @@ from test_build_cache import tiny_project
 from forktool import build as b
 from forktool import cache, proc
 from forktool.errors import ConfigError, ForktoolError
+from forktool.index import _load as index_load
 from forktool.index import hash_indexed, scan_indexed
 from forktool.project import Project
 from forktool.tree import sha256_bytes
@@ -156,15 +157,15 @@ def test_output_sums_come_from_the_stat_index(tmp_path: Path) -> None:
 
     index.write_text("{not json")  # a broken index is ignored, never trusted
     assert hash_indexed(tmp_path, rels, index) == (fresh, 3)
-    assert set(json.loads(index.read_text())["entries"]) == {"bin/lib.so", "bin/lib.so.0", "bin/tool"}
+    assert set(index_load(index, tmp_path)[0]) == {"bin/lib.so", "bin/lib.so.0", "bin/tool"}
 
 
 def test_a_build_hashes_only_the_outputs_that_changed(project: Project) -> None:
     bdir = project.root / "build" / "tiny"
     first = build(project)
     assert set(first.outputs) == {"bin/libdemo.so", "bin/demo-cli"}
-    index = json.loads((bdir / b.OUTPUTS_INDEX).read_text())
-    assert {k: v[4] for k, v in index["entries"].items()} == first.outputs
+    index = index_load(bdir / b.OUTPUTS_INDEX, bdir)[0]
+    assert {k: v[4] for k, v in index.items()} == first.outputs
     old = time.time() - 60
     for o in first.outputs:  # as if built a minute ago
         os.utime(bdir / o, (old, old), follow_symlinks=True)

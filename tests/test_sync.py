@@ -293,8 +293,7 @@ def test_repin_keeps_comments_of_the_real_vendor_yaml():
     project = Project(Path(__file__).parents[1])
     old, new = fsync.resolve_spec(project, "llama-cpp-python==0.3.35")
     assert (new.version, new.sha256) == ("0.3.35", "")
-    import dataclasses
-    new = dataclasses.replace(new, sha256="ab" * 32, upstream_commit="cd" * 20)
+    new = new._replace(sha256="ab" * 32, upstream_commit="cd" * 20)
     out = fsync._repin_text(text, old.name, new)
     assert out.count("\n") == text.count("\n")
     # each value keeps its line's style: the version quoted, the digests plain as they were
@@ -302,7 +301,7 @@ def test_repin_keeps_comments_of_the_real_vendor_yaml():
     assert [ln for ln in out.splitlines() if ln.lstrip().startswith("#")] == \
         [ln for ln in text.splitlines() if ln.lstrip().startswith("#")]
     # an unknown upstream commit drops the stale line instead of keeping a wrong one
-    out2 = fsync._repin_text(text, old.name, dataclasses.replace(new, upstream_commit=""))
+    out2 = fsync._repin_text(text, old.name, new._replace(upstream_commit=""))
     assert "upstream_commit" not in out2
 
 

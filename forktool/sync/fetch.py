@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import re
@@ -51,14 +50,14 @@ def resolve_spec(project: Project, spec: str) -> tuple[Component, Component]:
             raise UsageError(f"cannot match {spec!r} to one git component", where="--to", hint=hint)
         old = pick[0]
         keep_up = old.upstream_commit == old.commit
-        return old, dataclasses.replace(old, url=url or old.url, commit=commit,
+        return old, old._replace(url=url or old.url, commit=commit,
                                         upstream_commit=commit if keep_up else "")
     pkg, _, version = spec.partition("==")
     pick = [c for c in sdists if _norm(c.package) == _norm(pkg)]
     if len(pick) != 1 or (version and not re.match(r"^[0-9A-Za-z.+!-]+$", version)):
         raise UsageError(f"cannot match {spec!r} to one sdist component", where="--to", hint=hint)
     old = pick[0]
-    return old, dataclasses.replace(old, version=version, sha256="", upstream_commit="")
+    return old, old._replace(version=version, sha256="", upstream_commit="")
 
 
 def _by_spec(project: Project, comp: Component) -> Path:
@@ -74,7 +73,7 @@ def _fetch_sdist(project: Project, comp: Component, progress: Callable[[str], No
         known = _by_spec(project, comp)
         sha = known.read_text().strip() if known.is_file() else ""
         if sha:
-            comp = dataclasses.replace(comp, sha256=sha)
+            comp = comp._replace(sha256=sha)
             path = vendor.sdist_path(project, comp)
             if path.is_file() and sha256_file(path) == sha:
                 return comp, path, True
@@ -86,7 +85,7 @@ def _fetch_sdist(project: Project, comp: Component, progress: Callable[[str], No
         version = comp.version or (m.group(2) if m else "")
         if not version:
             raise ForktoolError(f"cannot read the version from {found[0].name}", where=want)
-        comp = dataclasses.replace(comp, version=version, sha256=sha256_file(found[0]))
+        comp = comp._replace(version=version, sha256=sha256_file(found[0]))
         path = vendor.download_sdist(project, comp, found[0])
     atomic_write(_by_spec(project, comp), (comp.sha256 + "\n").encode())
     return comp, path, False
@@ -128,13 +127,13 @@ def component_manifest(project: Project, comp: Component,
         raw = json.loads(cache.read_text())
         files = {p: Entry(v[0], v[1]) for p, v in raw["files"].items()}
         if all(store.has(e.sha256) for e in files.values()):
-            return dataclasses.replace(comp, upstream_commit=raw.get("upstream_commit", "")), files, from_cache
+            return comp._replace(upstream_commit=raw.get("upstream_commit", "")), files, from_cache
     if comp.kind == "sdist":
         data = path.read_bytes()
         progress(f"extracting {comp.spec}")
         files = vendor.extract(data, comp, store, strip_top=True).manifest
         # the pin's own upstream_commit is authoritative; a new version's is read from the sdist
-        comp = dataclasses.replace(comp, upstream_commit=comp.upstream_commit or _sdist_upstream_commit(data, comp))
+        comp = comp._replace(upstream_commit=comp.upstream_commit or _sdist_upstream_commit(data, comp))
     else:
         progress(f"archiving {comp.spec} with git")
         data = fgit.archive_commit(comp.url, comp.commit, project.cache_dir)

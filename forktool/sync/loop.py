@@ -479,7 +479,7 @@ def _back_up(project: Project, st: dict, ws: Workspace, current: Manifest, progr
 
 
 def _component_json(c: Component) -> dict:
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(c).items()}
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in c._asdict().items()}
 
 
 def _require(project: Project, what: str) -> dict:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -60,7 +59,7 @@ def _hunk_places(patch: Patch, fd: FileDiff, theirs: bytes | None) -> list[dict]
     """Where each hunk's pre-image stands in the new text: exact, at an offset, or changed upstream."""
     out: list[dict[str, object]] = []
     for n, h in enumerate(fd.hunks, 1):
-        one = dataclasses.replace(fd, hunks=[h])
+        one = fd.replace(hunks=[h])
         try:
             if theirs is None:
                 raise ApplyError("absent")
