@@ -240,6 +240,28 @@ def code_stamp(*modules: Any) -> list[object]:
     return parts
 
 
+def seal(value: Any) -> bytes:
+    """value in marshal form behind its checksum: the sha256 (hex) of the body, a newline, the body."""
+    import marshal
+
+    body = marshal.dumps(value)
+    return hashlib.sha256(body).hexdigest().encode() + b"\n" + body
+
+
+def unseal(data: bytes | memoryview) -> Any | None:
+    """What seal() wrote, or None for a torn, damaged or foreign blob: the checksum is verified before
+    marshal.loads sees the body."""
+    import marshal
+
+    body = memoryview(data)[65:]
+    if bytes(data[64:65]) != b"\n" or hashlib.sha256(body).hexdigest().encode() != bytes(data[:64]):
+        return None
+    try:
+        return marshal.loads(body)
+    except (ValueError, EOFError, TypeError):
+        return None
+
+
 class Memo:
     """Values derived from exact input bytes (a parsed patch, a checked manifest), kept in marshal form.
 
@@ -261,25 +283,16 @@ class Memo:
     def get(self, key: str) -> Any | None:
         if self.root is None:
             return None
-        import marshal
-
         try:
-            data = self._path(key).read_bytes()
-            body = memoryview(data)[65:]
-            if data[64:65] != b"\n" or hashlib.sha256(body).hexdigest().encode() != data[:64]:
-                return None
-            kind, got, value = marshal.loads(body)
-        except (OSError, ValueError, EOFError, TypeError):
+            kind, got, value = unseal(self._path(key).read_bytes())  # type: ignore[misc]
+        except (OSError, ValueError, TypeError):  # no file, or not a sealed (kind, key, value)
             return None
         return value if kind == self.kind and got == key else None
 
     def put(self, key: str, value: Any) -> None:
         if self.root is None:
             return
-        import marshal
-
         try:
-            body = marshal.dumps((self.kind, key, value))
-            atomic_write(self._path(key), hashlib.sha256(body).hexdigest().encode() + b"\n" + body, durable=False)
+            atomic_write(self._path(key), seal((self.kind, key, value)), durable=False)
         except (OSError, ValueError):
             pass  # a cache that cannot be written (or a value marshal cannot hold) only costs speed

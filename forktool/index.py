@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
-import marshal
 import os
 import stat
 import time
 from pathlib import Path
 
+from forktool.cache import seal, unseal
 from forktool.tree import (
     EXECUTABLE,
     REGULAR,
@@ -39,8 +38,8 @@ def _stat_key(st: os.stat_result) -> Stat:
     return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
 
 
-# The file: MAGIC, the sha256 (hex) of the body, a newline, then the body: marshal of (INDEX_VERSION, root,
-# taken_ns, {rel: (size, mtime_ns, ctime_ns, inode, sha256, mode)}). marshal of plain tuples loads about four
+# The file: MAGIC, then cache.seal of (INDEX_VERSION, root, taken_ns, {rel: (size, mtime_ns, ctime_ns, inode,
+# sha256, mode)}): the sha256 (hex) of the marshal body, a newline, the body. marshal of plain tuples loads about four
 # times as fast as the same JSON; the checksum is verified first, so a torn or damaged file never reaches
 # marshal.loads and is treated as no index (everything is hashed again).
 Row = tuple[int, int, int, int, str, str]
@@ -50,12 +49,9 @@ def _load(path: Path, root: Path) -> tuple[dict[str, Row], int]:
     """The stored index, or nothing when it is missing, damaged, of another version or made for another root."""
     try:
         data = path.read_bytes()
-        if not data.startswith(MAGIC) or data[len(MAGIC) + 64:len(MAGIC) + 65] != b"\n":
+        if not data.startswith(MAGIC):
             return {}, 0
-        body = memoryview(data)[len(MAGIC) + 65:]
-        if hashlib.sha256(body).hexdigest().encode() != data[len(MAGIC):len(MAGIC) + 64]:
-            return {}, 0
-        version, where, taken_ns, entries = marshal.loads(body)
+        version, where, taken_ns, entries = unseal(memoryview(data)[len(MAGIC):])  # type: ignore[misc]
         if version != INDEX_VERSION or where != str(root) or type(taken_ns) is not int or type(entries) is not dict:
             return {}, 0
         return entries, taken_ns
@@ -65,9 +61,8 @@ def _load(path: Path, root: Path) -> tuple[dict[str, Row], int]:
 
 def _save(index_path: Path, root: Path, taken_ns: int, entries: dict[str, Row]) -> None:
     """Write the index; failing to write it only costs speed next time."""
-    body = marshal.dumps((INDEX_VERSION, str(root), taken_ns, entries))
     try:
-        atomic_write(index_path, MAGIC + hashlib.sha256(body).hexdigest().encode() + b"\n" + body, durable=False)
+        atomic_write(index_path, MAGIC + seal((INDEX_VERSION, str(root), taken_ns, entries)), durable=False)
     except OSError:
         pass
 
