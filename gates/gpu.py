@@ -28,6 +28,7 @@ OOM_LINES = ("failed to allocate compute pp buffers", "graph_reserve: failed to 
 MIB = 1 << 20
 MODEL_ARGS = ["--arch", "llama", "--layers", "8", "--n-embd", "2048", "--n-head", "16", "--n-head-kv", "4",
               "--head-dim", "128", "--n-ff", "8192", "--ctx", "1048576", "--vocab", "512"]
+COPY_TAIL_ENV = {"OPENCOTI_KV_TAIL": "copy"}  # 0073 off: the full build on 0072's copying tail path
 KV_BYTES_PER_CELL = 8 * 2 * 4 * 128 * 2  # layers * (K+V) * kv heads * head dim * f16
 
 
@@ -169,7 +170,7 @@ def gate_a(a: argparse.Namespace, model: Path, work: Path) -> dict:
         # without 0089 the sizer budgets a fixed 1536 MiB for the compute buffer; on the copying tail path (the one
         # builds without a mapped buffer type take) the buffer at 1M is about 4 GiB, so the reserve fails there
         pre = run("a-pre0089", completion(a.pre_bin, model, a.boot_ctx, prompt, 32, extra), work,
-                  env={"OPENCOTI_KV_TAIL": "copy"})
+                  env=COPY_TAIL_ENV)
         full = run("a-full", completion(a.full_bin, model, a.boot_ctx, prompt, 32, extra), work)
         before = run("a-before", completion(a.before_bin, model, a.boot_ctx, prompt, 32, extra), work,
                      env=a.before_env) if a.before_bin else None
@@ -523,7 +524,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a = ap.parse_args(argv)
     a.before_env = {}
     if a.before_copy and a.before_bin is None:
-        a.before_bin, a.before_env = a.full_bin, {"OPENCOTI_KV_TAIL": "copy"}
+        a.before_bin, a.before_env = a.full_bin, dict(COPY_TAIL_ENV)
     return a
 
 
