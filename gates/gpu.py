@@ -22,7 +22,10 @@ from gates.common import RE_WINDOW, TOL_SAME_TOP_PCT, TOL_TOOL_MAX_KLD, WINDOW_E
 RE_PROMPT = re.compile(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens .*?([\d.]+) tokens per second")
 RE_EVAL = re.compile(r"\s eval time =\s*([\d.]+) ms /\s*(\d+) runs .*?([\d.]+) tokens per second")
 RE_COMPUTE = re.compile(r"CUDA0 compute buffer size =\s*([\d.]+) MiB")
-RE_SPLITS = re.compile(r"graph splits = (\d+)")
+RE_COMPUTE_ANY = re.compile(r"(\S+) compute buffer size =\s*([\d.]+) MiB")
+# the reserve's summary: "graph: nodes = N, splits = S, ..." or, when the pp and tg graphs differ,
+# "graph (pp bs=512, tg bs=1): nodes = N / M, splits = S / T, ..."
+RE_GRAPH = re.compile(r"graph(?: \(pp bs=\d+, tg bs=\d+\))?: nodes = (\d+)(?: / (\d+))?, splits = (\d+)(?: / (\d+))?")
 OOM_LINES = ("failed to allocate compute pp buffers", "graph_reserve: failed to allocate compute buffers",
              "failed to allocate CUDA0 buffer")
 MIB = 1 << 20
@@ -122,7 +125,9 @@ def run(tag: str, argv: list[str], work: Path, env: dict | None = None, measure:
     res["window_lines"] = [ln.strip() for ln in text.splitlines() if "position window" in ln]
     res["oom_lines"] = [ln.strip() for ln in text.splitlines() if any(k in ln for k in OOM_LINES)]
     res["compute_mib"] = [float(x) for x in RE_COMPUTE.findall(text)]
-    res["graph_splits"] = [int(x) for x in RE_SPLITS.findall(text)]
+    res["compute_buffers_mib"] = {name: float(mib) for name, mib in RE_COMPUTE_ANY.findall(text)}  # the last reserve's
+    res["graphs"] = [{"nodes_pp": int(n), "nodes_tg": int(m or n), "splits_pp": int(sp), "splits_tg": int(st or sp)}
+                     for n, m, sp, st in RE_GRAPH.findall(text)]
     res["text"] = text
     return res
 
@@ -334,11 +339,12 @@ def gate_d(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
             row = curve_row(config, round(1.0 - min(cells, n_prompt) / n_prompt, 4), r, ctx)
             rows.append(row)
             log(f"curve: {row}")
-    # the same prompt under --vram-target budgets (the sizer picks the window)
+    # the same prompt under --vram-target budgets (the sizer picks the window; "before" sizes its own)
     for target in a.targets:
-        for config, b in builds[:1]:
+        for config, b in builds:
             r = run(f"d-{config.replace(' ', '-')}-target-{target}", completion(b, model, ctx, prompt, a.curve_n,
-                    ["--kv-residency-mode", "window", "-fit", "off", "--vram-target", str(target)]), work, measure=True)
+                    ["--kv-residency-mode", "window", "-fit", "off", "--vram-target", str(target)]), work,
+                    env=a.before_env if config != "window" else {}, measure=True)
             cells = (r.get("window") or {}).get("resident", ctx)
             row = curve_row(f"{config} --vram-target {target}", round(max(0.0, 1.0 - cells / n_prompt), 4), r, ctx)
             rows.append(row)
@@ -391,7 +397,7 @@ def gate_d(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
         wr.writeheader()
         wr.writerows(rows)
     meta = {"prompt_tokens": n_prompt, "ctx": ctx, "kv_bytes_per_cell": KV_BYTES_PER_CELL, "link": link,
-            "decode_n": a.curve_n}
+            "decode_n": a.curve_n, "before": a.before_label}
     (outdir / "rolling_kv_curve.json").write_text(json.dumps(meta, indent=2))
     nkvo = next(r for r in rows if r["config"] == "upstream --no-kv-offload")
     at = {r["tail_share"]: r for r in rows if r["config"] == "window"}
@@ -437,25 +443,20 @@ def gate_e(a: argparse.Namespace, model: Path, work: Path) -> dict:
 
 
 # (f) ---------------------------------------------------------------------------------------------------------
-def gate_f(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict:
-    """Where a decoded token's time goes with a host tail: the scheduler's splits and copies (GGML_SCHED_DEBUG),
-    and per-token time against the bytes of used tail read (a linear fit: fixed cost + bytes / bandwidth)."""
+def gate_f(a: argparse.Namespace, model: Path, work: Path) -> dict:
+    """Where a decoded token's time goes with a host tail: the scheduler's splits and compute buffers (the reserve's
+    summary) and per-token time against the bytes of used tail read (a linear fit: fixed cost + bytes / bandwidth)."""
     out: dict = {"link": link_bandwidth()}
     prompt = work / "prompt-f.txt"
     prompt.write_text(make_text(1600, 13))
     builds = [("after", a.full_bin, {})] + ([("before", a.before_bin, a.before_env)] if a.before_bin else [])
     for name, b, benv in builds:
-        # splits of the decode graph with a 256-cell window and ~2k cells used (one graph printed per ubatch)
+        # the reserve's summary with a 256-cell window (its last graph line is the context's: splits of the prefill
+        # graph and of the one-token decode graph) and the compute buffers per backend
         r = run(f"f-sched-{name}", completion(b, model, 4096, prompt, 2, ["--kv-residency-mode", "window", "-fit", "off"]),
-                work, env={WINDOW_ENV: "256", "GGML_SCHED_DEBUG": "2", **benv})
-        lines = r["text"].splitlines()
-        # the last graph printed (the decode graph): its split headers and the nodes the CPU runs
-        start = max((i for i, ln in enumerate(lines) if ln.startswith("## SPLIT #0:")), default=0)
-        last = [ln for ln in lines[start:] if ln.startswith("## SPLIT") or (ln.startswith("node #") and "[  CPU" in ln)]
-        (outdir / f"sched-{name}.txt").write_text("\n".join(last) + "\n")
-        out[f"sched_{name}"] = {"rc": r["rc"], "graph_splits": r["graph_splits"],
-                                "decode_graph_splits": sum(ln.startswith("## SPLIT") for ln in last),
-                                "decode_graph_cpu_nodes": sum(ln.startswith("node #") for ln in last)}
+                work, env={WINDOW_ENV: "256", **benv})
+        out[f"sched_{name}"] = {"rc": r["rc"], **(r["graphs"][-1] if r["graphs"] else {"graph_line": "not printed"}),
+                                "compute_buffers_mib": r["compute_buffers_mib"]}
         # per-token decode time against the used tail (fixed prompt, growing tail share)
         pts = []
         prompt_d = work / "prompt-d.txt"
@@ -523,8 +524,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--fit-windows", type=int, nargs="+", default=[256, 12288, 24576])
     a = ap.parse_args(argv)
     a.before_env = {}
+    a.before_label = f"the build in {a.before_bin}" if a.before_bin else None
     if a.before_copy and a.before_bin is None:
         a.before_bin, a.before_env = a.full_bin, dict(COPY_TAIL_ENV)
+        a.before_label = "this build on the copying tail path (OPENCOTI_KV_TAIL=copy)"
     return a
 
 
@@ -551,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
             elif g == "e":
                 res = gate_e(a, model, a.work)
             elif g == "f":
-                res = gate_f(a, model, a.work, a.out)
+                res = gate_f(a, model, a.work)
             else:
                 res = {"pass": False, "error": f"unknown gate {g!r}"}
         except Exception as e:  # keep going: one broken gate must not hide the others' results

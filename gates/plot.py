@@ -39,11 +39,18 @@ def main(argv: list[str] | None = None) -> int:
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.6))
     for ax, key, label in ((ax1, "prefill_tps", "prefill tokens/s"), (ax2, "decode_tps", "decode tokens/s")):
+        before = meta.get("before") or "the build compared as before"
         for config, style, name in (("window", "o-", "rolling KV window (forced, this build)"),
-                                    ("window before", "s--", "rolling KV window, before the streaming change")):
+                                    ("window before", "s--", f"rolling KV window, {before}")):
             pts = series(config)
             if pts:
                 ax.plot([100 * float(r["tail_share"]) for r in pts], [float(r[key]) for r in pts], style, label=name)
+        sized = sorted((r for r in rows if r["config"].startswith("window --vram-target") and num(r[key])),
+                       key=lambda r: float(r["tail_share"]))
+        if sized:
+            mibs = [r["config"].rsplit(" ", 1)[1] for r in sized]
+            ax.plot([100 * float(r["tail_share"]) for r in sized], [float(r[key]) for r in sized], "kx", ms=8,
+                    label=f"window sized by --vram-target {min(mibs)}-{max(mibs)} MiB")
         for r in rows:
             y = num(r[key])
             if y is None:

@@ -81,7 +81,9 @@ def test_gpu_run_parses_a_completion_log(tmp_path: Path):
         "llama_kv_cache: position window = 149760 / 1048576 cells resident + host tail 898816 cells (14044.00 MiB host) "
         "[CUDA0, auto, budget 2343.56 MiB]",
         "sched_reserve:      CUDA0 compute buffer size =  3965.76 MiB",
-        "sched_reserve: graph splits = 26",
+        "sched_reserve:  CUDA_Host compute buffer size =   136.01 MiB",
+        "sched_reserve: graph (pp bs=512, tg bs=1): nodes = 293 / 261, splits = 26 / 18, input objects = 4 / 4, "
+        "input tensors = 9 / 9",
         "common_perf_print: prompt eval time =     573.10 ms / 35131 tokens (    0.02 ms per token, 61300.00 tokens per second)",
         "common_perf_print:        eval time =      26.69 ms /    31 runs   (    0.86 ms per token,  1161.48 tokens per second)",
     ]))
@@ -89,11 +91,21 @@ def test_gpu_run_parses_a_completion_log(tmp_path: Path):
     assert r["rc"] == 0
     assert r["window"] == {"resident": 149760, "kv_size": 1048576, "tail": 898816, "tail_mib": 14044.0}
     assert r["compute_mib"] == [4111.76, 3965.76]
-    assert r["graph_splits"] == [26]
+    assert r["graphs"] == [{"nodes_pp": 293, "nodes_tg": 261, "splits_pp": 26, "splits_tg": 18}]
+    assert r["compute_buffers_mib"] == {"CUDA0": 3965.76, "CUDA_Host": 136.01}
     assert (r["prompt_tokens"], r["prefill_tps"], r["decode_tps"]) == (35131, 61300.0, 1161.48)
     assert r["decode_ms_per_token"] == pytest.approx(26.69 / 31)
     assert r["measure_pass"] and not r["fully_resident"]
     assert (tmp_path / "t.log").read_text().startswith(str(tool))
+
+
+def test_gpu_run_reads_the_reserve_summary_when_pp_and_tg_graphs_agree(tmp_path: Path):
+    from gates.gpu import run
+
+    tool = fake_tool(tmp_path / "llama-completion", "sched_reserve: graph: nodes = 293, splits = 2, input objects = 4, "
+                     "input tensors = 9\nsched_reserve: graph splits = 7")
+    assert run("t", [str(tool)], tmp_path)["graphs"] == [{"nodes_pp": 293, "nodes_tg": 293, "splits_pp": 2,
+                                                          "splits_tg": 2}]
 
 
 def test_gpu_bench_reads_llama_bench_json(tmp_path: Path):
