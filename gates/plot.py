@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         pts = [r for r in rows if r["config"] == config and num(r["decode_tps"]) and num(r["prefill_tps"])]
         return sorted(pts, key=lambda r: float(r["tail_share"]))
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.6))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 5.4))
     for ax, key, label in ((ax1, "prefill_tps", "prefill tokens/s"), (ax2, "decode_tps", "decode tokens/s")):
         before = meta.get("before") or "the build compared as before"
         for config, style, name in (("window", "o-", "rolling KV window (forced, this build)"),
@@ -68,10 +68,10 @@ def main(argv: list[str] | None = None) -> int:
         ax.set_ylabel(label)
         ax.set_yscale("log")
         ax.grid(True, alpha=0.3)
-    ax2.legend(fontsize=7, loc="upper right")
+    fig.legend(*ax2.get_legend_handles_labels(), loc="lower center", ncol=3, fontsize=8)  # under both plots
     fig.suptitle(f"H200, synthetic 8-layer llama, f16 K/V, flash attention, ctx {meta.get('ctx', '?')}, "
                  f"prompt {int(n_prompt) if n_prompt else '?'} tokens")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
     fig.savefig(a.output, dpi=120)
     return 0
 
