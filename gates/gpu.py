@@ -21,8 +21,7 @@ from gates.common import RE_WINDOW, TOL_SAME_TOP_PCT, TOL_TOOL_MAX_KLD, WINDOW_E
 
 RE_PROMPT = re.compile(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens .*?([\d.]+) tokens per second")
 RE_EVAL = re.compile(r"\s eval time =\s*([\d.]+) ms /\s*(\d+) runs .*?([\d.]+) tokens per second")
-RE_COMPUTE = re.compile(r"CUDA0 compute buffer size =\s*([\d.]+) MiB")
-RE_COMPUTE_ANY = re.compile(r"(\S+) compute buffer size =\s*([\d.]+) MiB")
+RE_COMPUTE = re.compile(r"(\S+) compute buffer size =\s*([\d.]+) MiB")
 # the reserve's summary: "graph: nodes = N, splits = S, ..." or, when the pp and tg graphs differ,
 # "graph (pp bs=512, tg bs=1): nodes = N / M, splits = S / T, ..."
 RE_GRAPH = re.compile(r"graph(?: \(pp bs=\d+, tg bs=\d+\))?: nodes = (\d+)(?: / (\d+))?, splits = (\d+)(?: / (\d+))?")
@@ -124,8 +123,9 @@ def run(tag: str, argv: list[str], work: Path, env: dict | None = None, measure:
     res["measure_pass"] = [ln.strip() for ln in text.splitlines() if "two-pass" in ln or "measure pass" in ln]
     res["window_lines"] = [ln.strip() for ln in text.splitlines() if "position window" in ln]
     res["oom_lines"] = [ln.strip() for ln in text.splitlines() if any(k in ln for k in OOM_LINES)]
-    res["compute_mib"] = [float(x) for x in RE_COMPUTE.findall(text)]
-    res["compute_buffers_mib"] = {name: float(mib) for name, mib in RE_COMPUTE_ANY.findall(text)}  # the last reserve's
+    buffers = RE_COMPUTE.findall(text)
+    res["compute_mib"] = [float(mib) for name, mib in buffers if name == "CUDA0"]  # one per reserve
+    res["compute_buffers_mib"] = {name: float(mib) for name, mib in buffers}  # the last reserve's, per backend
     res["graphs"] = [{"nodes_pp": int(n), "nodes_tg": int(m or n), "splits_pp": int(sp), "splits_tg": int(st or sp)}
                      for n, m, sp, st in RE_GRAPH.findall(text)]
     res["text"] = text
@@ -327,24 +327,24 @@ def gate_d(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
     if not n_prompt:
         return {"pass": False, "error": "the fully resident run printed no prompt timing"}
     rows = [curve_row("window", 0.0, r0, ctx)]
-    builds = [("window", a.full_bin)] + ([("window before", a.before_bin)] if a.before_bin else [])
+    builds = [("window", a.full_bin, {})] + ([("window before", a.before_bin, a.before_env)] if a.before_bin else [])
     for share in a.shares:
         cells = max(256, int(round(n_prompt * (1.0 - share))))
-        for config, b in builds:
+        for config, b, benv in builds:
             if config != "window" and share not in a.before_shares:
                 continue
             r = run(f"d-{config.replace(' ', '-')}-{share}", completion(b, model, ctx, prompt, a.curve_n,
                     ["--kv-residency-mode", "window", "-fit", "off"]), work,
-                    env={WINDOW_ENV: str(cells), **(a.before_env if config != "window" else {})}, measure=True)
+                    env={WINDOW_ENV: str(cells), **benv}, measure=True)
             row = curve_row(config, round(1.0 - min(cells, n_prompt) / n_prompt, 4), r, ctx)
             rows.append(row)
             log(f"curve: {row}")
     # the same prompt under --vram-target budgets (the sizer picks the window; "before" sizes its own)
     for target in a.targets:
-        for config, b in builds:
+        for config, b, benv in builds:
             r = run(f"d-{config.replace(' ', '-')}-target-{target}", completion(b, model, ctx, prompt, a.curve_n,
-                    ["--kv-residency-mode", "window", "-fit", "off", "--vram-target", str(target)]), work,
-                    env=a.before_env if config != "window" else {}, measure=True)
+                    ["--kv-residency-mode", "window", "-fit", "off", "--vram-target", str(target)]), work, env=benv,
+                    measure=True)
             cells = (r.get("window") or {}).get("resident", ctx)
             row = curve_row(f"{config} --vram-target {target}", round(max(0.0, 1.0 - cells / n_prompt), 4), r, ctx)
             rows.append(row)
