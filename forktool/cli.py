@@ -1,175 +1,94 @@
-"""The command line: options in, a command call, a report out, an exit code. No logic here.
+"""The command line: a line read against cli_spec, the command's call, a report out, an exit code.
 
-`--version` and the commands that take flags only (status, verify, ...) are dispatched without loading typer,
-so the everyday commands start fast; everything else, and any --help, goes through the typer app in cli_app.
+A line the declaration reads plainly runs without loading typer, so the everyday commands start fast; help, usage
+errors and anything unusual go through the typer app (cli_app), which is built from the same declaration and hands
+the parsed call back. Either way the call runs here, through run(). The exit codes, signals and unwritable output
+follow one contract (docs/manual-cli.md): 0 done, 1 refused or failed, 2 usage, 3 internal error, 130 interrupted,
+killed by SIGPIPE (a shell shows 141) when stdout is a pipe its reader closed.
 """
 
 from __future__ import annotations
 
-import errno
 import os
 import sys
-from collections.abc import Callable
-
-from forktool import output
-from forktool.errors import ForktoolError
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at run time
 if TYPE_CHECKING:
-    from forktool.output import Report
-    from forktool.project import Project
+    from typing import Any
+
+    from forktool.cli_spec import Call, Command
+    from forktool.errors import OutputError
+
+INTERRUPTED = 130
+BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell shows for a process its closed pipe ended; entry() dies by the signal
 
 
-class Exit(Exception):
-    def __init__(self, code: int):
-        self.code = code
-
-
-def run(json_flag: bool, fn: Callable[[Project], Report]) -> None:
-    from forktool import cache
+def run(call: Call) -> int:
+    """Run one parsed command in the current process: its report shown, every failure mapped to its exit code."""
+    from forktool import cache, output
+    from forktool.errors import ForktoolError, OutputError
     from forktool.project import find_project
 
-    output.set_json(json_flag)
-    try:
-        code = output.emit(fn(find_project()))
-        if code == 0:
-            cache.flush_valid()
-    except ForktoolError as e:
-        output.error(str(e), e.to_json())
-        code = e.exit_code
-    except KeyboardInterrupt:
-        output.error("interrupted")
-        code = 130
-    except Exception as e:
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):  # disk full: an expected failure
-            output.error(f"no space left on the device: {e}\n  next: free some space and run the command again",
-                         {"error": f"no space left on the device: {e}", "kind": "NoSpace"})
-            code = 1
-        else:  # a bug: say so, with the traceback, and exit 3
-            import traceback
+    with output.session(bool(call.opts.get("json"))):
+        try:
+            code = output.emit(call.command.call(find_project(), call.opts))
+            if code == 0:
+                cache.flush_valid()
+        except ForktoolError as e:
+            output.error(str(e), e.to_json())
+            code = e.exit_code
+        except OutputError as e:
+            code = unwritten(e, call.command)
+        except KeyboardInterrupt:
+            if not isinstance(_signal_handler(), _Interrupt):  # in a process, the handler has said it already
+                output.error("interrupted")
+            code = INTERRUPTED
+        except Exception as e:
+            if isinstance(e, OSError) and e.errno in (28, 122):  # ENOSPC, EDQUOT: disk full is an expected failure
+                output.error(f"no space left on the device: {e}\n  next: free some space and run the command again",
+                             {"error": f"no space left on the device: {e}", "kind": "NoSpace"})
+                code = 1
+            else:  # a bug: say so, with the traceback, and exit 3
+                import traceback
 
-            output.error(f"internal error: {type(e).__name__}: {e}\n{traceback.format_exc()}",
-                         {"error": f"internal error: {e}", "kind": "InternalError"})
-            code = 3
-    finally:
-        cache.forget_valid()  # what a failed command checked is not remembered
-    raise Exit(code)
-
-
-Opts = dict[str, str | bool]
-
-
-def _status(p: Project, o: Opts) -> Report:
-    from forktool.commands import tree_cmds
-    return tree_cmds.status(p)
+                output.error(f"internal error: {type(e).__name__}: {e}\n{traceback.format_exc()}",
+                             {"error": f"internal error: {e}", "kind": "InternalError"})
+                code = 3
+        finally:
+            cache.forget_valid()  # what a failed command checked is not remembered
+    return code
 
 
-def _verify(p: Project, o: Opts) -> Report:
-    from forktool.commands import tree_cmds
-    return tree_cmds.verify(p, "--no-cache" not in o)
+def unwritten(e: OutputError, command: Command | None) -> int:
+    """The exit code of a run whose output stdout would not take, and the one line on stderr that says so.
 
+    A failed command keeps its own exit code. Otherwise a closed pipe is the reader's choice (`| head`): BROKEN_PIPE,
+    quietly, as git and coreutils do; any other write error (closed descriptor, disk full) is exit 1. A command that
+    may have changed the project says that it ran to its end, so nobody reads the exit code as "nothing happened"."""
+    import errno
 
-def _apply(p: Project, o: Opts) -> Report:
-    from forktool.commands import tree_cmds
-    return tree_cmds.apply(p, _value(o, "--upto"), "--force" in o, "--reanchor" in o)
+    from forktool import output
 
-
-def _unapply(p: Project, o: Opts) -> Report:
-    from forktool.commands import tree_cmds
-    return tree_cmds.unapply(p, _value(o, "--to"), "--force" in o)
-
-
-def _refresh(p: Project, o: Opts) -> Report:
-    from forktool.commands import tree_cmds
-    return tree_cmds.refresh(p, str(o["ID"]))
-
-
-def _build(p: Project, o: Opts) -> Report:
-    from forktool.commands import build_cmds
-    jobs = _value(o, "--jobs") or _value(o, "-j")
-    return build_cmds.build(p, _value(o, "--profile") or "cpu", "--plan" in o, int(jobs) if jobs else None)
-
-
-def _markers(p: Project, o: Opts) -> Report:
-    from forktool.commands import registry_cmds
-    return registry_cmds.markers(p)
-
-
-def _registry_check(p: Project, o: Opts) -> Report:
-    from forktool.commands import registry_cmds
-    return registry_cmds.check(p)
-
-
-def _vendor_status(p: Project, o: Opts) -> Report:
-    from forktool.commands import tree_cmds
-    return tree_cmds.vendor_status(p)
-
-
-def _backup_list(p: Project, o: Opts) -> Report:
-    from forktool.commands import backup_cmds
-    return backup_cmds.list_(p)
-
-
-def _value(o: Opts, name: str) -> str | None:
-    v = o.get(name)
-    return v if isinstance(v, str) else None
-
-
-# the everyday commands: (words, flags, options taking a value, positional arguments, call). The typer app
-# defines the same commands with the same options (a test holds the two to the same results); anything else
-# on the line (--help, a typo, a missing value, a -j that is not a number) goes to typer, which owns usage errors.
-PLAIN: list[tuple[tuple[str, ...], frozenset[str], frozenset[str], tuple[str, ...], Callable[[Project, Opts], Report]]] = [
-    (("status",), frozenset({"--json"}), frozenset(), (), _status),
-    (("verify",), frozenset({"--json", "--no-cache"}), frozenset(), (), _verify),
-    (("apply",), frozenset({"--json", "--force", "--reanchor"}), frozenset({"--upto"}), (), _apply),
-    (("unapply",), frozenset({"--json", "--force"}), frozenset({"--to"}), (), _unapply),
-    (("refresh",), frozenset({"--json"}), frozenset(), ("ID",), _refresh),
-    (("build",), frozenset({"--json", "--plan"}), frozenset({"--profile", "--jobs", "-j"}), (), _build),
-    (("markers",), frozenset({"--json"}), frozenset(), (), _markers),
-    (("registry", "check"), frozenset({"--json"}), frozenset(), (), _registry_check),
-    (("vendor", "status"), frozenset({"--json"}), frozenset(), (), _vendor_status),
-    (("backup", "list"), frozenset({"--json"}), frozenset(), (), _backup_list),
-]
-
-
-def _options(args: list[str], flags: frozenset[str], valued: frozenset[str], positional: tuple[str, ...]) -> Opts | None:
-    """The options on the line, or None when anything is not a known flag, a valued option with its value or
-    one of the positional arguments (all of which must be there)."""
-    out: Opts = {}
-    pos = list(positional)
-    i = 0
-    while i < len(args):
-        a = args[i]
-        name, eq, value = a.partition("=")
-        if name in valued:
-            if not eq:
-                if i + 1 >= len(args) or args[i + 1].startswith("-"):
-                    return None
-                i += 1
-                value = args[i]
-            if name in out or not value:
-                return None
-            out[name] = value
-        elif a in flags and a not in out:
-            out[a] = True
-        elif pos and a and not a.startswith("-"):
-            out[pos.pop(0)] = a
-        else:
-            return None
-        i += 1
-    if pos:
-        return None
-    for n in ("--jobs", "-j"):
-        if n in out and not str(out[n]).isdigit():
-            return None
-    if "--jobs" in out and "-j" in out:
-        return None
-    return out
+    done = ""
+    if command is not None and command.moves and e.exit_code == 0:
+        done = (f"; `forktool {' '.join(command.words)}` itself ran to its end (`forktool status` shows where the "
+                "project stands)")
+    if e.exit_code != 0:
+        if e.errno != errno.EPIPE:
+            output.error(f"{e}")
+        return e.exit_code
+    if e.errno == errno.EPIPE:
+        if done:
+            output.error(f"{e}{done}")
+        return BROKEN_PIPE
+    output.error(f"{e}{done}")
+    return 1
 
 
 def version_text() -> str:
     """The tool version, and the stamp of the series applied in the project here (when there is one)."""
     from forktool import __version__
+    from forktool.errors import ForktoolError
     from forktool.project import find_project
     from forktool.state import applied_stamp
 
@@ -181,96 +100,207 @@ def version_text() -> str:
     return f"{line}\napplied series: {stamp}"
 
 
-# the commands after which entry() may leave without the interpreter's teardown (see there)
-QUICK_EXIT = frozenset({("status",), ("verify",), ("apply",), ("unapply",), ("refresh",)})
-_quick: list[bool] = []
+def _version() -> int:
+    from forktool import output
+    from forktool.errors import OutputError
+
+    try:
+        output.write_out(version_text() + "\n")
+    except OutputError as e:
+        return unwritten(e, None)
+    return 0
 
 
-def _fast(argv: list[str]) -> int | None:
-    """The exit code of a command dispatched without typer, or None when typer must parse argv."""
+def parse(argv: list[str]) -> Call | None | int:
+    """The call a line asks for (None: --version), or an exit code when typer has already answered (help, usage)."""
+    from forktool import cli_spec
+
     if argv == ["--version"]:
-        sys.stdout.write(version_text() + "\n")
-        return 0
-    for words, flags, valued, positional, call in PLAIN:
-        n = len(words)
-        if tuple(argv[:n]) != words:
-            continue
-        opts = _options(argv[n:], flags, valued, positional)
-        if opts is None:
-            return None
-        if words in QUICK_EXIT:
-            _quick.append(True)
+        return None
+    call = cli_spec.parse(argv)
+    if call is not None:
+        return call
+    # plain click help and usage errors unless asked for rich's (TYPER_USE_RICH=1): a third of the start-up
+    os.environ.setdefault("TYPER_USE_RICH", "0")
+    from forktool import cli_app
+
+    return cli_app.parse(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        call = parse(args)
+    except OSError as e:  # typer could not write the help it was showing
+        from forktool.errors import OutputError
+
+        return unwritten(OutputError(e, 0), None)
+    except Exception as e:  # a bug outside a command body (building the app, parsing): exit 3
+        import traceback
+
+        from forktool import output
+
+        output.error(f"internal error: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+        return 3
+    if isinstance(call, int):
+        return call
+    if call is None:
+        return _version()
+    return run(call)
+
+
+# ---------------------------------------------------------------- the process
+
+
+class _Interrupt:
+    """The process's SIGINT handler: the first Ctrl-C says so on stderr at once and raises KeyboardInterrupt, so
+    the command unwinds through its clean-up; a second one ends the process there (exit 130), since the clean-up
+    is what it interrupts and the next command's journal recovery finishes any move that was under way."""
+
+    def __init__(self) -> None:
+        self.raised = False
+        self.finished = False  # the command is over: a Ctrl-C while the process leaves ends it at once, still 130
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if not self.raised:
+            _say(b"error: interrupted\n")
+        if self.raised or self.finished:
+            os._exit(INTERRUPTED)
+        self.raised = True
+        raise KeyboardInterrupt
+
+
+def _signal_handler() -> Any:
+    import signal
+
+    return signal.getsignal(signal.SIGINT)
+
+
+def _say(line: bytes) -> None:
+    try:
+        os.write(2, line)
+    except OSError:  # a closed or full stderr never changes the exit code
+        pass
+
+
+class _Stream:
+    """A standard stream of the process. A write error first points the descriptor at /dev/null (so the
+    interpreter's own last flush cannot fail a second time), then is raised (stdout: the output is lost and the
+    exit code must say so) or dropped (stderr: a closed or full stderr never changes the exit code)."""
+
+    def __init__(self, raw: Any, fd: int, quiet: bool, closed: bool = False) -> None:
+        self._raw, self._fd, self._quiet, self._closed = raw, fd, quiet, closed
+
+    def write(self, text: str) -> int:
+        if self._closed and not self._quiet:
+            import errno
+
+            raise OSError(errno.EBADF, "stdout is closed")
         try:
-            run("--json" in opts, lambda p, o=opts, c=call: c(p, o))  # type: ignore[misc]
-        except Exit as e:
-            return e.code
-    return None
+            return self._raw.write(text)
+        except (OSError, ValueError) as e:
+            return self._failed(e, len(text))
+
+    def flush(self) -> None:
+        try:
+            self._raw.flush()
+        except (OSError, ValueError) as e:
+            self._failed(e, 0)
+
+    def isatty(self) -> bool:
+        return not self._closed and self._raw.isatty()
+
+    def _failed(self, e: Exception, n: int) -> int:
+        _to_devnull(self._fd)
+        if self._quiet:
+            return n
+        raise e
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
+
+
+def _to_devnull(fd: int) -> None:
+    null = os.open(os.devnull, os.O_RDWR)
+    if null != fd:
+        os.dup2(null, fd)
+        os.close(null)
+
+
+def _streams() -> None:
+    """Standard streams the contract can rely on. A closed descriptor 0, 1 or 2 gets /dev/null, so no file the
+    command opens can take its number (and receive what is meant for the terminal); a closed stdout stays closed
+    to every write, which fails as a write error does."""
+    closed = []
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            _to_devnull(fd)
+            closed.append(fd)
+    if 1 in closed or sys.stdout is None:
+        sys.stdout = _Stream(open(1, "w", closefd=False), 1, quiet=False, closed=True)  # type: ignore[assignment]
+    else:
+        sys.stdout = _Stream(sys.stdout, 1, quiet=False)  # type: ignore[assignment]
+    if 2 in closed or sys.stderr is None:
+        sys.stderr = _Stream(open(2, "w", closefd=False), 2, quiet=True)  # type: ignore[assignment]
+    else:
+        sys.stderr = _Stream(sys.stderr, 2, quiet=True)  # type: ignore[assignment]
+
+
+def _die_by_sigpipe() -> None:
+    """Leave as git and coreutils do when their reader has gone: killed by SIGPIPE (which Python ignores)."""
+    import signal
+
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGPIPE)
+    os._exit(BROKEN_PIPE)  # SIGPIPE blocked by whoever started us: the same status as a shell would show
 
 
 def entry() -> None:
     """The `forktool` console script and `python -m forktool`: main(), then the process exits.
 
-    The everyday tree commands (QUICK_EXIT) run without the cyclic garbage collector and exit with os._exit
-    once stdout and stderr are flushed. In these short commands the collector found next to nothing to free
-    (none of the objects of an `unapply`, 33 of an `apply`) but ran up to 19 times, walking the young objects
-    (the manifests' thousands of tuples): up to 4.6 ms. os._exit skips the
-    interpreter's teardown (module and object finalisation, about 6 ms). Nothing on those paths needs it:
-    every file they write is closed (and the journal, state and backups fsynced) before main() returns, the
-    threads they wait on have finished, and nothing registers an atexit handler. If a flush fails (a closed
-    pipe), the ordinary exit runs instead, with Python's own handling.
-    """
-    if tuple(sys.argv[1:2]) in QUICK_EXIT:
-        import gc
+    Ctrl-C at any moment from here on, imports included, is exit 130 with one line on stderr.
 
-        gc.disable()
-    code = main()
-    if _quick:
+    After the everyday tree commands (cli_spec's `quick`), the process runs without the cyclic garbage collector
+    and leaves with os._exit once stdout and stderr are flushed. In these short commands the collector found next
+    to nothing to free (none of the objects of an `unapply`, 33 of an `apply`) but ran up to 19 times, walking the
+    young objects (the manifests' thousands of tuples): up to 4.6 ms. os._exit skips the interpreter's teardown
+    (module and object finalisation, about 6 ms). Nothing on those paths needs it: every file they write is closed
+    (and the journal, state and backups fsynced) before main() returns, the threads they wait on have finished,
+    and nothing registers an atexit handler.
+    """
+    import signal
+
+    interrupt = _Interrupt()
+    signal.signal(signal.SIGINT, interrupt)
+    quick = False
+    try:
+        _streams()
+        from forktool import cli_spec
+
+        command = cli_spec.find(sys.argv[1:])
+        quick = command is not None and command.quick
+        if quick:
+            import gc
+
+            gc.disable()
+        code = main()
         try:
             sys.stdout.flush()
-            sys.stderr.flush()
-        except Exception:
-            raise SystemExit(code) from None
+        except OSError as e:
+            from forktool.errors import OutputError
+
+            code = unwritten(OutputError(e, code), None)
+    except KeyboardInterrupt:
+        code = INTERRUPTED
+    interrupt.finished = True
+    if code == BROKEN_PIPE:
+        _die_by_sigpipe()
+    if quick:
+        sys.stderr.flush()
         os._exit(code)
     raise SystemExit(code)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else list(argv)
-    code = _fast(args)
-    if code is not None:
-        return code
-    return _main_typer(args)
-
-
-def _main_typer(argv: list[str]) -> int:
-    # plain click help and usage errors unless asked for rich's (TYPER_USE_RICH=1): a third of the start-up
-    os.environ.setdefault("TYPER_USE_RICH", "0")
-    import typer
-
-    try:  # typer >= 0.16 vendors its own click
-        from typer._click.exceptions import UsageError as ClickUsageError  # type: ignore[import-not-found]
-    except ImportError:  # pragma: no cover
-        from click.exceptions import UsageError as ClickUsageError  # type: ignore[assignment]
-
-    try:
-        from forktool.cli_app import app
-
-        app(args=argv, standalone_mode=False)
-    except Exit as e:
-        return e.code
-    except ClickUsageError as e:
-        e.show(file=sys.stderr)
-        return 2
-    except typer.Abort:
-        return 130
-    except typer.Exit as e:
-        return int(e.exit_code or 0)
-    except Exception as e:  # a bug outside a command body (import, option parsing): exit 3
-        import traceback
-
-        output.error(f"internal error: {type(e).__name__}: {e}\n{traceback.format_exc()}")
-        return 3
-    return 0
 
 
 if __name__ == "__main__":

@@ -63,6 +63,20 @@ class VerifyError(ForktoolError):
     """verify found differences."""
 
 
+class OutputError(Exception):
+    """stdout could not take the command's output (closed, full, a closed pipe). Not a ForktoolError: the
+    command itself ran to its end with `exit_code`; the CLI decides how the process leaves."""
+
+    def __init__(self, error: OSError | ValueError, exit_code: int):
+        import errno
+
+        # ValueError: the stream object itself was closed, which reads as a closed descriptor
+        self.errno = getattr(error, "errno", None) or errno.EBADF
+        self.reason = getattr(error, "strerror", None) or "stdout is closed"
+        self.exit_code = exit_code
+        super().__init__(f"cannot write the output to stdout: {self.reason}")
+
+
 def check_id(value: str | None, option: str) -> str | None:
     """A patch id given on the command line: None (not given) or four digits; '' never means "all"."""
     if value is None:

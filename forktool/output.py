@@ -98,6 +98,44 @@ def set_json(flag: bool) -> None:
     _json_mode = flag
 
 
+@contextmanager
+def session(json_mode: bool) -> Iterator[None]:
+    """One command's output mode: JSON on stdout (True) or lines on stderr; the previous mode returns after."""
+    before = _json_mode
+    set_json(json_mode)
+    try:
+        yield
+    finally:
+        set_json(before)
+
+
+@contextmanager
+def capture(err: Any) -> Iterator[None]:
+    """Lines meant for stderr go to the file `err` instead, through rich as on a stream that is not a terminal
+    (for callers that run commands in-process and read what they said)."""
+    global _err
+    from rich.console import Console
+
+    before = _err
+    _err = Console(file=err, highlight=False, soft_wrap=True, width=200)
+    try:
+        yield
+    finally:
+        _err = before
+
+
+def write_out(text: str, exit_code: int = 0) -> None:
+    """text on stdout, flushed; OutputError when stdout cannot take it (closed, full, a closed pipe), carrying
+    the exit code the command had reached."""
+    from forktool.errors import OutputError
+
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except (OSError, ValueError) as e:  # ValueError: the stream object was closed
+        raise OutputError(e, exit_code) from None
+
+
 def escape(text: str) -> str:
     """Text shown as is, not read as rich markup."""
     return _escape(text)
@@ -116,8 +154,7 @@ class Report(Record):
 
 def emit(report: Report) -> int:
     if _json_mode:
-        sys.stdout.write(json.dumps(report.data, indent=2, sort_keys=True) + "\n")
-        sys.stdout.flush()
+        write_out(json.dumps(report.data, indent=2, sort_keys=True) + "\n", report.exit_code)
     else:
         for line in report.lines:
             _show(line)
@@ -136,7 +173,12 @@ def warn(message: str) -> None:
 
 def error(message: str, payload: dict[str, Any] | None = None) -> None:
     if _json_mode and payload is not None:
-        sys.stdout.write(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+        from forktool.errors import OutputError
+
+        try:
+            write_out(json.dumps(payload, indent=2, sort_keys=True) + "\n", 1)
+        except OutputError:  # the failure being reported is the news: it still goes to stderr, its exit code stands
+            pass
     _show("[red]error:[/red] " + _escape(message))
 
 

@@ -103,14 +103,10 @@ def run_cli(root: Path, args: list[str], expect: int | None = 0) -> tuple[int, s
     out, err = io.StringIO(), io.StringIO()
     old_env = os.environ.get("FORKTOOL_ROOT")
     os.environ["FORKTOOL_ROOT"] = str(root)
-    console = output._err
-    output._err = output.Console(file=err, highlight=False, soft_wrap=True, width=200)
     try:
-        with contextlib.redirect_stdout(out):
+        with contextlib.redirect_stdout(out), output.capture(err):
             code = cli.main(args)
     finally:
-        output._err = console
-        output.set_json(False)
         if old_env is None:
             os.environ.pop("FORKTOOL_ROOT", None)
         else:

@@ -1,4 +1,4 @@
-"""The command line: flag-only commands give the same results with and without typer; --version."""
+"""The command line: one declaration read by the fast parser and by the typer app alike; --version."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from forktool import cli, output
+from forktool import cli, cli_app, cli_spec, output
 from tests.conftest import Proj
 from tests.test_registry import rp  # noqa: F401  (the fixture: a project with a registry)
 
@@ -18,86 +18,85 @@ from tests.test_registry import rp  # noqa: F401  (the fixture: a project with a
 def capture(root: Path, fn, args: list[str]) -> tuple[int, str]:
     out = io.StringIO()
     os.environ["FORKTOOL_ROOT"] = str(root)
-    console = output._err
-    output._err = output.Console(file=io.StringIO(), highlight=False, soft_wrap=True, width=200)
     try:
-        with contextlib.redirect_stdout(out):
+        with contextlib.redirect_stdout(out), output.capture(io.StringIO()):
             code = fn(args)
     finally:
-        output._err = console
-        output.set_json(False)
         os.environ.pop("FORKTOOL_ROOT", None)
     return code, out.getvalue()
 
 
-READ_ONLY = [["build", "--plan", "--json"], ["build", "--profile", "cpu", "--plan", "-j", "2", "--json"],
-             ["refresh", "0070", "--json"],
-             ["status", "--json"], ["verify", "--json"], ["verify", "--no-cache", "--json"], ["markers", "--json"],
-             ["registry", "check", "--json"], ["vendor", "status", "--json"], ["backup", "list", "--json"]]
-MOVES = [["apply", "--upto", "0070", "--reanchor", "--json"], ["apply", "--upto=0070", "--force", "--json"],
-         ["unapply", "--json"], ["unapply", "--to", "0070", "--force", "--json"], ["apply", "--upto", "9999", "--json"]]
+# lines the fast parser reads: typer must read each to the very same call (command and every value)
+PLAIN = [["status"], ["status", "--json"], ["verify", "--no-cache", "--json"], ["verify"],
+         ["apply", "--upto", "0070", "--reanchor", "--json"], ["apply", "--upto=0070", "--force"], ["apply", "--upto", ""],
+         ["unapply", "--to", "0070", "--force", "--json"], ["unapply"], ["refresh", "0070", "--json"], ["refresh", ""],
+         ["build", "--plan", "--json"], ["build", "--profile", "cpu", "--plan", "-j", "2", "--json"],
+         ["build", "--jobs=3"], ["markers", "--json"], ["registry", "check", "--json"], ["registry", "render", "--check"],
+         ["vendor", "status", "--json"], ["vendor", "fetch", "--sdist", "x.tar.gz"], ["backup", "list", "--json"],
+         ["backup", "create"], ["backup", "create", "slug", "--json"], ["backup", "restore", "name"],
+         ["backup", "prune", "--keep", "0"], ["backup", "prune"], ["new", "slug", "--title", "T", "--id", "0090"],
+         ["new", "slug", "--author", "a <a@a>"], ["gates"], ["gates", "0072", "--gate", "boot"], ["gates", "--list"],
+         ["sync", "--to", "x==1", "--start"], ["sync", "--continue"], ["sync", "--skip", "--json"],
+         ["sync", "--abort"], ["sync", "--build", "--accept", "--out", "o"], ["sync", "--no-build"],
+         ["package"], ["package", "--profile", "cuda", "--out", "d", "--json"], ["package", "verify", "d", "--json"]]
+
+# lines the fast parser leaves to typer (help, usage errors, spellings only click reads)
+TO_TYPER = [["status", "--help"], ["status", "--json", "--json"], ["apply", "--upto"], ["apply", "--upto", "--json"],
+            ["refresh"], ["build", "-j", "two"], ["build", "-j2"], ["build", "-j", "-3"], ["new"], ["status", "extra"],
+            ["frobnicate"], ["apply", "--colour"], ["backup", "prune", "--keep", "x"], ["--json"], [],
+            ["package", "--profile", "cuda", "verify", "d"], ["gates", "1", "2"], ["status", "--"], ["--version", "status"]]
 
 
-def strip_volatile(d: dict) -> dict:
-    d.pop("cached", None)
-    if "backup" in d:
-        d["backup"] = bool(d["backup"])  # named by the second it was taken
-    return d
+@pytest.mark.parametrize("args", PLAIN, ids=" ".join)
+def test_the_fast_parser_and_typer_read_a_line_alike(args: list[str]) -> None:
+    fast = cli_spec.parse(args)
+    assert fast is not None, args
+    assert cli_app.parse(args) == fast
+    assert set(fast.opts) == {p.dest for p in fast.command.params}  # every value filled in
 
 
-def test_plain_commands_are_all_in_the_typer_app():
+def test_lines_the_fast_parser_does_not_read_go_to_typer(capsys: pytest.CaptureFixture[str]) -> None:
+    for args in TO_TYPER:
+        assert cli_spec.parse(args) is None, args
+    assert cli_app.parse(["package", "--profile", "cuda", "verify", "d"]) == cli_spec.parse(["package", "verify", "d"])
+    assert cli_app.parse(["build", "-j2"]) == cli_spec.parse(["build", "-j", "2"])
+    assert cli_app.parse(["--version", "status"]) is None  # --version, however placed
+    assert cli_app.parse(["status", "--bogus"]) == 2
+    assert "No such option: --bogus" in capsys.readouterr().err
+    assert cli_app.parse(["status", "--help"]) == 0
+    assert "Show the series" in capsys.readouterr().out
+
+
+def test_every_declared_command_is_in_the_typer_app() -> None:
     import typer.main
 
-    from forktool.cli_app import app
-    group = typer.main.get_command(app)
-    for words, flags, valued, positional, _ in cli.PLAIN:
+    group = typer.main.get_command(cli_app.build_app())
+    for c in cli_spec.COMMANDS:
         cmd = group
-        for w in words:
+        for w in c.words:
             cmd = cmd.commands[w]  # type: ignore[attr-defined]
-        names = {o for p in cmd.params for o in p.opts}
-        assert flags | valued <= names, (words, (flags | valued) - names)
-        arguments = [p for p in cmd.params if p.param_type_name == "argument"]
-        assert len(arguments) == len(positional), words
+        names = {o for p in cmd.params for o in (*p.opts, *p.secondary_opts)}
+        declared = {n for p in c.params for n in (*p.names, *((p.off,) if p.off else ()))}
+        assert declared <= names, (c.words, declared - names)
+        assert cmd.help == c.help
 
 
-def test_read_only_commands_agree_with_the_typer_app(rp: Proj):  # noqa: F811
+def test_quick_exit_is_decided_by_the_declaration_alone() -> None:
+    quick = {c.words for c in cli_spec.COMMANDS if c.quick}
+    assert quick == {("status",), ("verify",), ("apply",), ("unapply",), ("refresh",)}
+    assert cli_spec.find(["apply", "--help"]).quick  # type: ignore[union-attr]
+    assert cli_spec.find(["package", "verify", "x"]).words == ("package", "verify")  # type: ignore[union-attr]
+    assert cli_spec.find(["frobnicate"]) is None
+
+
+def test_a_line_runs_the_same_through_either_parser(rp: Proj) -> None:  # noqa: F811
     rp.run("apply")
-    rp.run("refresh", "0070")  # canonical already, so a refresh below changes nothing
-    rp.run("backup", "create", "one")
-    for args in READ_ONLY:
-        fast_code, fast_out = capture(rp.root, cli._fast, args)
-        typer_code, typer_out = capture(rp.root, cli._main_typer, args)
-        fast, slow = json.loads(fast_out), json.loads(typer_out)
-        fast.pop("cached", None), slow.pop("cached", None)
-        assert (fast_code, fast) == (typer_code, slow), args
-
-
-@pytest.mark.parametrize("args", MOVES)
-def test_tree_moves_agree_with_the_typer_app(rp: Proj, args: list[str]):  # noqa: F811
-    rp.run("apply")
-    start = rp.state_digest()
-    fast_code, fast_out = capture(rp.root, cli._fast, args)
-    after_fast = rp.state_digest()
-    capture(rp.root, cli._main_typer, ["apply", "--json"] if args[0] == "unapply" else ["apply", "--force", "--json"])
-    if args[0] == "apply":
-        capture(rp.root, cli._main_typer, ["unapply", "--json"])
-        capture(rp.root, cli._main_typer, ["apply", "--json"])
-    assert rp.state_digest() == start
-    typer_code, typer_out = capture(rp.root, cli._main_typer, args)
-    assert rp.state_digest() == after_fast
-    assert (fast_code, strip_volatile(json.loads(fast_out))) == (typer_code, strip_volatile(json.loads(typer_out)))
-
-
-def test_other_command_lines_go_to_typer(rp: Proj, capsys: pytest.CaptureFixture[str]):  # noqa: F811
-    assert cli._fast(["status", "--help"]) is None
-    assert cli._fast(["status", "--json", "--json"]) is None
-    assert cli._fast(["apply", "--upto"]) is None  # a missing value: typer's usage error
-    assert cli._fast(["apply", "--upto", "--json"]) is None
-    assert cli._fast(["refresh"]) is None  # the ID is missing
-    assert cli._fast(["build", "-j", "two"]) is None
-    assert cli._fast(["new", "slug"]) is None
-    rp.run("status", "--bogus", expect=2)  # usage errors keep exit code 2, from typer
-    assert "No such option: --bogus" in capsys.readouterr().err
+    for args in (["status", "--json"], ["verify", "--json"], ["build", "--plan", "-j", "2", "--json"]):
+        fast = capture(rp.root, lambda a: cli.run(cli_spec.parse(a)), args)  # type: ignore[arg-type]
+        slow = capture(rp.root, lambda a: cli.run(cli_app.parse(a)), args)  # type: ignore[arg-type]
+        f, s = json.loads(fast[1]), json.loads(slow[1])
+        f.pop("cached", None), s.pop("cached", None)
+        assert (fast[0], f) == (slow[0], s), args
 
 
 def test_version_names_the_tool_and_the_applied_series(rp: Proj):  # noqa: F811
@@ -109,5 +108,5 @@ def test_version_names_the_tool_and_the_applied_series(rp: Proj):  # noqa: F811
     code, out = capture(rp.root, cli.main, ["--version"])
     stamp = out.splitlines()[1].split(": ")[1]
     assert "+0070." in stamp and code == 0
-    code, typer_out = capture(rp.root, cli._main_typer, ["--version"])
+    code, typer_out = capture(rp.root, cli.main, ["--version", "status"])  # through typer's eager option
     assert typer_out == out
