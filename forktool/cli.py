@@ -184,37 +184,42 @@ def _say(line: bytes) -> None:
 
 
 class _Stream:
-    """A standard stream of the process. A write error first points the descriptor at /dev/null (so the
-    interpreter's own last flush cannot fail a second time), then is raised (stdout: the output is lost and the
-    exit code must say so) or dropped (stderr: a closed or full stderr never changes the exit code)."""
+    """A standard stream of the process. The first write error points the descriptor at /dev/null (so the
+    interpreter's own last flush cannot fail a second time). On stdout that error is raised, then again at every
+    later write (the output is lost and the exit code must say so), not at a flush; on stderr it is dropped (a closed or full
+    stderr never changes the exit code)."""
 
-    def __init__(self, raw: Any, fd: int, quiet: bool, closed: bool = False) -> None:
-        self._raw, self._fd, self._quiet, self._closed = raw, fd, quiet, closed
+    def __init__(self, raw: Any, fd: int, quiet: bool, error: OSError | None = None) -> None:
+        self._raw, self._fd, self._quiet, self._error = raw, fd, quiet, error
 
     def write(self, text: str) -> int:
-        if self._closed and not self._quiet:
-            import errno
-
-            raise OSError(errno.EBADF, "stdout is closed")
+        if self._error is not None:
+            return self._failed(self._error, len(text))
         try:
             return self._raw.write(text)
         except (OSError, ValueError) as e:
             return self._failed(e, len(text))
 
     def flush(self) -> None:
+        if self._error is not None:  # said by the write or flush that met it; the interpreter's last flush is quiet
+            return
         try:
             self._raw.flush()
         except (OSError, ValueError) as e:
             self._failed(e, 0)
 
     def isatty(self) -> bool:
-        return not self._closed and self._raw.isatty()
+        return self._error is None and self._raw.isatty()
 
-    def _failed(self, e: Exception, n: int) -> int:
-        _to_devnull(self._fd)
+    def _failed(self, e: OSError | ValueError, n: int) -> int:
+        if self._error is None:
+            import errno
+
+            _to_devnull(self._fd)
+            self._error = e if isinstance(e, OSError) else OSError(errno.EBADF, "the stream is closed")
         if self._quiet:
             return n
-        raise e
+        raise OSError(self._error.errno, self._error.strerror)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._raw, name)
@@ -239,7 +244,10 @@ def _streams() -> None:
             _to_devnull(fd)
             closed.append(fd)
     if 1 in closed or sys.stdout is None:
-        sys.stdout = _Stream(open(1, "w", closefd=False), 1, quiet=False, closed=True)  # type: ignore[assignment]
+        import errno
+
+        closed_error = OSError(errno.EBADF, "stdout is closed")
+        sys.stdout = _Stream(open(1, "w", closefd=False), 1, quiet=False, error=closed_error)  # type: ignore[assignment]
     else:
         sys.stdout = _Stream(sys.stdout, 1, quiet=False)  # type: ignore[assignment]
     if 2 in closed or sys.stderr is None:

@@ -150,6 +150,12 @@ class Case:
     recovery: bool = False  # the tree may move as long as `verify` accepts the result
     stopped: bool = False  # start from the template's stopped sync instead of its applied series
     expect: tuple[int, ...] = (1, 2)
+    # run as a real process (`python -m forktool`): SIGINT at these moments ("import:<module>" or "open:<path
+    # part>", each the first time it happens, in order), or with these standard streams ("stdout=closed|full|pipe",
+    # "stderr=closed|full", "plain" for none spoiled); `code` is the command's own exit code with plain streams
+    interrupt: tuple[str, ...] = ()
+    streams: str = ""
+    code: int = 0
 
     @property
     def id(self) -> str:
@@ -160,7 +166,8 @@ class Case:
 class Outcome:
     case: Case
     code: int | None
-    kind: str  # refusal | usage | success | traceback | hang | outside | tree-changed | inputs-changed | unclear | wrong-exit
+    kind: str  # refusal | usage | interrupted | unwritten | success | traceback | hang | outside | tree-changed |
+    #            inputs-changed | unclear | wrong-exit | not-recovered
     seconds: float
     detail: str = ""
     err: str = field(default="", repr=False)
@@ -1123,10 +1130,161 @@ def sync_state_cases() -> Iterator[Case]:
             argv = ["sync", cmd] if cmd.startswith("--") else [cmd]
             yield Case("sync-state", f"{lbl}:{' '.join(argv)}", setup, argv, must=must, stopped=True)
 
+# ------------------------------------------------ families: signals and unwritable output (real processes)
+
+# runs `python -m forktool ARGV` with SIGINT sent to itself at the named moments: a real signal, delivered where
+# the process is at that instant (inside an import, while the lock or a journal file is being opened)
+INTERRUPTER = r"""
+import os, signal, sys
+moments = [m for m in sys.argv[1].split(",") if m]
+def hook(event, args):
+    if not moments or not args:
+        return
+    kind, _, what = moments[0].partition(":")
+    if event == kind and ((kind == "import" and args[0] == what)
+                          or (kind == "open" and isinstance(args[0], str) and what in args[0])):
+        moments.pop(0)
+        os.kill(os.getpid(), signal.SIGINT)
+sys.addaudithook(hook)
+sys.argv = ["forktool", *sys.argv[2:]]
+import runpy
+runpy.run_module("forktool", run_name="__main__", alter_sys=True)
+"""
+
+EVERYWHERE = ("import:forktool.cli_spec", "import:forktool.output", "import:forktool.project")
+
+
+def signal_cases() -> Iterator[Case]:
+    def unapplied(c: Ctx) -> None:
+        run_cli(c.root, ["unapply"])
+
+    none = lambda c: None  # noqa: E731
+    tree = ("import:forktool.commands.tree_cmds", "open:.opencoti/lock", "open:patches/series")
+    moving = ("open:.opencoti/vendor-backups/", "open:.opencoti/txn/new/0", "open:.opencoti/txn/new/0,open:.opencoti/txn/new/1")
+    commands: list[tuple[list[str], Callable[[Ctx], None], tuple[str, ...], bool]] = [
+        (["status"], none, tree, False),
+        (["status", "--json"], none, tree, False),
+        (["verify"], none, tree, False),
+        (["verify", "--no-cache", "--json"], none, tree, False),
+        (["apply"], none, tree, False),
+        (["apply", "--json"], unapplied, tree + moving, False),
+        (["unapply"], none, tree + moving, False),
+        (["unapply", "--to", "0070", "--json"], none, tree + moving, False),
+        (["refresh", "0089"], none, tree, False),
+        (["backup", "list"], none, ("import:forktool.commands.backup_cmds",), False),
+        (["backup", "create", "x", "--json"], none, ("open:.opencoti/lock", "open:.opencoti/vendor-backups/"), False),
+        (["registry", "check"], none, ("import:forktool.commands.registry_cmds", "open:.opencoti/lock"), False),
+        (["markers", "--json"], none, ("open:.opencoti/lock",), False),
+        (["vendor", "status"], none, ("import:forktool.vendor",), False),
+        (["sync", "--abort"], none, ("import:forktool.commands.sync_cmds", "open:.opencoti/lock"), True),
+        # through the typer app (a repeated flag is a line only click reads)
+        (["status", "--json", "--json"], none, ("import:typer",), False),
+        (["unapply", "--force", "--force"], none, ("import:typer", "open:.opencoti/txn/new/0"), False),
+        (["apply", "--json", "--json"], unapplied, ("import:typer", "open:.opencoti/txn/new/1"), False),
+    ]
+    for argv, setup, moments, stopped in commands:
+        for m in EVERYWHERE + moments:
+            yield Case("signals", f"{' '.join(argv)}@{m}", setup, argv, interrupt=(m,) if "," not in m else
+                       tuple(m.split(",")), stopped=stopped, recovery=True, expect=(130,))
+
+
+def output_cases() -> Iterator[Case]:
+    commands: list[tuple[list[str], int]] = [
+        (["status", "--json"], 0), (["verify", "--json"], 0), (["markers", "--json"], 0),
+        (["registry", "check", "--json"], 0), (["vendor", "status", "--json"], 0), (["backup", "list", "--json"], 0),
+        (["apply", "--json"], 0), (["unapply", "--json"], 0), (["backup", "create", "x", "--json"], 0),
+        (["apply", "--upto", "9999", "--json"], 2), (["status"], 0), (["--version"], 0), (["--help"], 0),
+        # through the typer app
+        (["status", "--json", "--json"], 0), (["unapply", "--json", "--json"], 0), (["status", "--help"], 0),
+    ]
+    for argv, code in commands:
+        for streams in ("plain", "stdout=closed", "stdout=full", "stdout=pipe", "stderr=closed", "stderr=full"):
+            yield Case("output", f"{' '.join(argv)}:{streams}", lambda c: None, argv, streams=streams, code=code,
+                       recovery=True)
+
+
+def _process(case: Case, root: Path, argv: list[str]) -> tuple[int | None, str, str]:
+    """Run the case as a process with its streams; (exit code or -signal, stdout, stderr); None: a hang."""
+    import subprocess
+    import tempfile
+
+    env = dict(os.environ, FORKTOOL_ROOT=str(root))
+    cmd = [sys.executable, "-c", INTERRUPTER, ",".join(case.interrupt), *argv] if case.interrupt else \
+        [sys.executable, "-m", "forktool", *argv]
+    where, _, how = case.streams.partition("=")
+    close = {"stdout": 1, "stderr": 2}.get(where) if how == "closed" else None
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, open(os.devnull, "rb") as null:
+        streams: dict[str, Any] = {"stdout": out, "stderr": err}
+        opened = []
+        if how == "full":
+            opened.append(open("/dev/full", "wb"))
+            streams[where] = opened[-1]
+        elif how == "pipe":  # a pipe whose reader has already gone, as after `| head -c 0`
+            r, w = os.pipe()
+            os.close(r)
+            opened.append(os.fdopen(w, "wb"))
+            streams[where] = opened[-1]
+        try:
+            p = subprocess.Popen(cmd, env=env, stdin=null, preexec_fn=(lambda: os.close(close)) if close else None,
+                                 **streams)
+            for f in opened:
+                f.close()
+            try:
+                code: int | None = p.wait(timeout=TIME_LIMIT * 3)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+                code = None
+        finally:
+            for f in opened:
+                f.close()
+        out.seek(0)
+        err.seek(0)
+        return code, out.read().decode(errors="replace"), err.read().decode(errors="replace")
+
+
+def _process_outcome(case: Case, root: Path, argv: list[str], secs0: float) -> tuple[Outcome | None, str]:
+    """The outcome of a signals or output case by its contract (docs/manual-cli.md), or None when it kept it."""
+    import signal as sig
+
+    code, out, err = _process(case, root, argv)
+    secs = time.monotonic() - secs0
+    text = err + out
+    if code is None:
+        return Outcome(case, None, "hang", secs, f"still running after {TIME_LIMIT * 3} s", text), text
+    if "Traceback" in text or "internal error" in text or code == 3:
+        return Outcome(case, code, "traceback", secs, _last_line(text), text), text
+    if case.interrupt:
+        if code != 130:
+            return Outcome(case, code, "wrong-exit", secs, f"exit {code}, not 130 (was the moment reached?)", text), text
+        if err.count("interrupted") != 1 or out.strip():
+            return Outcome(case, code, "unclear", secs, f"not one line 'interrupted': {err!r} {out!r}", text), text
+        return None, "interrupted"
+    where, _, how = case.streams.partition("=")
+    moves = argv[0] in ("apply", "unapply") or argv[:2] == ["backup", "create"]
+    json_out = "--json" in argv or argv[-1] in ("--help", "--version")
+    if where == "stdout" and json_out and case.code == 0:
+        if how == "pipe":
+            want, must = -sig.SIGPIPE, (("ran to its end",) if moves else ())
+        else:
+            want, must = 1, ("cannot write the output to stdout",) + (("ran to its end",) if moves else ())
+    else:
+        want, must = case.code, ()
+    if code != want:
+        return Outcome(case, code, "wrong-exit", secs, f"exit {code}, want {want}", text), text
+    missing = [m for m in must if m not in err]
+    if missing or (where == "stdout" and how == "pipe" and not must and "cannot write" in err):
+        return Outcome(case, code, "unclear", secs, f"stderr {err!r}, want {must}", text), text
+    if where == "stderr" and json_out and case.code == 0 and not out.strip():
+        return Outcome(case, code, "unclear", secs, "stdout lost its output when stderr could not be written", text), text
+    return None, "unwritten" if code != case.code else ("refusal" if code else "unwritten")
+
+
 
 def all_cases() -> list[Case]:
     return [*config_families(), *journal_cases(), *backup_cases(), *patch_cases(), *series_cases(),
-            *tree_cases(), *state_dir_cases(), *sdist_cases(), *cli_cases(), *sync_state_cases()]
+            *tree_cases(), *state_dir_cases(), *sdist_cases(), *cli_cases(), *sync_state_cases(), *signal_cases(),
+            *output_cases()]
 
 
 # ---------------------------------------------------------------- running a case
@@ -1206,6 +1364,21 @@ def run_case(case: Case, base: Path, n: int) -> Outcome:
         tree_before = fingerprint(tree)
         victims_before = [v.exists() for v in VICTIMS]
         t0 = time.monotonic()
+        if case.interrupt or case.streams:
+            outcome, kind = _process_outcome(case, root, argv, t0)
+            if outcome is not None:
+                return outcome
+            secs = time.monotonic() - t0
+            if fingerprint(base / "cases" / f"{n:04d}", skip=(root, work / "cache")) != outside_before or \
+                    [v.exists() for v in VICTIMS] != victims_before:
+                return Outcome(case, None, "outside", secs, "wrote outside the project")
+            # what was interrupted or could not print is finished or undone by the next commands
+            for after in ([["sync", "--abort"]] if case.stopped else []) + [["status"], ["apply"], ["verify"]]:
+                code, out, err = run_cli(root, after, expect=None)
+                if code != 0:
+                    return Outcome(case, code, "not-recovered", secs, f"then `{' '.join(after)}` exited {code}: "
+                                   f"{_last_line(err)}", err)
+            return Outcome(case, None, kind, secs)
         old = signal.signal(signal.SIGALRM, _alarm)
         signal.setitimer(signal.ITIMER_REAL, TIME_LIMIT)
         raw_err = io.StringIO()
