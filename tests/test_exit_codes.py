@@ -121,6 +121,17 @@ def test_a_second_ctrl_c_ends_the_clean_up_at_once() -> None:
             "print('the clean-up ran on')\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert (r.returncode, r.stdout, r.stderr) == (130, "", "error: interrupted\n")
+    # once the command is over (the process is leaving), a Ctrl-C still ends it with 130 and its line
+    late = ("import os, signal, time\n"
+            "from forktool.cli import _Interrupt\n"
+            "handler = _Interrupt()\n"
+            "handler.finished = True\n"
+            "signal.signal(signal.SIGINT, handler)\n"
+            "os.kill(os.getpid(), signal.SIGINT)\n"
+            "time.sleep(5)\n"
+            "print('exited 0 after a Ctrl-C')\n")
+    r = subprocess.run([sys.executable, "-c", late], capture_output=True, text=True, timeout=30)
+    assert (r.returncode, r.stdout, r.stderr) == (130, "", "error: interrupted\n")
 
 
 # ---------------------------------------------------------------- stdout that cannot be written
