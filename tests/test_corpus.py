@@ -17,7 +17,7 @@ from tests.conftest import UPSTREAM, make_project, run_cli
 
 FAMILIES = ["vendor.yaml", "registry", "build.yaml", "vendor.lock", "state.json", "journal", "backup", "patches",
             "series", "tree", "opencoti", "sdist", "cli", "sync-state", "signals", "output"]
-CLEAN = ("refusal", "usage", "interrupted", "unwritten")  # interrupted/unwritten: the exit-code contract kept
+CLEAN = ("refusal", "usage", "interrupted", "contract")  # interrupted, contract: the exit-code contract kept
 SAMPLE = 8  # the default suite runs every 8th case of each family; `-m slow` runs them all
 
 
