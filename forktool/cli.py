@@ -25,6 +25,8 @@ BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell shows for a process its closed 
 
 def run(call: Call) -> int:
     """Run one parsed command in the current process: its report shown, every failure mapped to its exit code."""
+    import errno
+
     from forktool import cache, output
     from forktool.errors import ForktoolError, OutputError
     from forktool.project import find_project
@@ -44,7 +46,7 @@ def run(call: Call) -> int:
                 output.error("interrupted")
             code = INTERRUPTED
         except Exception as e:
-            if isinstance(e, OSError) and e.errno in (28, 122):  # ENOSPC, EDQUOT: disk full is an expected failure
+            if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):  # disk full: an expected failure
                 output.error(f"no space left on the device: {e}\n  next: free some space and run the command again",
                              {"error": f"no space left on the device: {e}", "kind": "NoSpace"})
                 code = 1
@@ -131,11 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     try:
         call = parse(args)
+        if call is None:
+            return _version()
     except OSError as e:  # typer could not write the help it was showing
         from forktool.errors import OutputError
 
         return unwritten(OutputError(e, 0), None)
-    except Exception as e:  # a bug outside a command body (building the app, parsing): exit 3
+    except Exception as e:  # a bug outside a command body (building the app, parsing, --version): exit 3
         import traceback
 
         from forktool import output
@@ -144,8 +148,6 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     if isinstance(call, int):
         return call
-    if call is None:
-        return _version()
     return run(call)
 
 
