@@ -187,9 +187,9 @@ def _say(line: bytes) -> None:
 
 class _Stream:
     """A standard stream of the process. The first write error points the descriptor at /dev/null (so the
-    interpreter's own last flush cannot fail a second time). On stdout that error is raised, then again at every
-    later write (the output is lost and the exit code must say so), not at a flush; on stderr it is dropped (a closed or full
-    stderr never changes the exit code)."""
+    interpreter's own last flush cannot fail a second time). On stdout that error is raised, and again at every
+    later write but not at a flush: the output is lost and the exit code must say so. On stderr it is dropped:
+    a closed or full stderr never changes the exit code."""
 
     def __init__(self, raw: Any, fd: int, quiet: bool, error: OSError | None = None) -> None:
         self._raw, self._fd, self._quiet, self._error = raw, fd, quiet, error
