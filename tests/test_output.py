@@ -66,3 +66,30 @@ def test_a_process_loads_rich_only_when_a_terminal_is_asked_for(force: str | Non
     assert "a [b] \\[c]" in r.stderr and "w" in r.stderr
     if not force:
         assert r.stderr == "a [b] \\[c]\nwarning: w\n"
+
+
+def test_a_session_sets_the_mode_and_gives_the_previous_one_back() -> None:
+    buf = io.StringIO()
+    with output.capture(buf), output.session(True):
+        output.info("hidden in --json mode")
+        output.warn("shown")
+        with output.session(False):
+            output.info("shown too")
+        output.info("hidden again")
+    output.info("after")  # back on the process's stderr, not in buf
+    assert buf.getvalue() == "warning: shown\nshown too\n"
+
+
+def test_stdout_that_cannot_be_written_is_an_output_error_carrying_the_code(monkeypatch) -> None:
+    from forktool.errors import OutputError
+
+    closed = io.StringIO()
+    closed.close()
+    monkeypatch.setattr(sys, "stdout", closed)
+    with pytest.raises(OutputError) as e:
+        output.write_out("{}\n", exit_code=1)
+    assert e.value.exit_code == 1 and "cannot write the output to stdout" in str(e.value)
+    with output.capture(io.StringIO()), output.session(True):
+        with pytest.raises(OutputError):
+            output.emit(output.Report({"a": 1}))
+        output.error("the failure itself", {"error": "x"})  # its JSON is lost; the line still goes to stderr

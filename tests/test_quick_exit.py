@@ -23,6 +23,8 @@ def test_quick_exit_keeps_output_and_exit_codes(proj: Proj):
     assert r.returncode == 0 and json.loads(r.stdout)["top"] == "0071"  # the whole document arrived
     status = _sub(proj, "status", "--json")
     assert status.returncode == 0 and json.loads(status.stdout) == proj.json("status")
+    typer_status = _sub(proj, "status", "--json", "--json")  # the typer dispatch leaves by the same quick exit
+    assert typer_status.returncode == 0 and json.loads(typer_status.stdout) == proj.json("status")
     proj.edit("up/src/b.c", "line 3\n", "mine\n")
     r = _sub(proj, "unapply")
     assert r.returncode == 1 and "modified: up/src/b.c" in r.stderr and "--force" in r.stderr
