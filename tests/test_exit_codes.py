@@ -198,3 +198,17 @@ def test_stderr_never_changes_the_exit_code(series: Proj, redirect: str, dispatc
     r = _shell(series, f"verify {' '.join(dispatch)} {redirect}")
     assert _rc(r) == 1
     series.edit("up/src/b.c", "mine\n", "line 3\n")
+
+
+def test_an_abort_whose_output_is_lost_still_says_it_ran(tmp_path: Path, cache: Path) -> None:
+    from tests.conftest import run_cli
+
+    root = corpus.stopped_sync(tmp_path / "s")
+    r = subprocess.run(["bash", "-c", f"{sys.executable} -m forktool sync --abort --json > /dev/full"],
+                       env=dict(os.environ, FORKTOOL_ROOT=str(root)), capture_output=True, text=True)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "cannot write the output to stdout: No space left" in r.stderr
+    assert "`forktool sync` itself ran to its end" in r.stderr
+    code, out, err = run_cli(root, ["sync", "--abort"], expect=None)
+    assert code == 1 and "no sync in progress" in err  # the first abort, whose output was lost, did it
+    run_cli(root, ["status"])
