@@ -113,4 +113,4 @@ def parse(argv: list[str]) -> Call | None | int:
     except ClickException as e:  # usage errors (exit 2), and no arguments at all (help, exit 2)
         e.show(file=sys.stderr)
         return e.exit_code
-    return 0
+    raise RuntimeError(f"the typer app read {argv!r} without picking a command")  # every callback picks one
