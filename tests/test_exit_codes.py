@@ -212,3 +212,12 @@ def test_an_abort_whose_output_is_lost_still_says_it_ran(tmp_path: Path, cache: 
     code, out, err = run_cli(root, ["sync", "--abort"], expect=None)
     assert code == 1 and "no sync in progress" in err  # the first abort, whose output was lost, did it
     run_cli(root, ["status"])
+
+
+def test_all_three_standard_descriptors_closed(series: Proj) -> None:
+    """No file forktool opens may take descriptor 0, 1 or 2: the tree stays right and the codes follow the contract."""
+    assert _rc(_shell(series, "status <&- >&- 2>&-")) == 0  # the human report goes to stderr: nothing was lost
+    assert _rc(_shell(series, "unapply --json <&- >&- 2>&-")) == 1  # moved; its JSON could not be written
+    assert _rc(_shell(series, "apply <&- >&- 2>&-")) == 0
+    series.run("verify")
+    assert b"error" not in (series.tree / "up" / "src" / "a.c").read_bytes()
