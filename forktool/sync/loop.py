@@ -467,7 +467,7 @@ def start(project: Project, spec: str | None, progress: Progress = lambda _m: No
 def _back_up(project: Project, st: dict, ws: Workspace, current: Manifest, progress: Progress) -> None:
     """Back up the tree (vendor-backups) and pin, lock, patches, state and registry (sync-backups)."""
     progress("backing up the tree, pin, lock and patches")
-    label = st["to"]["version"] or st["to"]["commit"][:12]
+    label = st["to"]["version"] or st["to"]["commit"][:12] or st["to"]["sha256"][:12] or st["to"]["kind"]
     why = f"before forktool sync --start to {st['to_spec']}"
     tb = bk.create(project.backups_dir, project.tree, f"sync-start-{label}", why, current, ws.pristine,
                    ws.state.to_json())
