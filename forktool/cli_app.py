@@ -204,12 +204,19 @@ def sync(to: Annotated[str | None, typer.Option("--to", help="Another upstream, 
                                             "out) and go on.")] = False,
          abort: Annotated[bool, typer.Option("--abort", help="Put pin, lock, patches, series and tree back as "
                                              "before --start.")] = False,
+         subdir: Annotated[str | None, typer.Option(help="Where the llama.cpp tree sits inside the --to source "
+                                                    "(e.g. llama.cpp); found in it when not given.")] = None,
+         sha256: Annotated[str | None, typer.Option(help="The sha256 of a --to archive URL (required for one).")] = None,
+         upstream_commit: Annotated[str | None, typer.Option("--upstream-commit", help="The llama.cpp commit the "
+                                                             "--to source carries, when it does not say.")] = None,
          json: Json = False) -> None:
     """Trial the whole series on another upstream (report + refreshed patches), or move the fork there
     (--start, then --continue / --skip / --abort)."""
     from forktool.commands import sync_cmds
+    from forktool.sync.fetch import spec_with
     actions = [name for name, on in (("start", start), ("continue", cont), ("skip", skip), ("abort", abort)) if on]
-    _run(json, lambda p: sync_cmds.dispatch(p, to, accept, build_flag, out, actions))
+    _run(json, lambda p: sync_cmds.dispatch(p, spec_with(to, subdir, sha256, upstream_commit), accept, build_flag,
+                                            out, actions))
 
 
 @app.command()
