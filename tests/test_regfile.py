@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from forktool import registry as rg
 from forktool import regfile
+from forktool import registry as rg
 from forktool.errors import ForktoolError
 from tests.conftest import Proj
 from tests.test_registry import CTX, CUDA, rp  # noqa: F401  (the fixture)

@@ -12,15 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from forktool import backup as bk
 from forktool import schema, series, txn, vendor
 from forktool.apply import apply_series
 from forktool.authoring import with_derived_trailers
 from forktool.errors import ConfigError, DirtyTreeError, ForktoolError, UsageError
 from forktool.project import Component, Project
-from forktool.registry import Registry
 from forktool.series import Patch
 from forktool.state import State
 from forktool.sync.accept import _repin_text
@@ -332,53 +329,9 @@ def _relocated_registry(project: Project, ctx: Context, final: dict[str, bytes |
                       for e in reg.patches if e.id in keep]
     for h in dropped_hooks:
         reg.hooks.pop(h, None)
-    return _registry_text(path.read_text(encoding="utf-8"), reg), render_md(reg)
+    from forktool.regfile import update_text
 
-
-def _registry_text(text: str, reg: Registry) -> str:
-    """The registry file with only each hook's `sites:` list rewritten, so comments and layout stay; the
-    whole file dumped again when that does not give exactly `reg` (e.g. patches were dropped)."""
-    from forktool import registry as rg
-    lines = text.split("\n")
-    out: list[str] = []
-    hook = None
-    i = 0
-    in_hooks = False
-    while i < len(lines):
-        ln = lines[i]
-        if ln.startswith("hooks:"):
-            in_hooks = True
-        elif in_hooks and ln.startswith("  ") and not ln.startswith("   ") and ln.rstrip().endswith(":"):
-            hook = ln.strip()[:-1].strip("'\"")
-        if in_hooks and hook in reg.hooks and ln.rstrip() == "    sites:":
-            out.append(ln)
-            i += 1
-            while i < len(lines) and (lines[i].startswith("    - ") or lines[i].startswith("      ")):
-                i += 1
-            for site in reg.hooks[hook].sites:
-                item = {"file": site.file, "symbol": site.symbol, "line": site.line}
-                dumped = yaml.safe_dump([{k: v for k, v in item.items() if v is not None}], sort_keys=False,
-                                        width=110).rstrip("\n").split("\n")
-                out += ["    " + d for d in dumped]
-            continue
-        out.append(ln)
-        i += 1
-    again = "\n".join(out)
-    try:
-        tmp = _load_via_file(again, reg.path)
-    except ForktoolError:
-        return rg.dump(reg)
-    return again if rg.dump(tmp) == rg.dump(reg) else rg.dump(reg)
-
-
-def _load_via_file(text: str, path: Path) -> Registry:
-    from forktool import registry as rg
-    tmp = path.with_name(f".{path.name}.check")
-    atomic_write(tmp, text.encode())
-    try:
-        return rg.load(tmp)
-    finally:
-        tmp.unlink()
+    return update_text(path.read_text(encoding="utf-8"), reg, str(path)), render_md(reg)
 
 
 # ---------------------------------------------------------------- the commands
