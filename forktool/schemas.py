@@ -233,15 +233,17 @@ SYNC_COMPONENT = obj({
     ["name", "kind", "include", "exclude", "upstream_commit", "package", "version", "sha256", "subdir", "url",
      "commit"])
 _FILE_STATUS = {"enum": ["clean", "offset", "merged", "conflict", "upstreamed", "resolved"]}
+# the API drift lines of a patch (forktool/sync/apidrift.py), as shown at a stop and in the summary
+API_LINES = {"type": "array", "maxItems": 100_000, "items": {"type": "string", "maxLength": 100_000}}
 SYNC_DONE = obj({
-    "id": PATCH_ID, "name": PATCH_NAME,
+    "id": PATCH_ID, "name": PATCH_NAME, "api": API_LINES,
     "status": {"enum": ["clean", "offset", "merged", "conflict", "upstreamed", "resolved", "skipped"]},
     "drift": {"type": "array", "items": DRIFT, "maxItems": 100_000},
     "files": {"type": "array", "maxItems": 100_000, "items": obj({"file": REL_PATH, "status": _FILE_STATUS},
                                                                  ["file", "status"])}},
     ["id", "name", "status", "drift", "files"])
 SYNC_STOP = obj({
-    "id": PATCH_ID, "name": PATCH_NAME, "title": {"type": "string", "maxLength": 1000},
+    "id": PATCH_ID, "name": PATCH_NAME, "title": {"type": "string", "maxLength": 1000}, "api": API_LINES,
     "files": {"type": "array", "maxItems": 100_000, "items": obj({
         "file": REL_PATH, "status": _FILE_STATUS, "reason": TEXT,
         "hunks": {"type": "array", "maxItems": 100_000, "items": obj({

@@ -194,18 +194,19 @@ def _run(project: Project, st: dict, pending: dict[str, bytes], progress: Progre
     for p in ctx.original[:st["position"]]:
         old.step(p)
     st["stop"] = None
+    api = _api_lines(ctx)
     for p in ctx.original[st["position"]:]:
         progress(f"carrying {p.name} across")
         pre, post, err = old.step(p)
         c = classify(p, pre, post, err, cur)
         row = {"id": p.id, "name": p.name, "status": c.status, "drift": c.drift,
-               "files": [{"file": f.path, "status": f.status} for f in c.files if f.status != "clean"]}
+               "files": [{"file": f.path, "status": f.status} for f in c.files if f.status != "clean"], "api": api(p)}
         if c.status == "conflict":
             for rel, data in c.after.items():
                 overlay[rel] = data
             for rel, data in c.conflicted.items():
                 overlay[rel] = data
-            st["stop"] = {"id": p.id, "name": p.name, "title": p.title,
+            st["stop"] = {"id": p.id, "name": p.name, "title": p.title, "api": row["api"],
                           "files": [{"file": f.path, "status": f.status, "reason": f.reason,
                                      "hunks": [h for h in f.hunks if h["how"] != "exact"],
                                      "blocks": [b["line"] for b in f.conflicts]} for f in c.files
@@ -227,6 +228,17 @@ def _run(project: Project, st: dict, pending: dict[str, bytes], progress: Progre
     if st["stop"]:
         return {"stage": "stopped", "state": st, "written": len(writes)}
     return _finish(project, st, progress)
+
+
+def _api_lines(ctx: Context) -> Callable[[Patch], list[str]]:
+    """The API drift lines (forktool/sync/apidrift.py) of a patch between the pinned and the new upstream."""
+    from forktool.cache import Cache, caches_root
+    from forktool.sync.apidrift import Upstream, api_drift
+
+    old = Upstream(frozenset(ctx._old), ctx.old_read)
+    new = Upstream(frozenset(ctx.new_manifest), ctx.new_read)
+    cache = Cache(caches_root(ctx.project.state_dir), "declarations")
+    return lambda p: [d.line for d in api_drift(old, new, p, cache)]
 
 
 def _same_file(root: Path, w: txn.Write) -> bool:
@@ -509,7 +521,8 @@ def continue_(project: Project, progress: Progress = lambda _m: None) -> dict:
                     fds.append(fd)
             resolved, _ = with_derived_trailers(project, patch, fds)
             st["done"].append({"id": patch.id, "name": patch.name, "status": "resolved", "drift": [],
-                               "files": [{"file": f.path, "status": "resolved"} for f in resolved.files]})
+                               "files": [{"file": f.path, "status": "resolved"} for f in resolved.files],
+                               "api": (st.get("stop") or {}).get("api", [])})
             st["position"] = k + 1
             res = _run(project, st, {patch.name: resolved.raw}, progress)
     res["timings"] = {"tool_s": round(time.monotonic() - t0, 3)}
