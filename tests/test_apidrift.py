@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -124,8 +125,8 @@ def test_declarations_are_cached_by_digest(tmp_path: Path):
     assert first["iface"].members[0][0] == "get_name" and first["api_init"].kind == "function"
 
 
-def test_the_trial_report_lists_it_and_needs_a_human(proj: Proj, tmp_path: Path):
-    """A patch that applies cleanly on an upstream whose struct gained members: the trial names it."""
+def api_move(proj: Proj) -> str:
+    """The project pinned at an upstream with api.h, PATCH applied; a newer upstream commit where api.h moved."""
     up = proj.upstream
     (up / "include" / "api.h").write_text(API_H)
     (up / "src" / "use.c").write_text(USE_C)
@@ -136,14 +137,18 @@ def test_the_trial_report_lists_it_and_needs_a_human(proj: Proj, tmp_path: Path)
     yml.write_text("\n".join(ln if not ln.startswith("    commit:") else f"    commit: {base}"
                              for ln in yml.read_text().splitlines()) + "\n")
     (proj.root / "vendor" / "vendor.lock").unlink()
-    import shutil
     shutil.rmtree(proj.tree)
     proj.run("vendor", "fetch")
     proj.write_patch(PATCH.name, PATCH.raw.decode())
     proj.run("apply")
     (up / "include" / "api.h").write_text(API_H_NEW)
     git(up, "commit", "-qam", "api moves")
-    new = git(up, "rev-parse", "HEAD")
+    return git(up, "rev-parse", "HEAD")
+
+
+def test_the_trial_report_lists_it_and_needs_a_human(proj: Proj, tmp_path: Path):
+    """A patch that applies cleanly on an upstream whose struct gained members: the trial names it."""
+    new = api_move(proj)
     code, out, err = proj.run("sync", "--to", new, "--out", str(tmp_path / "o"), "--json", expect=None)
     data = json.loads(out)
     assert data["patches"][0]["status"] == "clean" and data["needs_human"] is True
@@ -176,3 +181,8 @@ def test_the_port_to_0_3_35_names_what_its_patches_lose(monkeypatch):
     found = {d.name: d for d in api_drift(o, n, patches["0072"])}
     assert found["llama_clear_tensor_data"].change == "removed"
     assert "get_stream" in found["llama_kv_cache"].removed
+
+
+def test_the_loop_shows_it_for_a_patch_it_carries_without_a_stop(proj: Proj, tmp_path: Path):
+    code, out, err = proj.run("sync", "--to", api_move(proj), "--start", expect=None)
+    assert "api drift: 0073 uses `iface`: upstream added 2 members (alloc, flags)" in out + err
