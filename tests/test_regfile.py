@@ -11,7 +11,7 @@ import yaml
 from forktool import regfile
 from forktool import registry as rg
 from forktool.errors import ForktoolError
-from tests.conftest import Proj
+from tests.conftest import Proj, proj  # noqa: F401  (the fixture)
 from tests.test_registry import CTX, CUDA, rp  # noqa: F401  (the fixture)
 
 # the registry as a person keeps it: comments, quoted ids, a double-quoted title, a folded description
@@ -202,3 +202,31 @@ def test_a_change_the_writer_cannot_place_is_refused():
     reg.patches[0] = dataclasses.replace(reg.patches[0], description="new text")  # no such key to edit in place
     with pytest.raises(ForktoolError, match="cannot add key 'description'"):
         regfile.update_text(TEXT, reg)
+
+
+def test_reanchor_registers_a_series_and_sync_keeps_a_new_hook(proj: Proj):  # noqa: F811
+    """An empty registry filled by apply --reanchor; a sync whose resolution adds a marker ends with verify OK."""
+    from tests import test_sync_loop as tl
+    tl.series(proj)
+    path = proj.root / "registry" / "UPSTREAM_SYNC.yaml"
+    path.write_text("# kept by forktool\nschema: 1\npatches: []\nhooks: {}\n")
+    proj.run("registry", "render")
+    code, out, err = proj.run("apply", "--reanchor")
+    assert "registry: updated" in out + err
+    proj.run("verify")
+    reg = yaml.safe_load(path.read_text())
+    assert [p["id"] for p in reg["patches"]] == ["0001", "0002", "0003", "0004"]
+    assert reg["hooks"]["a-ten"] == {"patch": "0002", "sites": [{"file": "up/src/a.c", "symbol": "a", "line": 1}]}
+    commit = tl.new_upstream(proj)
+    proj.run("sync", "--to", commit, "--start", expect=1)
+    text = (proj.tree / "up/src/a.c").read_text()
+    start, end = text.index("<<<<<<< "), text.index(">>>>>>> ")
+    end = text.index("\n", end) + 1
+    (proj.tree / "up/src/a.c").write_text(text[:start] + "    (void) 0; // opencoti-hook: a-extra\n"
+                                          "    return 20; // opencoti-hook: a-ten\n" + text[end:])
+    proj.run("sync", "--continue")
+    proj.run("verify")
+    reg = yaml.safe_load(path.read_text())
+    assert reg["patches"][1]["hooks"] == ["a-ten", "a-extra"]
+    assert reg["hooks"]["a-extra"] == {"patch": "0002", "sites": [{"file": "up/src/a.c", "symbol": "a", "line": 1}]}
+    assert path.read_text().startswith("# kept by forktool\n")

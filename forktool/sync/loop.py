@@ -341,7 +341,10 @@ def _relocated_registry(project: Project, ctx: Context, final: dict[str, bytes |
                       for e in reg.patches if e.id in keep]
     for h in dropped_hooks:
         reg.hooks.pop(h, None)
-    from forktool.regfile import update_text
+    from forktool.regfile import kept, update_text
+
+    # hook lists and entries follow the markers the rebased patches carry (a resolution may add or drop one)
+    reg = kept(project, reg, active, {rel: read(rel) for p in active for rel in p.paths})
 
     return update_text(path.read_text(encoding="utf-8"), reg, str(path)), render_md(reg)
 
