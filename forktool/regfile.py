@@ -14,6 +14,8 @@ from forktool.tree import atomic_write
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at run time
 if TYPE_CHECKING:
+    from typing import Any
+
     from forktool.cache import Cache
 
 # what a person decides; everything else in an entry is derived from the series and the tree
@@ -43,7 +45,7 @@ def _last_line(node: object) -> int:
     return _last_line(node.value[-1][1]) if node.value and not node.flow_style else node.end_mark.line
 
 
-def _pairs(node: object) -> dict[str, tuple]:
+def _pairs(node: Any) -> dict[str, tuple[Any, Any]]:
     return {k.value: (k, v) for k, v in node.value}  # type: ignore[attr-defined]
 
 

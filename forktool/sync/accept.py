@@ -101,7 +101,8 @@ def accept(project: Project, res: SyncResult) -> dict:
     current = {w.path: Entry(sha256_file(root / w.path), REGULAR) for w in writes}
     txn_state = project.state_dir / "sync-txn"
     with txn.locked(project.state_dir):
-        b = bk.create(project.state_dir / "sync-backups", root, f"accept-{res.target.new.version or 'commit'}",
+        new = res.target.new
+        b = bk.create(project.state_dir / "sync-backups", root, f"accept-{new.version or new.commit[:12] or new.kind}",
                       f"before forktool sync --accept to {res.target.new.spec}", current, {},
                       {"kind": "sync-accept", "from": res.target.old.spec, "to": res.target.new.spec})
         txn.commit(root, txn_state, writes, {"accepted": res.target.new.spec})

@@ -172,9 +172,10 @@ def _git_commit_spec(base: str) -> bool:
 def _moved(old: Component, opts: dict[str, str], same_source: bool, **fields: str) -> Component:
     """old with its source replaced; filters kept. Another source's layout is not assumed: its subdir is found
     in it unless given."""
-    source = {k: "" for k in ("package", "version", "sha256", "url", "commit", "path")}
-    subdir = opts.get("subdir", old.subdir if same_source else DETECT)
-    return old._replace(**{**source, **fields, "subdir": subdir})
+    f = {k: "" for k in ("package", "version", "sha256", "url", "commit", "path", "upstream_commit")} | fields
+    return old._replace(kind=f["kind"], package=f["package"], version=f["version"], sha256=f["sha256"],
+                        url=f["url"], commit=f["commit"], path=f["path"], upstream_commit=f["upstream_commit"],
+                        subdir=opts.get("subdir", old.subdir if same_source else DETECT))
 
 
 def _by_spec(project: Project, comp: Component) -> Path:
