@@ -28,7 +28,16 @@ HUMAN_KEYS = ("title", "bug", "status", "shipped", "description", "gates")
 def _dump(data: object) -> list[str]:
     import yaml
 
-    return yaml.safe_dump(data, sort_keys=False, width=110, allow_unicode=True).rstrip("\n").split("\n")
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    def digits_quoted(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+        # a patch id such as 0090 reads back as a string here, but as a number to a YAML 1.2 reader
+        style = "'" if value.isdigit() else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+    Dumper.add_representer(str, digits_quoted)
+    return yaml.dump(data, Dumper=Dumper, sort_keys=False, width=110, allow_unicode=True).rstrip("\n").split("\n")
 
 
 def _last_line(node: object) -> int:

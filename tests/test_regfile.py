@@ -79,6 +79,7 @@ def test_new_edit_refresh_verify_with_no_hand_edit(kp: Proj):
     entry = yaml.safe_load(reg_text(kp))["patches"][1]
     assert entry == {"id": "0071", "file": "0071-cuda-tweak.patch", "title": "cuda: tweak the kernel",
                      "status": "dev", "build_impact": [], "files": [], "hooks": []}
+    assert "\n- id: '0071'\n  file: 0071-cuda-tweak.patch\n" in reg_text(kp)  # an id is quoted, as YAML 1.2 needs
     kp.run("registry", "check")  # the empty patch is registered: nothing to complain about
     kp.edit("up/ggml/src/ggml-cuda/k.cu", "    int x = 0;\n", "    int x = 0;\n    x += 1; // opencoti-hook: k-bump\n")
     data = kp.json("refresh", "0071")
