@@ -103,7 +103,8 @@ def refresh(ws: Workspace, pid: str) -> dict:
     ws._write_state()
     ws.record_patched()
     return {"patch": patch.name, "changed": new_bytes != old_bytes, "files": refreshed.paths,
-            "hooks": trailers["Opencoti-Hooks"], "build_impact": trailers["Build-Impact"], "reanchored": []}
+            "hooks": trailers["Opencoti-Hooks"], "build_impact": trailers["Build-Impact"], "reanchored": [],
+            "registry": keep_registry(ws, [pid])}
 
 
 def refresh_below_top(ws: Workspace, idx: int, patch: Patch) -> dict:
@@ -182,7 +183,25 @@ def refresh_below_top(ws: Workspace, idx: int, patch: Patch) -> dict:
     ws._write_state()
     ws.record_patched()
     return {"patch": patch.name, "changed": refreshed.raw != patch.raw, "files": refreshed.paths,
-            "hooks": trailers["Opencoti-Hooks"], "build_impact": trailers["Build-Impact"], "reanchored": reanchored}
+            "hooks": trailers["Opencoti-Hooks"], "build_impact": trailers["Build-Impact"], "reanchored": reanchored,
+            "registry": keep_registry(ws, [patch.id, *reanchored])}
+
+
+def keep_registry(ws: Workspace, ids: list[str] | None) -> str:
+    """Bring the registry's derived keys up to date for the patches `ids` (None: the whole series): files, build
+    impact, hook lists, and the sites and advisory lines of the hooks in the files they touch, read from the
+    whole series applied in memory. When the series does not apply whole, sites are left as they are."""
+    from forktool import regfile
+    from forktool.cache import Cache, caches_root
+
+    chosen = [p for p in ws.patches if ids is None or p.id in ids]
+    rels = {f for p in chosen for f in p.paths}
+    try:
+        final = ws.compute(ws.patches).files
+    except ApplyError:
+        final, rels = {}, set()
+    cache = Cache(caches_root(ws.state_dir, ws.use_cache), "scopes")
+    return regfile.keep(ws.project, ws.patches, final, ids, rels, cache)
 
 
 def _remember_reexport(ws: Workspace, patch: Patch, before: Applied, diffed: dict, files_diff: list) -> None:
@@ -250,7 +269,10 @@ def new(ws: Workspace, slug: str, title: str, author: str, want: str | None = No
     ws.state.applied.append({"id": pid, "name": name, "sha256": patch.sha256,
                              "diff_sha256": patch.diff_sha256, "drift": []})
     ws._write_state()
-    return {"patch": name, "id": pid, "after": top}
+    ws.patches.insert(pos, patch)
+    from forktool import regfile
+
+    return {"patch": name, "id": pid, "after": top, "registry": regfile.keep(ws.project, ws.patches, {}, [pid], ())}
 
 
 def _insert_in_series(ws: Workspace, pos: int, name: str) -> None:

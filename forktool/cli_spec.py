@@ -152,7 +152,9 @@ def _gates(p: Project, o: Opts) -> Report:
 def _sync(p: Project, o: Opts) -> Report:
     from forktool.commands import sync_cmds
     actions = [a for a in ("start", "continue", "skip", "abort") if o[a.replace("continue", "cont")]]
-    return sync_cmds.dispatch(p, _opt(o, "to"), bool(o["accept"]), bool(o["build"]), _str(o, "out"), actions)
+    from forktool.sync.fetch import spec_with
+    to = spec_with(_opt(o, "to"), _opt(o, "subdir"), _opt(o, "sha256"), _opt(o, "upstream_commit"))
+    return sync_cmds.dispatch(p, to, bool(o["accept"]), bool(o["build"]), _str(o, "out"), actions)
 
 
 def _markers(p: Project, o: Opts) -> Report:
@@ -254,6 +256,11 @@ COMMANDS = [
              Param("cont", "--continue", help="Take the resolved tree for the stopped patch and go on."),
              Param("skip", "--skip", help="Drop the stopped patch (the series comments it out) and go on."),
              Param("abort", "--abort", help="Put pin, lock, patches, series and tree back as before --start."),
+             Param("subdir", "--subdir", kind="str", help="Where the llama.cpp tree sits inside the --to source "
+                   "(e.g. llama.cpp); found in it when not given."),
+             Param("sha256", "--sha256", kind="str", help="The sha256 of a --to archive URL (required for one)."),
+             Param("upstream_commit", "--upstream-commit", kind="str", help="The llama.cpp commit the --to source "
+                   "carries, when it does not say."),
              JSON], _sync, moves=True),
     Command(("markers",), "List every opencoti-hook marker in the vendored tree as file:line:hook.", [JSON], _markers),
     Command(("registry", "check"), "Registry, series and tree agree both ways (hooks, sites, files, build impact).",

@@ -70,3 +70,12 @@ def gitlink_commit(git_dir: Path, path: str) -> str | None:
         return None
     parts = line.split()
     return parts[2] if len(parts) >= 3 and parts[1] == "commit" else None
+
+
+def head_commit(worktree: Path) -> str | None:
+    """The commit HEAD names in the git checkout at worktree (None if it is not one or has no commit)."""
+    git = _git()
+    status, line, _ = git.Git(worktree).execute(["git", "-C", str(worktree), "rev-parse", "--verify", "-q", "HEAD"],
+                                                with_extended_output=True, with_exceptions=False)
+    line = line.strip()
+    return line if status == 0 and len(line) == 40 else None

@@ -14,13 +14,16 @@ if TYPE_CHECKING:
     from typing import Any
 
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+# where an upstream comes from: a PyPI sdist by name, a tar archive by URL (sha256-pinned), a local directory,
+# or a git commit
+KINDS = ("sdist", "tarball", "dir", "git")
 
 
 class Component(NamedTuple):
     """One upstream source tree materialised under the vendored root."""
 
     name: str
-    kind: str  # "sdist" or "git"
+    kind: str  # one of KINDS
     include: tuple[str, ...]
     exclude: tuple[str, ...]
     upstream_commit: str = ""
@@ -29,13 +32,21 @@ class Component(NamedTuple):
     version: str = ""
     sha256: str = ""
     subdir: str = ""
-    # git
+    # git (url, commit); tarball (url, sha256)
     url: str = ""
     commit: str = ""
+    # dir: a local directory, relative to the project root or absolute
+    path: str = ""
 
     @property
     def spec(self) -> str:
-        return f"{self.package}=={self.version}" if self.kind == "sdist" else f"{self.url}@{self.commit}"
+        if self.kind == "sdist":
+            return f"{self.package}=={self.version}"
+        if self.kind == "tarball":
+            return self.url
+        if self.kind == "dir":
+            return self.path
+        return f"{self.url}@{self.commit}"
 
 
 class VendorConfig(NamedTuple):
@@ -55,14 +66,14 @@ def parse_component(raw: Any, where: str) -> Component:
     if not isinstance(raw, dict):
         raise ConfigError("a component must be a mapping", where=where)
     kind = raw.get("kind")
-    if kind not in ("sdist", "git"):
-        raise ConfigError(f"unknown component kind {kind!r} (expected sdist or git)", where=f"{where}.kind")
+    if kind not in KINDS:
+        raise ConfigError(f"unknown component kind {kind!r} (expected {', '.join(KINDS)})", where=f"{where}.kind")
     schema.check(raw, f"component-{kind}", where)
     return Component(
         name=raw["name"], kind=kind, include=tuple(raw["include"]), exclude=tuple(raw.get("exclude") or ()),
         upstream_commit=raw.get("upstream_commit", ""), package=raw.get("package", ""),
         version=raw.get("version", ""), sha256=raw.get("sha256", ""), subdir=raw.get("subdir", "").strip("/"),
-        url=raw.get("url", ""), commit=raw.get("commit", ""),
+        url=raw.get("url", ""), commit=raw.get("commit", ""), path=raw.get("path", ""),
     )
 
 

@@ -64,6 +64,11 @@ class Registry:
 def load(path: Path) -> Registry:
     """registry/UPSTREAM_SYNC.yaml checked against its schema (forktool/schemas.py), then cross-checked."""
     top = read_yaml_mapping(path, {"schema", "patches", "hooks"}, "the registry lives there", schema_name="registry")
+    return from_data(top, path)
+
+
+def from_data(top: dict, path: Path) -> Registry:
+    """The model of registry data already checked against its schema."""
     reg = Registry(path)
     seen: set[str] = set()
     for i, d in enumerate(top["patches"]):
@@ -83,24 +88,33 @@ def load(path: Path) -> Registry:
     return reg
 
 
+def gate_data(g: Gate) -> dict:
+    return {"name": g.name, "needs": list(g.needs), "command": list(g.command), "proves": g.proves,
+            "timeout": g.timeout}
+
+
+def patch_data(p: PatchEntry) -> dict:
+    """One patch entry as YAML data: the keys the schema requires always, the optional ones when set."""
+    return {k: v for k, v in {
+        "id": p.id, "file": p.file, "title": p.title, "bug": p.bug, "status": p.status, "shipped": p.shipped,
+        "description": p.description, "build_impact": list(p.build_impact), "files": list(p.files),
+        "hooks": list(p.hooks), "gates": [gate_data(g) for g in p.gates]}.items()
+        if k in ("build_impact", "files", "hooks") or v not in ("", [])}
+
+
+def site_data(s: Site) -> dict:
+    return {k: v for k, v in {"file": s.file, "symbol": s.symbol, "line": s.line}.items() if v is not None}
+
+
+def hook_data(h: Hook) -> dict:
+    return {k: v for k, v in {"patch": h.patch, "description": h.description,
+                              "sites": [site_data(s) for s in h.sites]}.items() if v != ""}
+
+
 def dump(reg: Registry) -> str:
-    """YAML text for the registry (used to update advisory line numbers)."""
-    def gate(g: Gate) -> dict:
-        return {"name": g.name, "needs": list(g.needs), "command": list(g.command), "proves": g.proves,
-                "timeout": g.timeout}
-    data = {
-        "schema": 1,
-        "patches": [{k: v for k, v in {
-            "id": p.id, "file": p.file, "title": p.title, "bug": p.bug, "status": p.status, "shipped": p.shipped,
-            "description": p.description, "build_impact": list(p.build_impact), "files": list(p.files),
-            "hooks": list(p.hooks), "gates": [gate(g) for g in p.gates]}.items() if v not in ("", [])}
-            for p in reg.patches],
-        "hooks": {h.id: {k: v for k, v in {"patch": h.patch, "description": h.description,
-                                            "sites": [{k2: v2 for k2, v2 in {"file": s.file, "symbol": s.symbol,
-                                                                             "line": s.line}.items() if v2 is not None}
-                                                      for s in h.sites]}.items() if v != ""}
-                  for h in reg.hooks.values()},
-    }
+    """YAML text for the whole registry (forktool/regfile.py edits an existing file in place instead)."""
+    data = {"schema": 1, "patches": [patch_data(p) for p in reg.patches],
+            "hooks": {h.id: hook_data(h) for h in reg.hooks.values()}}
     import yaml  # only when the registry is written back
 
     return yaml.safe_dump(data, sort_keys=False, width=110, allow_unicode=True)

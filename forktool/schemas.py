@@ -44,7 +44,8 @@ def obj(props: dict[str, Any], required: list[str] | tuple[str, ...] = (), **ext
 
 # ---------------------------------------------------------------- vendor/vendor.yaml
 
-_COMMON = {"name": NAME, "kind": {"enum": ["sdist", "git"]}, "subdir": {**REL_PATH, "x-error":
+KINDS = ["sdist", "tarball", "dir", "git"]
+_COMMON = {"name": NAME, "kind": {"enum": KINDS}, "subdir": {**REL_PATH, "x-error":
                                                                         "subdir must stay inside the archive"},
            "upstream_commit": {**COMMIT, "x-error": "upstream_commit must be a full 40-hex commit id"},
            "include": {**strings(GLOB), "x-error": "expected a list of glob patterns"},
@@ -58,10 +59,19 @@ COMPONENT_SDIST = obj({**_COMMON, "package": {"type": "string", "pattern": r"^[A
 COMPONENT_GIT = obj({**_COMMON, "url": {"type": "string", "minLength": 1, "maxLength": 4096},
                      "commit": {**COMMIT, "x-error": "commit must be a full 40-hex commit id"}},
                     ["name", "kind", "url", "commit", "include"])
+COMPONENT_TARBALL = obj({**_COMMON, "url": {"type": "string", "minLength": 1, "maxLength": 4096,
+                                            "pattern": r"^(https?|file)://[^\s]+\Z",
+                                            "x-error": "url must be an https://, http:// or file:// URL"},
+                         "sha256": {**SHA256, "x-error": "sha256 must be 64 lowercase hex digits"}},
+                        ["name", "kind", "url", "sha256", "include"])
+COMPONENT_DIR = obj({**_COMMON, "path": {"type": "string", "minLength": 1, "maxLength": 4096,
+                                         "pattern": r"^[^\x00\n\r]+\Z", "x-error": "path must name a directory"}},
+                    ["name", "kind", "path", "include"])
 VENDOR = obj({"components": {"type": "array", "minItems": 1, "maxItems": 100,
                              "items": {"type": "object", "required": ["kind"],
-                                       "properties": {"kind": {"enum": ["sdist", "git"], "x-error":
-                                                               "unknown component kind (expected sdist or git)"}}},
+                                       "properties": {"kind": {"enum": KINDS, "x-error":
+                                                               "unknown component kind (expected "
+                                                               + ", ".join(KINDS) + ")"}}},
                              "x-error": "components must be a non-empty list"}},
              ["components"])
 
@@ -71,7 +81,7 @@ VENDOR_LOCK = obj({
     "components": {"type": "object", "propertyNames": NAME, "minProperties": 1, "maxProperties": 100,
                    "x-error": "components must record the pinned component(s); run `forktool vendor fetch`",
                    "additionalProperties": obj({
-        "kind": {"enum": ["sdist", "git"]}, "spec": {"type": "string", "maxLength": 4096},
+        "kind": {"enum": KINDS}, "spec": {"type": "string", "maxLength": 4096},
         "sha256": {"type": "string", "pattern": r"^([0-9a-f]{64})?\Z"},
         "upstream_commit": {"type": "string", "pattern": r"^([0-9a-f]{40})?\Z"},
         "include": strings(GLOB), "exclude": strings(GLOB), "subdir": {"type": "string", "maxLength": 4096}},
@@ -214,23 +224,26 @@ SPEC = {"type": "string", "minLength": 1, "maxLength": 4096, "pattern": r"^[^\n\
 _OPTIONAL_HEX = {"sha256": {"type": "string", "pattern": r"^([0-9a-f]{64})?\Z", "x-error": "expected a sha256 or ''"},
                  "commit": {"type": "string", "pattern": r"^([0-9a-f]{40})?\Z", "x-error": "expected a commit id or ''"}}
 SYNC_COMPONENT = obj({
-    "name": NAME, "kind": {"enum": ["sdist", "git"]}, "include": strings(GLOB), "exclude": strings(GLOB),
+    "name": NAME, "kind": {"enum": KINDS}, "include": strings(GLOB), "exclude": strings(GLOB),
     "upstream_commit": _OPTIONAL_HEX["commit"], "package": {"type": "string", "maxLength": 200},
     "version": {"type": "string", "maxLength": 100}, "sha256": _OPTIONAL_HEX["sha256"],
     "subdir": {"anyOf": [{"const": ""}, REL_PATH], "x-error": "subdir must stay inside the archive"},
-    "url": {"type": "string", "maxLength": 4096}, "commit": _OPTIONAL_HEX["commit"]},
+    "url": {"type": "string", "maxLength": 4096}, "commit": _OPTIONAL_HEX["commit"],
+    "path": {"type": "string", "maxLength": 4096}},
     ["name", "kind", "include", "exclude", "upstream_commit", "package", "version", "sha256", "subdir", "url",
      "commit"])
 _FILE_STATUS = {"enum": ["clean", "offset", "merged", "conflict", "upstreamed", "resolved"]}
+# the API drift lines of a patch (forktool/sync/apidrift.py), as shown at a stop and in the summary
+API_LINES = {"type": "array", "maxItems": 100_000, "items": {"type": "string", "maxLength": 100_000}}
 SYNC_DONE = obj({
-    "id": PATCH_ID, "name": PATCH_NAME,
+    "id": PATCH_ID, "name": PATCH_NAME, "api": API_LINES,
     "status": {"enum": ["clean", "offset", "merged", "conflict", "upstreamed", "resolved", "skipped"]},
     "drift": {"type": "array", "items": DRIFT, "maxItems": 100_000},
     "files": {"type": "array", "maxItems": 100_000, "items": obj({"file": REL_PATH, "status": _FILE_STATUS},
                                                                  ["file", "status"])}},
     ["id", "name", "status", "drift", "files"])
 SYNC_STOP = obj({
-    "id": PATCH_ID, "name": PATCH_NAME, "title": {"type": "string", "maxLength": 1000},
+    "id": PATCH_ID, "name": PATCH_NAME, "title": {"type": "string", "maxLength": 1000}, "api": API_LINES,
     "files": {"type": "array", "maxItems": 100_000, "items": obj({
         "file": REL_PATH, "status": _FILE_STATUS, "reason": TEXT,
         "hunks": {"type": "array", "maxItems": 100_000, "items": obj({
@@ -265,6 +278,7 @@ SYNC_STATE = obj({
 SCHEMAS: dict[str, dict[str, Any]] = {
     name: {"$schema": DRAFT, **schema} for name, schema in {
         "vendor": VENDOR, "component-sdist": COMPONENT_SDIST, "component-git": COMPONENT_GIT,
+        "component-tarball": COMPONENT_TARBALL, "component-dir": COMPONENT_DIR,
         "vendor-lock": VENDOR_LOCK, "registry": REGISTRY, "build": BUILD, "build-artifact": ARTIFACT,
         "build-profile": PROFILE, "build-record": BUILD_RECORD,
         "state": STATE, "journal": JOURNAL, "backup": BACKUP, "pristine": PRISTINE, "sync-state": SYNC_STATE,

@@ -240,3 +240,193 @@ def find_symbol(text: bytes | str, symbol: str, cache: Cache | None = None) -> i
         if s.name == symbol and s.kind in ("function", "class"):
             return s.start
     return None
+
+
+# ---------------------------------------------------------------- declarations (what upstream API drift compares)
+
+
+@dataclass(frozen=True)
+class Decl:
+    """One upstream declaration a patch may use, in a form that compares across versions: whitespace and
+    comments dropped, parameter names left out of signatures."""
+
+    kind: str  # struct, union, class, enum, function, macro, typedef
+    name: str
+    text: str  # the normalised declaration (a function: its signature; a macro: its definition)
+    members: tuple[tuple[str, str], ...] = ()  # (member name, normalised member declaration), in order
+    line: int = 0
+
+
+_RECORDS = {"struct_specifier": "struct", "union_specifier": "union", "class_specifier": "class",
+            "enum_specifier": "enum"}
+_DECL_CONTAINERS = {"translation_unit", "declaration_list", "linkage_specification", "namespace_definition",
+                    "preproc_if", "preproc_ifdef", "preproc_else", "preproc_elif", "preproc_elifdef",
+                    "template_declaration", "declaration", "type_definition", "field_declaration", "ERROR",
+                    "export_declaration"}
+
+
+_comments: list[tuple[int, int]] = []  # the comment byte ranges of the text `declarations` is reading, sorted
+
+
+def _comment_ranges(root: Any) -> list[tuple[int, int]]:
+    from tree_sitter import Query, QueryCursor
+
+    global _comment_query
+    if _comment_query is None:
+        _comment_query = Query(_parser.language, "(comment) @c")
+    found = QueryCursor(_comment_query).captures(root).get("c", [])
+    return sorted((c.start_byte, c.end_byte) for c in found)
+
+
+_comment_query: Any = None
+
+
+def _norm(node: Any, drop: list[Any] | None = None) -> str:
+    """node's text with comments (and the nodes in drop) removed and whitespace collapsed to single spaces."""
+    import bisect
+
+    src = node.text
+    lo = bisect.bisect_left(_comments, (node.start_byte, -1))
+    hi = bisect.bisect_left(_comments, (node.end_byte, -1))
+    cut = sorted([c for c in _comments[lo:hi] if c[1] <= node.end_byte]
+                 + [(d.start_byte, d.end_byte) for d in drop or []])
+    out, at = [], node.start_byte
+    for a, b in cut:
+        if a >= at:
+            out.append(src[at - node.start_byte:a - node.start_byte])
+            at = b
+    out.append(src[at - node.start_byte:])
+    return " ".join(b" ".join(out).decode("utf-8", "replace").split())
+
+
+def _descendants(node: Any) -> list[Any]:
+    out, stack = [], [node]
+    while stack:
+        n = stack.pop()
+        out.append(n)
+        stack.extend(n.children)
+    return out
+
+
+def _signature(node: Any, fn_decl: Any) -> str:
+    """A function's declaration without its body and without its parameter names."""
+    drop = []
+    params = fn_decl.child_by_field_name("parameters")
+    for p in params.named_children if params is not None else []:
+        d = p.child_by_field_name("declarator")
+        while d is not None and d.type != "identifier":
+            d = d.child_by_field_name("declarator") or next((c for c in d.named_children if c.type == "identifier"),
+                                                            None)
+        if d is not None:
+            drop.append(d)
+    body = node.child_by_field_name("body")
+    if body is not None:
+        drop.append(body)
+    return _norm(node, drop).rstrip(" ;")
+
+
+def _function_declarator(node: Any) -> Any:
+    d = node.child_by_field_name("declarator")
+    while d is not None and d.type in _DECLARATORS:
+        d = d.child_by_field_name("declarator") or next((c for c in d.named_children if c.type != "attribute"), None)
+    return d if d is not None and d.type == "function_declarator" else None
+
+
+def _member_names(field: Any) -> list[str]:
+    """The names a field declaration declares (field identifiers outside its type and parameter lists)."""
+    names = []
+    stack = [c for c in field.children if c != field.child_by_field_name("type")]
+    while stack:
+        n = stack.pop(0)
+        if n.type == "field_identifier":
+            names.append(n.text.decode("utf-8", "replace"))
+        elif n.type not in ("parameter_list", "field_declaration_list", "initializer_list", "bitfield_clause",
+                            "default_value"):
+            stack[0:0] = list(n.children)
+    return names
+
+
+def _record(node: Any, kind: str, name: str) -> Decl:
+    body = node.child_by_field_name("body")
+    members: list[tuple[str, str]] = []
+    for c in body.named_children if body is not None else []:
+        if c.type == "field_declaration":
+            for m in _member_names(c) or [_norm(c)]:
+                members.append((m, _norm(c)))
+        elif c.type == "enumerator":
+            nm = c.child_by_field_name("name")
+            members.append((nm.text.decode("utf-8", "replace") if nm is not None else _norm(c), _norm(c)))
+        elif c.type in ("function_definition", "declaration") and _function_declarator(c) is not None:
+            fname = _function_declarator(c).child_by_field_name("declarator")
+            members.append((_norm(fname) if fname is not None else _norm(c), _signature(c, _function_declarator(c))))
+    return Decl(kind, name, _norm(node), tuple(members), int(node.start_point.row) + 1)
+
+
+def declarations(text: bytes | str, cache: Cache | None = None) -> dict[str, Decl]:
+    """The named top-level declarations of a C/C++ text (inside namespaces, extern "C" and #if blocks too):
+    structs, unions, classes and enums with a body, functions (declared or defined), macros, typedefs. The
+    first declaration of a name wins, except that a record's body beats a bare mention. Cached by the text's
+    digest and the parser's."""
+    data = text if isinstance(text, bytes) else text.encode()
+    key = key_of("declarations", PARSER, parser_fingerprint(), sha256_bytes(data))
+    if key in _decl_memo:
+        return _decl_memo[key]
+    hit = cache.get(key) if cache is not None else None
+    if isinstance(hit, list):
+        try:
+            got = {str(n): Decl(str(k), str(n), str(t), tuple((str(a), str(b)) for a, b in m), int(ln))
+                   for k, n, t, m, ln in hit}
+            _decl_memo[key] = got
+            return got
+        except (TypeError, ValueError):
+            pass
+    out = _declarations(data)
+    if cache is not None:
+        cache.put(key, [[d.kind, d.name, d.text, [list(m) for m in d.members], d.line] for d in out.values()])
+    if len(_decl_memo) > 256:
+        _decl_memo.clear()
+    _decl_memo[key] = out
+    return out
+
+
+def _declarations(data: bytes) -> dict[str, Decl]:
+    out: dict[str, Decl] = {}
+
+    def add(d: Decl) -> None:
+        if d.name and (d.name not in out or (d.members and not out[d.name].members)):
+            out[d.name] = d
+
+    global _comments
+    root = _parse(data).root_node
+    _comments = _comment_ranges(root)
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        for child in reversed(node.named_children):
+            t = child.type
+            if t in _RECORDS:
+                nm = child.child_by_field_name("name")
+                if child.child_by_field_name("body") is not None and nm is not None:
+                    add(_record(child, _RECORDS[t], _norm(nm)))
+            elif t in ("function_definition", "declaration", "field_declaration") and \
+                    (fd := _function_declarator(child)) is not None and node.type != "field_declaration_list":
+                nm = fd.child_by_field_name("declarator")
+                if nm is not None:
+                    add(Decl("function", _norm(nm), _signature(child, fd), (), int(child.start_point.row) + 1))
+                continue
+            elif t in ("preproc_def", "preproc_function_def"):
+                nm = child.child_by_field_name("name")
+                if nm is not None:
+                    add(Decl("macro", _norm(nm), _norm(child), (), int(child.start_point.row) + 1))
+                continue
+            elif t == "type_definition":
+                for d in child.children_by_field_name("declarator"):
+                    ids = [n for n in _descendants(d) if n.type == "type_identifier"]
+                    if ids:
+                        add(Decl("typedef", _norm(ids[0]), _norm(child), (), int(child.start_point.row) + 1))
+            if t in _DECL_CONTAINERS or t in _RECORDS:
+                stack.append(child)
+    return out
+
+
+_decl_memo: dict[str, dict[str, Decl]] = {}

@@ -84,6 +84,81 @@ def download_sdist(project: Project, comp: Component, local: Path | None = None)
     return dest
 
 
+def download_url(project: Project, comp: Component) -> Path:
+    """A tarball component's archive in the cache (content-addressed by its sha256), fetched from its URL when
+    missing; refuses a sha256 mismatch."""
+    import shutil
+    import tempfile
+    import urllib.error
+    import urllib.request
+
+    dest = project.cache_dir / "tarball" / f"{comp.sha256}.tar"
+    if comp.sha256 and dest.is_file() and sha256_file(dest) == comp.sha256:
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="forktool-dl-", dir=dest.parent) as tmp:
+        part = Path(tmp) / "archive"
+        try:
+            with urllib.request.urlopen(comp.url, timeout=120) as r, part.open("wb") as f:
+                shutil.copyfileobj(r, f, 1 << 20)
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            raise ForktoolError(f"cannot download {comp.url}: {getattr(e, 'reason', e)}", where=comp.url,
+                                hint="check the URL (https://, http:// or file://) and the network") from None
+        got = sha256_file(part)
+        if comp.sha256 and got != comp.sha256:
+            raise ForktoolError(f"sha256 mismatch for {comp.url}: pinned {comp.sha256}, got {got}", where=comp.url,
+                                hint="nothing was written; a changed archive must be pinned again on purpose")
+        final = dest.parent / f"{got}.tar"
+        part.replace(final)
+    return final
+
+
+def dir_archive(project: Project, comp: Component) -> bytes:
+    """A directory component as an in-memory tar (without .git), so that it passes the same member checks and
+    filters as an archive does."""
+    import io
+    import tarfile
+
+    root = source_dir(project, comp)
+    buf = io.BytesIO()
+
+    def skip_git(ti: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        return None if ".git" in ti.name.split("/") else ti
+
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for child in sorted(os.listdir(root)):
+            tar.add(root / child, arcname=child, filter=skip_git)
+    return buf.getvalue()
+
+
+def source_dir(project: Project, comp: Component) -> Path:
+    """A directory component's path (relative ones from the project root); refused when it is not a directory."""
+    root = (project.root / comp.path) if not os.path.isabs(comp.path) else Path(comp.path)
+    if not root.is_dir():
+        raise ConfigError(f"component {comp.name!r}: {comp.path} is not a directory", where=str(root),
+                          hint="point path: at the upstream's source directory (relative to the project root)")
+    return root
+
+
+def component_archive(project: Project, comp: Component, local_sdist: Path | None = None,
+                      progress: Callable[[str], None] = lambda _m: None) -> tuple[bytes, bool]:
+    """(a tar archive of the component's source, whether its top directory is dropped): every kind ends as one
+    archive that `extract` checks and filters the same way."""
+    if comp.kind == "sdist":
+        progress(f"downloading {comp.spec} with pip")
+        return download_sdist(project, comp, local_sdist).read_bytes(), True
+    if comp.kind == "tarball":
+        progress(f"downloading {comp.url}")
+        return download_url(project, comp).read_bytes(), False
+    if comp.kind == "dir":
+        progress(f"reading {comp.path}")
+        return dir_archive(project, comp), False
+    progress(f"archiving {comp.spec} with git")
+    from forktool import git as fgit
+
+    return fgit.archive_commit(comp.url, comp.commit, project.cache_dir), False
+
+
 # ---------------------------------------------------------------- safe extract
 
 
@@ -176,7 +251,8 @@ def fetch_pristine(project: Project, *, local_sdist: Path | None = None,
     comps = project.vendor.components
     pinned = {c.name: component_lock_key(c) for c in comps}
     cached_digest = lock.get("pristine_digest")
-    if cached_digest and lock.get("components") == pinned:
+    # a directory has no digest of its own: it is read again, and the lock's digest then checks it
+    if cached_digest and lock.get("components") == pinned and not any(c.kind == "dir" for c in comps):
         p = pristine_path(project, cached_digest)
         if p.is_file():
             cached = load_pristine_manifest(p)
@@ -186,16 +262,7 @@ def fetch_pristine(project: Project, *, local_sdist: Path | None = None,
     manifest: Manifest = {}
     skipped = 0
     for comp in comps:
-        if comp.kind == "sdist":
-            progress(f"downloading {comp.spec} with pip")
-            archive = download_sdist(project, comp, local_sdist).read_bytes()
-            strip_top = True
-        else:
-            progress(f"archiving {comp.spec} with git")
-            from forktool import git as fgit
-
-            archive = fgit.archive_commit(comp.url, comp.commit, project.cache_dir)
-            strip_top = False
+        archive, strip_top = component_archive(project, comp, local_sdist if comp.kind == "sdist" else None, progress)
         progress(f"extracting {comp.name} (filters: {len(comp.include)} include, {len(comp.exclude)} exclude)")
         ex = extract(archive, comp, store, strip_top)
         skipped += ex.skipped

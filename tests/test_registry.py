@@ -24,7 +24,7 @@ REG = {
     }],
     "hooks": {"ctx-window": {"patch": "0070", "description": "the window field", "sites": [
         {"file": "up/src/ctx.c", "symbol": "ctx", "line": 1},
-        {"file": "up/src/ctx.c", "symbol": "ctx_init", "line": 5}]}},
+        {"file": "up/src/ctx.c", "symbol": "ctx_init", "line": 6}]}},
 }
 
 

@@ -305,7 +305,8 @@ def test_repin_keeps_comments_of_the_real_vendor_yaml():
     assert "upstream_commit" not in out2
 
 
-@pytest.mark.parametrize("spec", ["nosuchpackage==1.0", "llama-cpp-python==1.0;rm", "abc@def", ""])
+@pytest.mark.parametrize("spec", ["llama-cpp-python==1.0;rm", "abc@def", "", "./no/such.tar.gz",
+                                  "https://example.org/llama.tar.gz", "pkg==1.0#subdir=../up"])
 def test_bad_spec(spec):
     project = Project(Path(__file__).parents[1])
     with pytest.raises(UsageError):

@@ -271,7 +271,7 @@ def test_registry_sites_are_rewritten_in_place(tmp_path):
     import dataclasses
 
     from forktool import registry as rg
-    from forktool.sync.loop import _registry_text
+    from forktool.regfile import update_text
     text = ("# the registry\nschema: 1\npatches:\n- id: '0001'\n  file: 0001-a.patch\n  title: a\n  bug: ''\n"
             "  status: shipped\n  build_impact:\n  - host\n  files:\n  - up/src/a.c\n  hooks:\n  - a\n"
             "hooks:\n  # the only hook\n  a:\n    patch: '0001'\n    sites:\n    - file: up/src/a.c\n"
@@ -281,7 +281,7 @@ def test_registry_sites_are_rewritten_in_place(tmp_path):
     reg = rg.load(path)
     moved = dataclasses.replace(reg.hooks["a"], sites=(rg.Site("up/src/a.c", "a", 7), rg.Site("up/src/b.c", "b", 2)))
     reg.hooks["a"] = moved
-    out = _registry_text(text, reg)
+    out = update_text(text, reg)
     assert out.startswith("# the registry\n") and "  # the only hook\n" in out and "  bug: ''\n" in out
     assert "      line: 7\n    - file: up/src/b.c\n      symbol: b\n      line: 2" in out
     path.write_text(out)

@@ -200,3 +200,22 @@ def test_upstream_commit_is_read_from_the_sdist(monkeypatch):
     pin = project.vendor.components[0]
     data = vendor.download_sdist(project, pin).read_bytes()
     assert fsync._sdist_upstream_commit(data, pin) == pin.upstream_commit
+
+
+@pytest.mark.slow
+def test_a_local_copy_of_the_pinned_sdist_gives_the_pinned_tree(monkeypatch, tmp_path):
+    """The pinned sdist named as a local tarball: its tree is found under <top>/vendor/llama.cpp by the pinned
+    tree's top-level names, its commit read from the .git it carries, and its files are the pinned ones."""
+    if not os.environ.get("FORKTOOL_CACHE"):
+        monkeypatch.setenv("FORKTOOL_CACHE", str(Path.home() / ".cache" / "forktool"))
+    project = Project(MAIN)
+    pin = project.vendor.components[0]
+    local = tmp_path / f"llama_cpp_python-{pin.version}.tar.gz"
+    shutil.copyfile(vendor.download_sdist(project, pin), local)
+    old, new = fsync.resolve_spec(project, str(local))
+    assert (new.kind, new.sha256, new.upstream_commit) == ("tarball", pin.sha256, "")
+    pinned = fsync.pinned_manifest(project)
+    target = fsync.fetch_target(project, old, new, pinned)
+    assert target.new.subdir == f"llama_cpp_python-{pin.version}/vendor/llama.cpp"
+    assert target.new.upstream_commit == pin.upstream_commit
+    assert target.manifest == pinned

@@ -30,6 +30,9 @@ def sync(project: Project, spec: str, accept: bool, build: bool, out: str) -> Re
         elif r.status in ("merged", "conflict", "upstreamed"):
             extra = " " + ", ".join(f"{f.path}: {f.status}" for f in r.files if f.status != "clean")
         lines.append(f"[{colour[r.status]}]{r.status:>10}[/{colour[r.status]}] {r.patch.id} {r.patch.title}{extra}")
+    for r in res.results:
+        for d in r.api:
+            lines.append(f"[yellow]api drift[/yellow]: {d['line']}")
     for site in res.hooks.get("sites", []):
         if site["status"] != "found":
             lines.append(f"hook {site['hook']}: {site['symbol']} {site['status']} "
@@ -74,9 +77,11 @@ def loop_lines(st: dict) -> list[str]:
         c = colour.get(d["status"], "white")
         extra = ", ".join(f"{f['file']}: {f['status']}" for f in d["files"] if f["status"] not in ("clean", "resolved"))
         lines.append(f"  [{c}]{d['status']:>10}[/{c}] {d['id']} {d['name']}" + (f" ({extra})" if extra else ""))
+        lines += [f"             [yellow]api drift[/yellow]: {a}" for a in d.get("api", [])]
     stop = st.get("stop")
     if stop and st["stage"] == "stopped":
         lines.append(f"  [red]{'conflict':>10}[/red] {stop['id']} {stop['title']}")
+        lines += [f"             [yellow]api drift[/yellow]: {a}" for a in stop.get("api", [])]
         for f in stop["files"]:
             hunks = ", ".join(f"#{h['hunk']} {h['how']}" for h in f["hunks"])
             blocks = ", ".join(str(n) for n in f["blocks"])

@@ -43,6 +43,9 @@ def apply(project: Project, upto: str | None, force: bool, reanchor: bool = Fals
         rep.data["reanchored"] = reanchored
         if reanchored:
             rep.lines.append(f"re-anchored {', '.join(reanchored)}: same changes, canonical bytes on the current base")
+        if reanchor:
+            rep.data["registry"] = authoring.keep_registry(ws, None)
+            rep.lines.append(f"registry: {rep.data['registry']}")
         if ws.record_patched():
             rep.lines.append("recorded the patched tree digest of this series in vendor/vendor.lock")
             rep.data["recorded_lock"] = True
@@ -129,6 +132,7 @@ def refresh(project: Project, pid: str) -> Report:
              f"build impact: {res['build_impact'] or 'none'})"]
     if res.get("reanchored"):
         lines.append(f"re-anchored above it: {', '.join(res['reanchored'])} (same changes, canonical bytes)")
+    lines.append(f"registry: {res['registry']}")
     return Report(res, lines)
 
 
@@ -139,7 +143,7 @@ def new(project: Project, slug: str, title: str, author: str, patch_id: str | No
     with open_workspace(project) as ws:
         res = authoring.new(ws, slug, title, author, patch_id)
     return Report(res, [f"created patches/{res['patch']} after {res['after'] or 'the start'}; "
-                        f"edit the tree, then `forktool refresh {res['id']}`"])
+                        f"edit the tree, then `forktool refresh {res['id']}`", f"registry: {res['registry']}"])
 
 
 def vendor_fetch(project: Project, sdist: str | None) -> Report:

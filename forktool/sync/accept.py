@@ -17,14 +17,20 @@ from forktool.tree import REGULAR, Entry, sha256_file
 
 
 def _scalar(value: str, was: str) -> str:
-    """value written the way the line it replaces was (plain or quoted), plain only where YAML reads a string."""
-    plain = not was.startswith(("'", '"')) and re.fullmatch(r"[0-9a-f]{40,64}", value) is not None \
-        and isinstance(yaml.safe_load(value), str)
+    """value written the way the line it replaces was (plain or quoted), plain only where YAML reads it back as
+    this very string."""
+    plain = not was.startswith(("'", '"')) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/+-]*", value) is not None \
+        and yaml.safe_load(value) == value
     return value if plain else json.dumps(value)
 
 
+# the keys that say where a component's source comes from, in the order a new one is written
+SOURCE_KEYS = ("kind", "package", "version", "url", "path", "commit", "sha256", "upstream_commit", "subdir")
+
+
 def _repin_text(text: str, name: str, new: Component) -> str:
-    """vendor.yaml with one component's pin moved, comments and layout kept; checked by re-parsing."""
+    """vendor.yaml with one component's source moved (another version, or another kind of source), its filters,
+    comments and layout kept; checked by re-parsing."""
     lines = text.split("\n")
     start = next((i for i, ln in enumerate(lines)
                   if re.match(r"^\s*-\s*name:\s*['\"]?" + re.escape(name) + r"['\"]?\s*$", ln)), None)
@@ -35,26 +41,26 @@ def _repin_text(text: str, name: str, new: Component) -> str:
     while end < len(lines) and (not lines[end].strip() or lines[end].lstrip().startswith("#")
                                 or len(lines[end]) - len(lines[end].lstrip()) > indent):
         end += 1
-    keys = ("version", "sha256", "upstream_commit") if new.kind == "sdist" else ("url", "commit", "upstream_commit")
-    values = {k: getattr(new, k) for k in keys}
+    values = {k: getattr(new, k) for k in SOURCE_KEYS}
     block = lines[start:end]
     key_indent = " " * (indent + 2)
     seen = set()
     out = []
+    anchor = 0  # the last source line kept: keys the old source lacked go after it
+    key_re = re.compile(r"^(\s*)(" + "|".join(SOURCE_KEYS) + r"):")
     for ln in block:
-        m = re.match(r"^(\s*)(version|sha256|upstream_commit|url|commit):", ln)
-        if m and m.group(2) in values:
+        m = key_re.match(ln)
+        if m and len(m.group(1)) == len(key_indent) and m.group(2) in values:
             seen.add(m.group(2))
-            key_indent = m.group(1)
             if values[m.group(2)]:
                 out.append(f"{m.group(1)}{m.group(2)}: {_scalar(values[m.group(2)], ln[m.end():].strip())}")
-            continue  # an unknown upstream commit: drop the stale line rather than keep a wrong one
+                anchor = len(out) - 1
+            continue  # a key this source does not have (or an unknown upstream commit): the stale line goes
         out.append(ln)
-    missing = [k for k in keys if k not in seen and values[k]]
-    if missing:
-        anchor = next(i for i, ln in enumerate(out) if re.match(r"^\s*(sha256|commit):", ln))
-        for k in reversed(missing):
-            out.insert(anchor + 1, f"{key_indent}{k}: {json.dumps(values[k])}")
+    for k in SOURCE_KEYS:
+        if k not in seen and values[k]:
+            anchor += 1
+            out.insert(anchor, f"{key_indent}{k}: {_scalar(values[k], '')}")
     result = "\n".join(lines[:start] + out + lines[end:])
     raw = yaml.safe_load(result)
     got = next(parse_component(c, "vendor.yaml") for c in raw["components"] if c.get("name") == name)
@@ -95,7 +101,8 @@ def accept(project: Project, res: SyncResult) -> dict:
     current = {w.path: Entry(sha256_file(root / w.path), REGULAR) for w in writes}
     txn_state = project.state_dir / "sync-txn"
     with txn.locked(project.state_dir):
-        b = bk.create(project.state_dir / "sync-backups", root, f"accept-{res.target.new.version or 'commit'}",
+        new = res.target.new
+        b = bk.create(project.state_dir / "sync-backups", root, f"accept-{new.version or new.commit[:12] or new.kind}",
                       f"before forktool sync --accept to {res.target.new.spec}", current, {},
                       {"kind": "sync-accept", "from": res.target.old.spec, "to": res.target.new.spec})
         txn.commit(root, txn_state, writes, {"accepted": res.target.new.spec})

@@ -14,7 +14,7 @@ from forktool.sync.fetch import fetch_target, pinned_manifest, resolve_spec
 from forktool.sync.relocate import relocate_hooks
 from forktool.sync.report import SyncResult, write_outputs
 from forktool.sync.scratch import run_build
-from forktool.sync.trial import Reader, final_state, trial
+from forktool.sync.trial import Reader, final_state, name_api_drift, trial
 from forktool.tree import REGULAR, Manifest
 
 
@@ -54,6 +54,9 @@ def sync(project: Project, spec: str, *, build: bool, out: Path,
     progress("relocating hook sites")
     hooks, registry_yaml = relocate_hooks(project, result_read, target.manifest, prefix)
     t_hooks = time.monotonic()
+    progress("naming the upstream API drift the patches use")
+    from forktool.cache import caches_root
+    name_api_drift(results, pinned, old_read, target.manifest, new_read, caches_root(project.state_dir))
     drift = build_file_drift(old_read, new_read, sorted(pinned), sorted(target.manifest), prefix)
     series_text = _series_text(results, project.series_file.read_text(encoding="utf-8"), target.new.spec)
     yaml_text = _repin_text(project.vendor_yaml.read_text(encoding="utf-8"), old.name, target.new)

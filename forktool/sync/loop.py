@@ -12,15 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from forktool import backup as bk
 from forktool import schema, series, txn, vendor
 from forktool.apply import apply_series
 from forktool.authoring import with_derived_trailers
 from forktool.errors import ConfigError, DirtyTreeError, ForktoolError, UsageError
 from forktool.project import Component, Project
-from forktool.registry import Registry
 from forktool.series import Patch
 from forktool.state import State
 from forktool.sync.accept import _repin_text
@@ -197,18 +194,19 @@ def _run(project: Project, st: dict, pending: dict[str, bytes], progress: Progre
     for p in ctx.original[:st["position"]]:
         old.step(p)
     st["stop"] = None
+    api = _api_lines(ctx)
     for p in ctx.original[st["position"]:]:
         progress(f"carrying {p.name} across")
         pre, post, err = old.step(p)
         c = classify(p, pre, post, err, cur)
         row = {"id": p.id, "name": p.name, "status": c.status, "drift": c.drift,
-               "files": [{"file": f.path, "status": f.status} for f in c.files if f.status != "clean"]}
+               "files": [{"file": f.path, "status": f.status} for f in c.files if f.status != "clean"], "api": api(p)}
         if c.status == "conflict":
             for rel, data in c.after.items():
                 overlay[rel] = data
             for rel, data in c.conflicted.items():
                 overlay[rel] = data
-            st["stop"] = {"id": p.id, "name": p.name, "title": p.title,
+            st["stop"] = {"id": p.id, "name": p.name, "title": p.title, "api": row["api"],
                           "files": [{"file": f.path, "status": f.status, "reason": f.reason,
                                      "hunks": [h for h in f.hunks if h["how"] != "exact"],
                                      "blocks": [b["line"] for b in f.conflicts]} for f in c.files
@@ -230,6 +228,17 @@ def _run(project: Project, st: dict, pending: dict[str, bytes], progress: Progre
     if st["stop"]:
         return {"stage": "stopped", "state": st, "written": len(writes)}
     return _finish(project, st, progress)
+
+
+def _api_lines(ctx: Context) -> Callable[[Patch], list[str]]:
+    """The API drift lines (forktool/sync/apidrift.py) of a patch between the pinned and the new upstream."""
+    from forktool.cache import Cache, caches_root
+    from forktool.sync.apidrift import Upstream, api_drift
+
+    old = Upstream(frozenset(ctx._old), ctx.old_read)
+    new = Upstream(frozenset(ctx.new_manifest), ctx.new_read)
+    cache = Cache(caches_root(ctx.project.state_dir), "declarations")
+    return lambda p: [d.line for d in api_drift(old, new, p, cache)]
 
 
 def _same_file(root: Path, w: txn.Write) -> bool:
@@ -332,53 +341,12 @@ def _relocated_registry(project: Project, ctx: Context, final: dict[str, bytes |
                       for e in reg.patches if e.id in keep]
     for h in dropped_hooks:
         reg.hooks.pop(h, None)
-    return _registry_text(path.read_text(encoding="utf-8"), reg), render_md(reg)
+    from forktool.regfile import kept, update_text
 
+    # hook lists and entries follow the markers the rebased patches carry (a resolution may add or drop one)
+    reg = kept(project, reg, active, {rel: read(rel) for p in active for rel in p.paths})
 
-def _registry_text(text: str, reg: Registry) -> str:
-    """The registry file with only each hook's `sites:` list rewritten, so comments and layout stay; the
-    whole file dumped again when that does not give exactly `reg` (e.g. patches were dropped)."""
-    from forktool import registry as rg
-    lines = text.split("\n")
-    out: list[str] = []
-    hook = None
-    i = 0
-    in_hooks = False
-    while i < len(lines):
-        ln = lines[i]
-        if ln.startswith("hooks:"):
-            in_hooks = True
-        elif in_hooks and ln.startswith("  ") and not ln.startswith("   ") and ln.rstrip().endswith(":"):
-            hook = ln.strip()[:-1].strip("'\"")
-        if in_hooks and hook in reg.hooks and ln.rstrip() == "    sites:":
-            out.append(ln)
-            i += 1
-            while i < len(lines) and (lines[i].startswith("    - ") or lines[i].startswith("      ")):
-                i += 1
-            for site in reg.hooks[hook].sites:
-                item = {"file": site.file, "symbol": site.symbol, "line": site.line}
-                dumped = yaml.safe_dump([{k: v for k, v in item.items() if v is not None}], sort_keys=False,
-                                        width=110).rstrip("\n").split("\n")
-                out += ["    " + d for d in dumped]
-            continue
-        out.append(ln)
-        i += 1
-    again = "\n".join(out)
-    try:
-        tmp = _load_via_file(again, reg.path)
-    except ForktoolError:
-        return rg.dump(reg)
-    return again if rg.dump(tmp) == rg.dump(reg) else rg.dump(reg)
-
-
-def _load_via_file(text: str, path: Path) -> Registry:
-    from forktool import registry as rg
-    tmp = path.with_name(f".{path.name}.check")
-    atomic_write(tmp, text.encode())
-    try:
-        return rg.load(tmp)
-    finally:
-        tmp.unlink()
+    return update_text(path.read_text(encoding="utf-8"), reg, str(path)), render_md(reg)
 
 
 # ---------------------------------------------------------------- the commands
@@ -467,7 +435,7 @@ def start(project: Project, spec: str | None, progress: Progress = lambda _m: No
 def _back_up(project: Project, st: dict, ws: Workspace, current: Manifest, progress: Progress) -> None:
     """Back up the tree (vendor-backups) and pin, lock, patches, state and registry (sync-backups)."""
     progress("backing up the tree, pin, lock and patches")
-    label = st["to"]["version"] or st["to"]["commit"][:12]
+    label = st["to"]["version"] or st["to"]["commit"][:12] or st["to"]["sha256"][:12] or st["to"]["kind"]
     why = f"before forktool sync --start to {st['to_spec']}"
     tb = bk.create(project.backups_dir, project.tree, f"sync-start-{label}", why, current, ws.pristine,
                    ws.state.to_json())
@@ -556,7 +524,8 @@ def continue_(project: Project, progress: Progress = lambda _m: None) -> dict:
                     fds.append(fd)
             resolved, _ = with_derived_trailers(project, patch, fds)
             st["done"].append({"id": patch.id, "name": patch.name, "status": "resolved", "drift": [],
-                               "files": [{"file": f.path, "status": "resolved"} for f in resolved.files]})
+                               "files": [{"file": f.path, "status": "resolved"} for f in resolved.files],
+                               "api": (st.get("stop") or {}).get("api", [])})
             st["position"] = k + 1
             res = _run(project, st, {patch.name: resolved.raw}, progress)
     res["timings"] = {"tool_s": round(time.monotonic() - t0, 3)}

@@ -35,7 +35,8 @@ class SyncResult:
     def needs_human(self) -> bool:
         moved = any(s["status"] in ("vanished", "moved_file") for s in self.hooks.get("sites", [])) \
             or bool(self.hooks.get("error"))
-        return any(r.status in NEEDS_HUMAN for r in self.results) or moved or self.build.get("status") == "failed"
+        return any(r.status in NEEDS_HUMAN or r.api for r in self.results) or moved \
+            or self.build.get("status") == "failed"
 
     @property
     def acceptable(self) -> bool:

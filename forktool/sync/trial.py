@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from forktool import git as fgit
 from forktool import series
@@ -40,6 +41,7 @@ class PatchResult:
     drift: list[dict] = field(default_factory=list)
     refreshed: Patch | None = None
     note: str = ""
+    api: list[dict] = field(default_factory=list)  # upstream declarations it uses that changed (apidrift)
 
     @property
     def changed(self) -> bool:
@@ -49,7 +51,8 @@ class PatchResult:
         return {"id": self.patch.id, "name": self.patch.name, "title": self.patch.title, "status": self.status,
                 "files": [f.to_json() for f in self.files], "blocked_by": self.blocked_by, "drift": self.drift,
                 "refreshed": self.refreshed is not None, "changed": self.changed,
-                "refreshed_sha256": self.refreshed.sha256 if self.refreshed else None, "note": self.note}
+                "refreshed_sha256": self.refreshed.sha256 if self.refreshed else None, "note": self.note,
+                "api": self.api}
 
 
 Reader = Callable[[str], bytes | None]
@@ -246,3 +249,17 @@ def trial(patches: list[Patch], old_read: Reader, new_read: Reader, mode_of: Cal
 def final_state(results: list[PatchResult], new_read: Reader) -> dict[str, bytes | None]:
     """Contents after the patches that went in (refreshed ones re-applied on the new upstream)."""
     return apply_series([r.refreshed for r in results if r.refreshed is not None], new_read).files
+
+
+def name_api_drift(results: list[PatchResult], old_paths: Iterable[str], old_read: Reader, new_paths: Iterable[str],
+                   new_read: Reader, cache_root: Path | None = None) -> None:
+    """Fill each result's `api`: the upstream declarations its added lines use that changed between the two
+    upstreams (forktool/sync/apidrift.py), whatever its status: a patch that applies cleanly can still use a
+    struct that gained members."""
+    from forktool.cache import Cache
+    from forktool.sync.apidrift import Upstream, api_drift
+
+    old, new = Upstream(frozenset(old_paths), old_read), Upstream(frozenset(new_paths), new_read)
+    cache = Cache(cache_root, "declarations")
+    for r in results:
+        r.api = [d.to_json() for d in api_drift(old, new, r.patch, cache)]
