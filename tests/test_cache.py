@@ -20,21 +20,22 @@ def test_cache_entry_is_used_only_under_its_key(tmp_path: Path):
     assert Cache(None, "kind").get(k1) is None  # disabled (--no-cache)
 
 
-def test_schema_memo_only_for_the_same_document_and_schema(cache: Path):
+def test_schema_memo_only_for_the_same_document_and_schema(tmp_path: Path):
     schema = {"type": "object"}
-    cache_mod = fcache
-    cache_mod.forget_valid()
-    cache_mod.remember_valid("x", schema, {"a": 1})
-    assert not cache_mod.known_valid("x", schema, {"a": 1})  # not written until the command succeeds
-    cache_mod.flush_valid()
-    assert cache_mod.known_valid("x", schema, {"a": 1})
-    assert not cache_mod.known_valid("x", schema, {"a": 2})
-    assert not cache_mod.known_valid("x", {"type": "array"}, {"a": 1})
-    entry = next((cache / "validated").rglob("*"))
+    memo = fcache.Checks(tmp_path)
+    memo.remember_valid("x", schema, {"a": 1})
+    assert not (tmp_path / "validated").exists()  # written when the command ends without an error
+    memo.flush()
+    memo = fcache.Checks(tmp_path)
+    assert memo.known_valid("x", schema, {"a": 1})
+    assert not memo.known_valid("x", schema, {"a": 2})
+    assert not memo.known_valid("x", {"type": "array"}, {"a": 1})
+    assert not fcache.Checks(None).known_valid("x", schema, {"a": 1})  # --no-cache reads nothing
+    entry = next((tmp_path / "validated").rglob("*"))
     while entry.is_dir():
         entry = next(entry.iterdir())
     entry.write_text("forged")
-    assert not cache_mod.known_valid("x", schema, {"a": 1})
+    assert not memo.known_valid("x", schema, {"a": 1})
 
 
 def test_a_bad_config_is_refused_every_time(proj: Proj):
