@@ -31,9 +31,10 @@ def run(json_flag: bool, fn: Callable[[Project], Report]) -> None:
 
     output.set_json(json_flag)
     try:
-        code = output.emit(fn(find_project()))
-        if code == 0:
-            cache.flush_valid()
+        project = find_project()
+        with cache.remembering(project.state_dir):
+            report = fn(project)
+        code = output.emit(report)
     except ForktoolError as e:
         output.error(str(e), e.to_json())
         code = e.exit_code
@@ -51,8 +52,6 @@ def run(json_flag: bool, fn: Callable[[Project], Report]) -> None:
             output.error(f"internal error: {type(e).__name__}: {e}\n{traceback.format_exc()}",
                          {"error": f"internal error: {e}", "kind": "InternalError"})
             code = 3
-    finally:
-        cache.forget_valid()  # what a failed command checked is not remembered
     raise Exit(code)
 
 
