@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -148,3 +149,23 @@ def test_upstream_sync_follows_the_loop_on_a_conflict():
     assert "vendor/llamafile" not in run
     issue = steps["Open or update the issue"]["run"]
     assert "forktool sync --start" in issue and "gh issue create" in issue
+
+
+def _steps(wf: dict) -> list[dict]:
+    return [s for job in wf["jobs"].values() for s in job["steps"]]
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_ci_verifies_from_the_files_and_caches_only_content_addressed_state(path):
+    """The shared cache a pull request can write holds no verdict; verify reads none (docs/caches.md)."""
+    steps = _steps(load(path.name))
+    runs = "\n".join(s.get("run", "") for s in steps)
+    for line in runs.splitlines():
+        if re.search(r"\bforktool verify\b", line):
+            assert "--no-cache" in line, line
+    for s in steps:
+        if s.get("uses", "").startswith("actions/cache@"):
+            assert ".opencoti" not in str(s["with"]["path"]) and "FORKTOOL_CACHE" in str(s["with"]["path"])
+    if re.search(r"\bforktool verify\b", runs):
+        first_verify = runs.index("forktool verify")
+        assert runs.find("rm -rf .opencoti/cache .opencoti/index") in range(0, first_verify)
