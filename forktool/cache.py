@@ -1,11 +1,8 @@
-"""Content-addressed caches under .opencoti/cache/: values keyed by the digests they were derived from.
-
-A cache is only an optimisation. An entry records its full key and a checksum of its value; an entry whose
-key or checksum does not match (stale, corrupt, truncated, from another version) is ignored, never trusted.
-"""
+"""Remembered values keyed by the digests they were derived from: optimisations that cannot vouch (docs/caches.md)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -33,7 +30,12 @@ def _checksum(value_json: str) -> str:
 
 
 class Cache:
-    """One kind of derived value (e.g. "reexport", "scopes", "verdict") stored by key digest."""
+    """One kind of derived value (e.g. "reexport", "scopes", "verdict") stored by key digest.
+
+    An entry records its full key and a checksum of its value; an entry whose key or checksum does not match
+    (stale, corrupt, truncated, from another version) is ignored. A checksum is not a signature: a Cache holds
+    verdicts only under .opencoti/, which is trusted like git's index.
+    """
 
     def __init__(self, root: Path | None, kind: str):
         self.root = root / kind if root is not None else None
@@ -73,17 +75,9 @@ class Cache:
             pass  # a cache that cannot be written only costs speed
 
 
-_tool_fp: list[str] = []
-
-
+@functools.cache
 def tool_fingerprint() -> str:
     """The tool version plus the stat fields of its own files, so a changed forktool never reuses a verdict."""
-    if not _tool_fp:
-        _tool_fp.append(_tool_fingerprint())
-    return _tool_fp[0]
-
-
-def _tool_fingerprint() -> str:
     import forktool
 
     pkg = Path(forktool.__file__).parent
@@ -101,28 +95,24 @@ def _tool_fingerprint() -> str:
     return key_of("tool", parts)
 
 
-_parser_fp: list[str] = []
-
-
+@functools.cache
 def parser_fingerprint() -> str:
     """The installed C++ parser (tree-sitter and its grammar) by the stat fields of their files, not imported."""
-    if not _parser_fp:
-        import importlib.util
+    import importlib.util
 
-        parts: list[object] = []
-        for mod in ("tree_sitter", "tree_sitter_cpp"):
-            spec = importlib.util.find_spec(mod)
-            locs = list(spec.submodule_search_locations or []) if spec else []
-            for d in locs:
-                try:
-                    with os.scandir(d) as it:
-                        parts += sorted([mod, e.name, e.stat().st_size, e.stat().st_mtime_ns] for e in it if e.is_file())
-                except OSError:
-                    parts.append([mod, d, None])
-            if not locs:
-                parts.append([mod, None])
-        _parser_fp.append(key_of("parser", parts))
-    return _parser_fp[0]
+    parts: list[object] = []
+    for mod in ("tree_sitter", "tree_sitter_cpp"):
+        spec = importlib.util.find_spec(mod)
+        locs = list(spec.submodule_search_locations or []) if spec else []
+        for d in locs:
+            try:
+                with os.scandir(d) as it:
+                    parts += sorted([mod, e.name, e.stat().st_size, e.stat().st_mtime_ns] for e in it if e.is_file())
+            except OSError:
+                parts.append([mod, d, None])
+        if not locs:
+            parts.append([mod, None])
+    return key_of("parser", parts)
 
 
 def caches_root(state_dir: Path, enabled: bool = True) -> Path | None:
