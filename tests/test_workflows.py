@@ -169,3 +169,45 @@ def test_ci_verifies_from_the_files_and_caches_only_content_addressed_state(path
     if re.search(r"\bforktool verify\b", runs):
         first_verify = runs.index("forktool verify")
         assert runs.find("rm -rf .opencoti/cache .opencoti/index") in range(0, first_verify)
+
+
+def _recording_gh(bindir: Path, log: Path, view_rc: int = 1) -> None:
+    """A `gh` that records its arguments, one call a line; `gh release view` answers view_rc."""
+    bindir.mkdir(parents=True, exist_ok=True)
+    gh = bindir / "gh"
+    gh.write_text(f'#!/bin/sh\necho "$*" >> {log}\n[ "$1 $2" = "release view" ] && exit {view_rc}\nexit 0\n')
+    gh.chmod(0o755)
+
+
+def _run_step(step: dict, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """A workflow step's script as the runner runs it (bash -eo pipefail), with the step's own env."""
+    script = cwd / "step.sh"
+    script.write_text(step["run"])
+    full = dict(os.environ, **{k: str(v) for k, v in step.get("env", {}).items() if "${{" not in str(v)}, **env)
+    return subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)], cwd=cwd, env=full,
+                          capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("legs", [("cpu", "cuda"), ("cpu",)])
+def test_the_release_attaches_what_built_with_sums_of_the_attached_archives(tmp_path: Path, legs: tuple[str, ...]):
+    step = next(s for s in load("release.yml")["jobs"]["release"]["steps"] if s.get("name") == "Attach to the release")
+    assert load("release.yml")["jobs"]["release"]["if"] == "${{ !cancelled() }}"
+    for p in legs:  # what download-artifact gives: one directory per leg that uploaded
+        d = tmp_path / "dist" / f"release-{p}"
+        d.mkdir(parents=True)
+        (d / f"llamafile-0.3.16+0089abcdef-{p}.tar.gz").write_bytes(f"archive {p}\n".encode())
+        (d / "RELEASE_NOTES.md").write_text("notes\n")
+    log = tmp_path / "gh.log"
+    _recording_gh(tmp_path / "bin", log)
+    r = _run_step(step, tmp_path, {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "GITHUB_REF_NAME": "v1.0"})
+    assert r.returncode == (0 if len(legs) == 2 else 1), r.stderr
+    calls = log.read_text().splitlines()
+    assert calls[0] == "release view v1.0"
+    names = [f"assets/llamafile-0.3.16-0089abcdef-{p}.tar.gz" for p in legs]
+    assert calls[1].startswith(f"release create v1.0 {' '.join(names)} assets/SHA256SUMS ")
+    check = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=tmp_path / "assets", capture_output=True, text=True)
+    assert check.returncode == 0 and check.stdout.count(": OK") == len(legs), check.stdout + check.stderr
+    notes = (tmp_path / "assets" / "RELEASE_NOTES.md").read_text()
+    assert ("Not attached:** cuda" in notes) == (legs == ("cpu",))
+    if len(legs) == 1:
+        assert "not attached: cuda" in r.stderr
