@@ -92,7 +92,7 @@ def test_ci_runs_tests_verify_and_registry_on_push_and_pr():
     wf = load("ci.yml")
     assert {"push", "pull_request"} <= set(wf["on"])
     runs = "\n".join(s.get("run", "") for job in wf["jobs"].values() for s in job["steps"])
-    for cmd in ("pytest", "forktool verify", "forktool registry check", "forktool apply"):
+    for cmd in (".ci/run", "forktool verify", "forktool registry check", "forktool apply"):  # .ci/run: make test
         assert cmd in runs
 
 
@@ -211,3 +211,15 @@ def test_the_release_attaches_what_built_with_sums_of_the_attached_archives(tmp_
     assert ("Not attached:** cuda" in notes) == (legs == ("cpu",))
     if len(legs) == 1:
         assert "not attached: cuda" in r.stderr
+
+
+def test_the_test_job_runs_the_local_ci_entry_point_and_caches_the_sdist():
+    job = load("ci.yml")["jobs"]["test"]
+    runs = [s.get("run", "") for s in job["steps"]]
+    assert any(".ci/run" in r for r in runs) and any("make lint" in r for r in runs)
+    assert "container" in job  # .ci/run installs with apt-get, as root
+    cache = [s for s in job["steps"] if s.get("uses", "").startswith("actions/cache@")]
+    assert [c["with"]["path"] for c in cache] == ["${{ env.FORKTOOL_CACHE }}"]
+    first_run = next(i for i, s in enumerate(job["steps"]) if ".ci/run" in s.get("run", ""))
+    assert job["steps"].index(cache[0]) < first_run
+    assert "FORKTOOL_CACHE" in (WORKFLOWS.parents[1] / ".ci" / "run").read_text()  # the run keeps the env's cache
