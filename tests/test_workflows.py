@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -223,3 +224,37 @@ def test_the_test_job_runs_the_local_ci_entry_point_and_caches_the_sdist():
     first_run = next(i for i, s in enumerate(job["steps"]) if ".ci/run" in s.get("run", ""))
     assert job["steps"].index(cache[0]) < first_run
     assert "FORKTOOL_CACHE" in (WORKFLOWS.parents[1] / ".ci" / "run").read_text()  # the run keeps the env's cache
+
+
+def test_the_sync_issue_body_stays_short_and_points_at_the_artifact(tmp_path: Path):
+    steps = {s.get("name"): s for s in load("upstream-sync.yml")["jobs"]["sync"]["steps"]}
+    step = steps["Open or update the issue"]
+    sync = tmp_path / "dist" / "sync"
+    sync.mkdir(parents=True)
+    patches = [{"id": f"{n:04d}", "title": "t" * 200, "status": "conflict" if n % 2 else "clean",
+                "files": [{"file": f"src/{'d' * 100}/{k}.c", "status": "conflict"} for k in range(30)]}
+               for n in range(300)]
+    (sync / "report.json").write_text(json.dumps({"patches": patches, "counts": {"clean": 150, "conflict": 150}}))
+    (sync / "report.md").write_text("x" * 200_000)  # a report far past GitHub's limit stays in the artifact
+    log = tmp_path / "gh.log"
+    _recording_gh(tmp_path / "bin", log)
+    r = _run_step(step, tmp_path, {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "SPEC": "pkg==2",
+                                   "BRANCH": "upstream-sync/pkg--2", "RUN_URL": "https://example.invalid/run/1"})
+    assert r.returncode == 0, r.stderr
+    body = (sync / "issue.md").read_text()
+    assert len(body) < 20_000 and "x" * 100 not in body
+    assert "| 0001 " in body and "| 0000 " not in body and "110 more" in body and "conflict 150" in body
+    assert "git switch upstream-sync/pkg--2 && forktool sync --start" in body
+    assert "`upstream-sync` artifact of https://example.invalid/run/1" in body
+    assert log.read_text().splitlines()[-1] == 'issue create --title Upstream sync to pkg==2 needs a human ' \
+                                               '--body-file dist/sync/issue.md'
+
+
+def test_the_sync_pushes_and_opens_the_pr_with_a_token_that_starts_ci():
+    text = (WORKFLOWS / "upstream-sync.yml").read_text()
+    assert "Allow GitHub Actions to create and approve pull requests" in text
+    steps = load("upstream-sync.yml")["jobs"]["sync"]["steps"]
+    assert steps[0]["with"]["token"] == "${{ secrets.FORKTOOL_SYNC_TOKEN || github.token }}"
+    for s in steps:
+        if "GH_TOKEN" in s.get("env", {}):
+            assert s["env"]["GH_TOKEN"] == "${{ secrets.FORKTOOL_SYNC_TOKEN || github.token }}"
