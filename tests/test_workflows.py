@@ -258,3 +258,11 @@ def test_the_sync_pushes_and_opens_the_pr_with_a_token_that_starts_ci():
     for s in steps:
         if "GH_TOKEN" in s.get("env", {}):
             assert s["env"]["GH_TOKEN"] == "${{ secrets.FORKTOOL_SYNC_TOKEN || github.token }}"
+
+
+def test_the_sync_pull_request_carries_the_lock_and_the_registry():
+    steps = {s.get("name"): s for s in load("upstream-sync.yml")["jobs"]["sync"]["steps"]}
+    run = steps["Open or update the pull request"]["run"]
+    accept = run.index("--accept")
+    assert accept < run.index("forktool vendor fetch") < run.index("forktool apply") < run.index("git add")
+    assert "git add vendor/vendor.yaml vendor/vendor.lock patches registry" in run
