@@ -6,6 +6,7 @@ import functools
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -232,11 +233,25 @@ def checks() -> Checks:
     return _checks.get() or _NOTHING
 
 
+def _own_cache(state_dir: Path) -> Path | None:
+    """state_dir/cache when state_dir is a real directory and cache/ no link: the remembered checks are never read
+    or written through a link out of the project (a project without .opencoti/ yet remembers nothing)."""
+    root = state_dir / "cache"
+    try:
+        if not stat.S_ISDIR(os.lstat(state_dir).st_mode) or stat.S_ISLNK(os.lstat(root).st_mode):
+            return None
+    except FileNotFoundError:
+        return root if os.path.isdir(state_dir) and not os.path.islink(state_dir) else None
+    except OSError:
+        return None
+    return root
+
+
 @contextmanager
 def remembering(state_dir: Path | None) -> Iterator[Checks]:
     """Within: schema passes and YAML parses are remembered in state_dir's cache/, written when the block ends
     without an exception (state_dir None: nothing is read or written, as for --no-cache)."""
-    memo = Checks(caches_root(state_dir) if state_dir is not None else None)
+    memo = Checks(_own_cache(state_dir) if state_dir is not None else None)
     token = _checks.set(memo)
     try:
         yield memo

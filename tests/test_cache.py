@@ -260,3 +260,26 @@ def test_a_planted_or_damaged_sync_extraction_changes_nothing(proj: Proj, cache:
     assert len(entries) == 1
     entries[0].write_text("garbage {")  # the project's own entry damaged: extracted again
     assert _sync_report(proj, c2, tmp_path / "o4") == reference
+
+
+def test_checks_are_never_read_or_written_through_a_link(tmp_path: Path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    project_state = tmp_path / "proj" / ".opencoti"
+    project_state.parent.mkdir()
+    project_state.symlink_to(outside)  # .opencoti itself a link
+    with fcache.remembering(project_state) as memo:
+        assert memo.root is None
+        memo.remember_valid("x", {}, 1)
+    project_state.unlink()
+    project_state.mkdir()
+    (project_state / "cache").symlink_to(outside)  # its cache/ a link
+    with fcache.remembering(project_state) as memo:
+        assert memo.root is None
+    (project_state / "cache").unlink()
+    with fcache.remembering(project_state) as memo:
+        memo.remember_valid("x", {}, 1)
+    assert memo.root == project_state / "cache" and list((project_state / "cache" / "validated").rglob("*"))
+    assert list(outside.iterdir()) == []
+    with fcache.remembering(tmp_path / "new" / ".opencoti") as memo:  # no .opencoti yet: nothing remembered
+        assert memo.root is None
