@@ -234,16 +234,17 @@ def checks() -> Checks:
 
 
 def _own_cache(state_dir: Path) -> Path | None:
-    """state_dir/cache when state_dir is a real directory and cache/ no link: the remembered checks are never read
-    or written through a link out of the project (a project without .opencoti/ yet remembers nothing)."""
+    """state_dir/cache, unless state_dir or its cache/ is a link or not a directory: the remembered checks are never
+    read or written through a link out of the project."""
     root = state_dir / "cache"
-    try:
-        if not stat.S_ISDIR(os.lstat(state_dir).st_mode) or stat.S_ISLNK(os.lstat(root).st_mode):
+    for d in (state_dir, root):
+        try:
+            if not stat.S_ISDIR(os.lstat(d).st_mode):  # lstat: a link is not a directory
+                return None
+        except FileNotFoundError:
+            return root  # made by the first write, as a real directory
+        except OSError:
             return None
-    except FileNotFoundError:
-        return root if os.path.isdir(state_dir) and not os.path.islink(state_dir) else None
-    except OSError:
-        return None
     return root
 
 

@@ -281,5 +281,10 @@ def test_checks_are_never_read_or_written_through_a_link(tmp_path: Path):
         memo.remember_valid("x", {}, 1)
     assert memo.root == project_state / "cache" and list((project_state / "cache" / "validated").rglob("*"))
     assert list(outside.iterdir()) == []
-    with fcache.remembering(tmp_path / "new" / ".opencoti") as memo:  # no .opencoti yet: nothing remembered
+    fresh = tmp_path / "new" / ".opencoti"
+    with fcache.remembering(fresh) as memo:  # no .opencoti yet: made, as a real directory, by the first write
+        memo.remember_valid("x", {}, 1)
+    assert fresh.is_dir() and not fresh.is_symlink() and list((fresh / "cache" / "validated").rglob("*"))
+    (tmp_path / "file-state").write_text("not a directory\n")
+    with fcache.remembering(tmp_path / "file-state") as memo:
         assert memo.root is None
