@@ -1,15 +1,15 @@
-"""Content-addressed caches under .opencoti/cache/: values keyed by the digests they were derived from.
-
-A cache is only an optimisation. An entry records its full key and a checksum of its value; an entry whose
-key or checksum does not match (stale, corrupt, truncated, from another version) is ignored, never trusted.
-"""
+"""Remembered values keyed by the digests they were derived from: optimisations that cannot vouch (docs/caches.md)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
-from collections.abc import Callable
+import stat
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 
 from forktool.tree import atomic_write
@@ -31,7 +31,12 @@ def _checksum(value_json: str) -> str:
 
 
 class Cache:
-    """One kind of derived value (e.g. "reexport", "scopes", "verdict") stored by key digest."""
+    """One kind of derived value (e.g. "reexport", "scopes", "verdict") stored by key digest.
+
+    An entry records its full key and a checksum of its value; an entry whose key or checksum does not match
+    (stale, corrupt, truncated, from another version) is ignored. A checksum is not a signature: a Cache holds
+    verdicts only under .opencoti/, which is trusted like git's index.
+    """
 
     def __init__(self, root: Path | None, kind: str):
         self.root = root / kind if root is not None else None
@@ -71,17 +76,9 @@ class Cache:
             pass  # a cache that cannot be written only costs speed
 
 
-_tool_fp: list[str] = []
-
-
+@functools.cache
 def tool_fingerprint() -> str:
     """The tool version plus the stat fields of its own files, so a changed forktool never reuses a verdict."""
-    if not _tool_fp:
-        _tool_fp.append(_tool_fingerprint())
-    return _tool_fp[0]
-
-
-def _tool_fingerprint() -> str:
     import forktool
 
     pkg = Path(forktool.__file__).parent
@@ -99,28 +96,24 @@ def _tool_fingerprint() -> str:
     return key_of("tool", parts)
 
 
-_parser_fp: list[str] = []
-
-
+@functools.cache
 def parser_fingerprint() -> str:
     """The installed C++ parser (tree-sitter and its grammar) by the stat fields of their files, not imported."""
-    if not _parser_fp:
-        import importlib.util
+    import importlib.util
 
-        parts: list[object] = []
-        for mod in ("tree_sitter", "tree_sitter_cpp"):
-            spec = importlib.util.find_spec(mod)
-            locs = list(spec.submodule_search_locations or []) if spec else []
-            for d in locs:
-                try:
-                    with os.scandir(d) as it:
-                        parts += sorted([mod, e.name, e.stat().st_size, e.stat().st_mtime_ns] for e in it if e.is_file())
-                except OSError:
-                    parts.append([mod, d, None])
-            if not locs:
-                parts.append([mod, None])
-        _parser_fp.append(key_of("parser", parts))
-    return _parser_fp[0]
+    parts: list[object] = []
+    for mod in ("tree_sitter", "tree_sitter_cpp"):
+        spec = importlib.util.find_spec(mod)
+        locs = list(spec.submodule_search_locations or []) if spec else []
+        for d in locs:
+            try:
+                with os.scandir(d) as it:
+                    parts += sorted([mod, e.name, e.stat().st_size, e.stat().st_mtime_ns] for e in it if e.is_file())
+            except OSError:
+                parts.append([mod, d, None])
+        if not locs:
+            parts.append([mod, None])
+    return key_of("parser", parts)
 
 
 def caches_root(state_dir: Path, enabled: bool = True) -> Path | None:
@@ -152,79 +145,120 @@ def _yaml_fingerprint() -> str:
     return key_of("yaml-parser", parts)
 
 
-def parsed_yaml(text: str, parse: Callable[[str], Any]) -> Any:
-    """parse(text), remembered in the user cache under the text's digest and the parser's fingerprint.
+class Checks:
+    """Schema passes and YAML parses of one project's files, remembered under its .opencoti/cache/.
 
-    Only a document that parsed without error and comes back from JSON as the very same value is remembered (a
-    date, a set or a non-string key is parsed every time); an entry whose key or checksum does not match is
-    ignored, so a remembered value is always what the parser gave for these exact bytes. Like a passed check,
-    it is written by flush_valid when the command succeeds: a refused command leaves the user cache as it was.
+    These are verdicts (a remembered pass skips jsonschema, a remembered parse skips the parser), so they are
+    kept only where the project's own state is, never in the shared user cache: whoever can write them can
+    also write the tree and state.json. root None remembers nothing and reads nothing (--no-cache). What a
+    command learns is written by flush() when it ends without an error: a refused command writes nothing.
     """
-    store = Cache(user_cache_dir(), "yaml")
-    key = key_of("yaml", _yaml_fingerprint(), hashlib.sha256(text.encode()).hexdigest())
-    hit = store.get(key)
-    if isinstance(hit, dict) and set(hit) == {"value"}:
-        return hit["value"]
-    data = parse(text)
-    try:
-        same = json.loads(json.dumps(data)) == data
-    except (TypeError, ValueError):
-        same = False
-    if same:
-        _pending_yaml.append((key, {"value": data}))
-    return data
 
+    def __init__(self, root: Path | None):
+        self.root = root
+        self._yaml = Cache(root, "yaml")
+        self._valid: set[Path] = set()  # passed in this command, written by flush()
+        self._parsed: dict[str, Any] = {}
 
-_pending_yaml: list[tuple[str, Any]] = []
-
-
-def _validated_path(schema_name: str, schema: Any, data: Any) -> Path | None:
-    try:
-        doc = json.dumps([schema_name, schema, data], sort_keys=True, separators=(",", ":"),
-                         default=lambda o: f"<{type(o).__name__}:{o}>")
-    except (TypeError, ValueError):
-        return None
-    key = hashlib.sha256(doc.encode()).hexdigest()
-    return user_cache_dir() / "validated" / key[:2] / key[2:]
-
-
-def known_valid(schema_name: str, schema: Any, data: Any) -> bool:
-    """Has exactly this document already passed exactly this schema? (keyed by both; an entry says only that)"""
-    p = _validated_path(schema_name, schema, data)
-    try:
-        return p is not None and p.read_bytes() == p.name.encode()
-    except OSError:
-        return False
-
-
-def remember_valid(schema_name: str, schema: Any, data: Any) -> None:
-    """Note a passed check; written by flush_valid when the command succeeds (a refused command writes nothing)."""
-    p = _validated_path(schema_name, schema, data)
-    if p is not None:
-        _pending_valid.append(p)
-
-
-_pending_valid: list[Path] = []
-
-
-def flush_valid() -> None:
-    if _pending_yaml:
-        store = Cache(user_cache_dir(), "yaml")
-        for key, value in _pending_yaml:
-            store.put(key, value)
-        _pending_yaml.clear()
-    while _pending_valid:
-        p = _pending_valid.pop()
+    def _validated_path(self, schema_name: str, schema: Any, data: Any) -> Path | None:
+        if self.root is None:
+            return None
         try:
-            if not p.is_file():
-                atomic_write(p, p.name.encode(), durable=False)
+            doc = json.dumps([schema_name, schema, data], sort_keys=True, separators=(",", ":"),
+                             default=lambda o: f"<{type(o).__name__}:{o}>")
+        except (TypeError, ValueError):
+            return None
+        key = hashlib.sha256(doc.encode()).hexdigest()
+        return self.root / "validated" / key[:2] / key[2:]
+
+    def known_valid(self, schema_name: str, schema: Any, data: Any) -> bool:
+        """Has exactly this document already passed exactly this schema? (keyed by both; an entry says only that)"""
+        p = self._validated_path(schema_name, schema, data)
+        if p is None:
+            return False
+        try:
+            return p in self._valid or p.read_bytes() == p.name.encode()
         except OSError:
-            pass
+            return False
+
+    def remember_valid(self, schema_name: str, schema: Any, data: Any) -> None:
+        p = self._validated_path(schema_name, schema, data)
+        if p is not None:
+            self._valid.add(p)
+
+    def parsed_yaml(self, text: str, parse: Callable[[str], Any]) -> Any:
+        """parse(text), remembered under the text's digest and the parser's fingerprint.
+
+        Only a document that parsed without error and comes back from JSON as the very same value is remembered
+        (a date, a set or a non-string key is parsed every time); an entry whose key or checksum does not match
+        is ignored.
+        """
+        if self.root is None:
+            return parse(text)
+        key = key_of("yaml", _yaml_fingerprint(), hashlib.sha256(text.encode()).hexdigest())
+        hit = self._yaml.get(key)
+        if isinstance(hit, dict) and set(hit) == {"value"}:
+            return hit["value"]
+        data = parse(text)
+        try:
+            same = json.loads(json.dumps(data)) == data
+        except (TypeError, ValueError):
+            same = False
+        if same:
+            self._parsed[key] = {"value": data}
+        return data
+
+    def flush(self) -> None:
+        """Write what this command learnt (a cache that cannot be written only costs speed)."""
+        for key, value in self._parsed.items():
+            self._yaml.put(key, value)
+        for p in sorted(self._valid):
+            try:
+                if not p.is_file():
+                    atomic_write(p, p.name.encode(), durable=False)
+            except OSError:
+                pass
+        self._parsed.clear()
+        self._valid.clear()
 
 
-def forget_valid() -> None:
-    _pending_valid.clear()
-    _pending_yaml.clear()
+# Which project's Checks a schema check or YAML parse uses: set for the length of one command by remembering(),
+# so the readers of every file need not carry it; outside any command, nothing is remembered.
+_checks: ContextVar[Checks | None] = ContextVar("forktool_checks", default=None)
+_NOTHING = Checks(None)
+
+
+def checks() -> Checks:
+    """The Checks of the command running now (one that remembers nothing outside remembering())."""
+    return _checks.get() or _NOTHING
+
+
+def _own_cache(state_dir: Path) -> Path | None:
+    """state_dir/cache, unless state_dir or its cache/ is a link or not a directory: the remembered checks are never
+    read or written through a link out of the project."""
+    root = state_dir / "cache"
+    for d in (state_dir, root):
+        try:
+            if not stat.S_ISDIR(os.lstat(d).st_mode):  # lstat: a link is not a directory
+                return None
+        except FileNotFoundError:
+            return root  # made by the first write, as a real directory
+        except OSError:
+            return None
+    return root
+
+
+@contextmanager
+def remembering(state_dir: Path | None) -> Iterator[Checks]:
+    """Within: schema passes and YAML parses are remembered in state_dir's cache/, written when the block ends
+    without an exception (state_dir None: nothing is read or written, as for --no-cache)."""
+    memo = Checks(_own_cache(state_dir) if state_dir is not None else None)
+    token = _checks.set(memo)
+    try:
+        yield memo
+        memo.flush()
+    finally:
+        _checks.reset(token)
 
 
 def code_stamp(*modules: Any) -> list[object]:

@@ -33,9 +33,10 @@ def run(call: Call) -> int:
 
     with output.session(bool(call.opts.get("json"))):
         try:
-            code = output.emit(call.command.call(find_project(), call.opts))
-            if code == 0:
-                cache.flush_valid()
+            project = find_project()
+            with cache.remembering(project.state_dir):  # what it checked is remembered only if it succeeds
+                report = call.command.call(project, call.opts)
+            code = output.emit(report)
         except ForktoolError as e:
             output.error(str(e), e.to_json())
             code = e.exit_code
@@ -56,8 +57,6 @@ def run(call: Call) -> int:
                 output.error(f"internal error: {type(e).__name__}: {e}\n{traceback.format_exc()}",
                              {"error": f"internal error: {e}", "kind": "InternalError"})
                 code = 3
-        finally:
-            cache.forget_valid()  # what a failed command checked is not remembered
     return code
 
 

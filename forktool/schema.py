@@ -169,7 +169,7 @@ def parse_yaml(text: str, where: str) -> Any:
     from forktool import cache
 
     # the same bytes parse to the same value; measured before it is remembered (aliases can expand a document)
-    data = cache.parsed_yaml(text, lambda t: _measured(_parse_yaml(t, where), where))
+    data = cache.checks().parsed_yaml(text, lambda t: _measured(_parse_yaml(t, where), where))
     measure(data, where)
     return data
 
@@ -368,23 +368,24 @@ def digest_shape(data: Any, name: str) -> Any:
 def check(data: Any, name: str, where: str, hint: str = "") -> Any:
     """data checked against the schema `name`; the first error becomes a ConfigError naming file and key."""
     from forktool import cache, schemas
-    if cache.known_valid(name, schemas.SCHEMAS[name], data):  # the same bytes passed before: skip loading jsonschema
+    memo = cache.checks()
+    if memo.known_valid(name, schemas.SCHEMAS[name], data):  # the same bytes passed before: skip loading jsonschema
         return data
     shape = volatile_shape(data, name)
-    if shape is not None and cache.known_valid(f"{name}#shape", schemas.SCHEMAS[name], shape):
+    if shape is not None and memo.known_valid(f"{name}#shape", schemas.SCHEMAS[name], shape):
         return data
     digests = digest_shape(data, name)
-    if digests is not None and cache.known_valid(f"{name}#digests", schemas.SCHEMAS[name], digests):
+    if digests is not None and memo.known_valid(f"{name}#digests", schemas.SCHEMAS[name], digests):
         return data
     v = _validator(name)
     import jsonschema
     err = jsonschema.exceptions.best_match(v.iter_errors(data), key=_relevance)
     if err is None:
-        cache.remember_valid(name, schemas.SCHEMAS[name], data)
+        memo.remember_valid(name, schemas.SCHEMAS[name], data)
         if shape is not None:
-            cache.remember_valid(f"{name}#shape", schemas.SCHEMAS[name], shape)
+            memo.remember_valid(f"{name}#shape", schemas.SCHEMAS[name], shape)
         if digests is not None:
-            cache.remember_valid(f"{name}#digests", schemas.SCHEMAS[name], digests)
+            memo.remember_valid(f"{name}#digests", schemas.SCHEMAS[name], digests)
         return data
     # report the deepest error of a oneOf/anyOf when it names a concrete key
     while err.context:

@@ -1,4 +1,4 @@
-"""Content-addressed object store (sha256) shared by the pristine cache and backups."""
+"""Content-addressed object store (sha256), shared by the pristine cache and backups: every read is verified."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from forktool.errors import ForktoolError
-from forktool.tree import atomic_write, sha256_bytes, write_many
+from forktool.tree import atomic_write, sha256_bytes
 
 
 class ObjectStore:
@@ -25,17 +25,6 @@ class ObjectStore:
         if not p.is_file():
             atomic_write(p, data)
         return sha
-
-    def put_many(self, blobs: list[bytes]) -> list[str]:
-        """put for several objects, made durable together (one wait for the disk instead of one per object)."""
-        write_many(self.missing(blobs))
-        return [sha256_bytes(b) for b in blobs]
-
-    def missing(self, blobs: list[bytes]) -> list[tuple[Path, bytes]]:
-        """(path, bytes) of the blobs not stored yet, each once: for tree.write_many, alone or with other files
-        that must become durable in the same wait."""
-        todo = {self.path(sha256_bytes(b)): b for b in blobs}
-        return [(p, b) for p, b in todo.items() if not p.is_file()]
 
     def get(self, sha: str) -> bytes:
         p = self.path(sha)

@@ -199,21 +199,27 @@ def load_lock(project: Project) -> dict:
 
 
 def load_pristine_manifest(path: Path, use_cache: bool = True) -> Manifest:
-    """A cached pristine manifest; a damaged one is refused (the cache is rebuilt by `forktool vendor fetch`).
+    """A cached pristine manifest, named by its digest (pristine/DIGEST.json); one that is damaged or does not hash
+    to its name is refused (the cache is rebuilt by `forktool vendor fetch`).
 
     The manifest of exactly these bytes, once parsed and checked against its schema, is remembered in marshal
     form (forktool.cache.Memo, keyed by the bytes' sha256 and the checking code): about a quarter of the time
-    of parsing, measuring and checking its thousand entries again."""
+    of parsing, measuring and checking its thousand entries again. The memo sits in the shared user cache, so a
+    remembered manifest is used only when it hashes to the name: it is verified against its content, not trusted.
+    """
     from forktool import cache, schemas, tree
 
     hint = "delete it and run `forktool vendor fetch` to rebuild the pristine cache"
+    want = path.name.removesuffix(".json")
     data = schema.read_regular(path, path.name, schema.STATE_LIMIT)
     memo = cache.Memo(cache.user_cache_dir() if use_cache else None, "pristine-manifest")
     key = cache.key_of("pristine-manifest", cache.code_stamp(schema, schemas, tree), sha256_bytes(data))
     plain = memo.get(key)
     if type(plain) is dict:
         try:
-            return {rel: Entry(sha, mode) for rel, (sha, mode) in plain.items()}
+            remembered = {rel: Entry(sha, mode) for rel, (sha, mode) in plain.items()}
+            if digest(remembered) == want:
+                return remembered
         except (TypeError, ValueError):
             pass
     try:
@@ -223,6 +229,10 @@ def load_pristine_manifest(path: Path, use_cache: bool = True) -> Manifest:
             e.hint = hint
         raise
     manifest = manifest_from_json(raw)
+    got = digest(manifest)
+    if got != want:
+        raise ConfigError(f"cached pristine manifest {path.name} hashes to {got[:12]}, not to its name", where=str(path),
+                          hint=hint)
     memo.put(key, {rel: tuple(e) for rel, e in manifest.items()})
     return manifest
 
@@ -341,8 +351,9 @@ def materialise_to(store: ObjectStore, manifest: Manifest, dest: Path) -> None:
         raise
 
 
-def verify_pristine_cache(project: Project) -> list[str]:
-    """Problems with the cached pristine tree against vendor.lock (empty when fine)."""
+def verify_pristine_cache(project: Project, use_cache: bool = True) -> list[str]:
+    """Problems with the cached pristine tree against vendor.lock (empty when fine; use_cache=False: the manifest
+    is parsed and checked from its bytes)."""
     lock = load_lock(project)
     problems = []
     d = lock.get("pristine_digest")
@@ -355,9 +366,7 @@ def verify_pristine_cache(project: Project) -> list[str]:
     p = pristine_path(project, d)
     if not p.is_file():
         return problems + [f"pristine manifest {d[:12]} is not in the cache; run `forktool vendor fetch`"]
-    manifest = load_pristine_manifest(p)
-    if digest(manifest) != d:
-        problems.append(f"cached pristine manifest {p} does not hash to {d[:12]}")
+    manifest = load_pristine_manifest(p, use_cache)  # refused unless it hashes to d
     if len(manifest) != lock.get("pristine_files"):
         problems.append(f"pristine has {len(manifest)} files, vendor.lock says {lock.get('pristine_files')}")
     store = objects(project)

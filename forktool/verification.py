@@ -51,22 +51,9 @@ def _file_digest(path: Path) -> str | None:
         return None
 
 
-_signatures: dict[int, tuple[Workspace, str]] = {}
-
-
-def _store_signature(ws: Workspace) -> str:
+def store_signature(ws: Workspace) -> str:
     """The stat fields of every pristine object in the cache: a changed object changes this key (taken once per
-    snapshot: the verdict key and the pristine check both use it)."""
-    held = _signatures.get(id(ws))
-    if held is not None and held[0] is ws:
-        return held[1]
-    sig = _take_store_signature(ws)
-    _signatures.clear()
-    _signatures[id(ws)] = (ws, sig)
-    return sig
-
-
-def _take_store_signature(ws: Workspace) -> str:
+    verify: the verdict key and the pristine check both use it)."""
     parts = []
     root = str(ws.store.root)
     for e in ws.pristine.values():
@@ -79,7 +66,7 @@ def _take_store_signature(ws: Workspace) -> str:
     return key_of("store", parts)
 
 
-def verdict_key(ws: Workspace, tree_digest: str) -> str:
+def verdict_key(ws: Workspace, tree_digest: str, store_sig: str) -> str:
     """Everything a verdict depends on: tool, pristine and its cache, lock, pin, state, series, tree, registry,
     build config."""
     p = ws.project
@@ -87,31 +74,35 @@ def verdict_key(ws: Workspace, tree_digest: str) -> str:
              p.registry_dir / "UPSTREAM_SYNC.yaml", p.registry_dir / "UPSTREAM_SYNC.md", p.registry_dir / "build.yaml",
              vendor.pristine_path(p, ws.pristine_digest)]
     return key_of("verdict", tool_fingerprint(), ws.pristine_digest, [_file_digest(f) for f in files],
-                  [(x.name, x.sha256) for x in ws.patches], tree_digest, _store_signature(ws))
+                  [(x.name, x.sha256) for x in ws.patches], tree_digest, store_sig)
 
 
 def verify(ws: Workspace) -> Verdict:
     """The verdict on the snapshot, from the cache when every input is unchanged, else proven and stored."""
     cache_root = caches_root(ws.state_dir, ws.use_cache)
     tree_digest = digest(ws.current())
+    if cache_root is None:  # --no-cache: proven from the files, nothing remembered is read or written
+        return prove(ws, tree_digest, None, "")
+    store_sig = store_signature(ws)
     verdicts = Cache(cache_root, "verdict")
-    key = verdict_key(ws, tree_digest) if cache_root is not None else ""
-    if cache_root is not None:
-        hit = verdicts.get(key)
-        if isinstance(hit, dict):
-            try:
-                return Verdict.from_json(hit)
-            except (KeyError, TypeError, ValueError):
-                pass
-    v = prove(ws, tree_digest, cache_root)
+    key = verdict_key(ws, tree_digest, store_sig)
+    hit = verdicts.get(key)
+    if isinstance(hit, dict):
+        try:
+            return Verdict.from_json(hit)
+        except (KeyError, TypeError, ValueError):
+            pass
+    v = prove(ws, tree_digest, cache_root, store_sig)
     verdicts.put(key, v.to_json())
     return v
 
 
-def prove(ws: Workspace, tree_digest: str, cache_root: Path | None) -> Verdict:
+def prove(ws: Workspace, tree_digest: str, cache_root: Path | None, store_sig: str) -> Verdict:
+    """The verdict from the snapshot (cache_root None: nothing remembered is used; store_sig: store_signature's
+    value, for the remembered pristine check)."""
     problems: list[Problem] = []
     lock_where = "vendor/vendor.lock"
-    problems += [Problem(lock_where, f"pristine: {p}") for p in _pristine_problems(ws, cache_root)]
+    problems += [Problem(lock_where, f"pristine: {p}") for p in _pristine_problems(ws, cache_root, store_sig)]
     for s, p in ws.local_changes():
         problems.append(Problem(f"vendor/llamafile/{p}", f"tree: {s} {p} (no patch explains it)"))
     for pid in ws.applied_stale():
@@ -158,15 +149,17 @@ def prove(ws: Workspace, tree_digest: str, cache_root: Path | None) -> Verdict:
     return Verdict(not problems, problems, tree_digest, sd, applied_ids, exported, full, registry, advisories)
 
 
-def _pristine_problems(ws: Workspace, cache_root: Path | None) -> list[str]:
+def _pristine_problems(ws: Workspace, cache_root: Path | None, store_sig: str) -> list[str]:
     """vendor.verify_pristine_cache, remembered by the lock's pin, vendor.yaml, the manifest and the objects' stat
     fields."""
     p = ws.project
+    if cache_root is None:
+        return vendor.verify_pristine_cache(p, use_cache=False)
     cache = Cache(cache_root, "pristine-check")
     lock = vendor.load_lock(p)
     pin = {k: lock.get(k) for k in ("components", "pristine_digest", "pristine_files")}  # not the patched record
     key = key_of("pristine-check", pin, _file_digest(p.vendor_yaml),
-                 _file_digest(vendor.pristine_path(p, ws.pristine_digest)), _store_signature(ws))
+                 _file_digest(vendor.pristine_path(p, ws.pristine_digest)), store_sig)
     hit = cache.get(key)
     if isinstance(hit, list) and all(isinstance(x, str) for x in hit):
         return hit

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 from forktool import backup as bk
-from forktool import schema, txn, vendor
+from forktool import cache, schema, txn, vendor
 from forktool.apply import Applied, Drift, apply_series
 from forktool.cache import Cache, Memo, caches_root, code_stamp, key_of
 from forktool.errors import DirtyTreeError, ForktoolError, UsageError
@@ -314,8 +314,9 @@ def _remembered(value: object, patches: list[Patch], objects: ObjectStore) -> Ap
 @contextmanager
 def open_workspace(project: Project, *, use_cache: bool = True, progress: Progress | None = None,
                    warn: Progress | None = None) -> Iterator[Workspace]:
-    """Take the project lock once, finish an interrupted transaction, and read the snapshot."""
-    with txn.locked(project.state_dir):
+    """Take the project lock once, finish an interrupted transaction, and read the snapshot (use_cache=False:
+    nothing remembered is read, not even a schema pass or a YAML parse)."""
+    with cache.remembering(None) if not use_cache else nullcontext(), txn.locked(project.state_dir):
         note = txn.recover(project.tree, project.state_dir, "state")
         if note and warn is not None:
             warn(note)

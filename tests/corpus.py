@@ -15,6 +15,7 @@ import copy
 import hashlib
 import io
 import json
+import marshal
 import os
 import shutil
 import signal
@@ -1285,10 +1286,136 @@ def _process_outcome(case: Case, root: Path, argv: list[str], secs0: float) -> t
 
 
 
+# ------------------------------------------------ family: caches that would vouch for a spoiled input
+# Each case spoils an input so that a check fails from scratch, then forges what would make it pass: a
+# validation or parse entry in the shared cache (laid out as earlier versions read it), the same in the
+# project's own cache for `verify --no-cache`, or a stat-index row / verdict for an edited tree file. The
+# command must still refuse. The shared cache is a copy per case, so forged entries never reach other cases.
+
+
+def _private_cache(c: Ctx) -> Path:
+    cache = c.work / "cache"
+    shutil.copytree(c.tpl.cache, cache, symlinks=True)
+    os.environ["FORKTOOL_CACHE"] = str(cache)  # run_case puts the template's back afterwards
+    return cache
+
+
+def _plant_checks(root: Path, name: str, doc: object, text: str, good: object) -> None:
+    """Under root: `doc` passed schema `name` (also its digest-blind shapes), and `text` parses to `good`."""
+    from forktool import cache as fcache
+    from forktool import schema, schemas
+    shapes = [(name, doc), (f"{name}#shape", schema.volatile_shape(doc, name)),
+              (f"{name}#digests", schema.digest_shape(doc, name))]
+    for label_, data in shapes:
+        if data is None:
+            continue
+        blob = json.dumps([label_, schemas.SCHEMAS[name], data], sort_keys=True, separators=(",", ":"))
+        key = hashlib.sha256(blob.encode()).hexdigest()
+        entry = root / "validated" / key[:2] / key[2:]
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        entry.write_text(key[2:])
+    if text:
+        key = fcache.key_of("yaml", fcache._yaml_fingerprint(), hashlib.sha256(text.encode()).hexdigest())
+        fcache.Cache(root, "yaml").put(key, {"value": good})
+
+
+def _spoil(rel: str, path: tuple, value: object, json_doc: bool) -> Callable[[Ctx], tuple[str, object, str, object]]:
+    """Writes the document at rel with value at path; gives (schema name, spoiled doc, its text, the good doc)."""
+    name = {"registry/UPSTREAM_SYNC.yaml": "registry", "vendor/vendor.lock": "vendor-lock",
+            ".opencoti/state.json": "state", "vendor/vendor.yaml": "vendor"}[rel]
+
+    def spoil(c: Ctx) -> tuple[str, object, str, object]:
+        good = _json(c, rel) if json_doc else _yaml(c, rel)
+        doc = set_at(copy.deepcopy(good), path, value)
+        data = render(doc, json_doc)
+        (c.root / rel).write_bytes(data)
+        return name, doc, "" if json_doc else data.decode(), good
+    return spoil
+
+
+def cache_cases() -> Iterator[Case]:
+    spoils = [
+        ("registry/UPSTREAM_SYNC.yaml", ("patches", 0, "gates", 0, "timeout"), "abc", False, "timeout"),
+        ("registry/UPSTREAM_SYNC.yaml", ("patches", 0, "gates", 0, "timeout"), -5, False, "timeout"),
+        ("registry/UPSTREAM_SYNC.yaml", ("patches", 1, "status"), "nope", False, "status"),
+        ("registry/UPSTREAM_SYNC.yaml", ("patches", 0, "build_impact"), ["gpu"], False, "build_impact"),
+        ("registry/UPSTREAM_SYNC.yaml", ("hooks", "one", "sites", 0, "line"), "three", False, "line"),
+        ("registry/UPSTREAM_SYNC.yaml", ("schema",), 2, False, "schema"),
+        ("vendor/vendor.lock", ("pristine_files",), -1, True, "pristine_files"),
+        ("vendor/vendor.lock", ("patched", "tree_digest"), "f" * 63, True, "tree_digest"),
+        ("vendor/vendor.lock", ("pristine_digest",), "F" * 64, True, "pristine_digest"),
+        (".opencoti/state.json", ("applied", 0, "sha256"), "0" * 63, True, "sha256"),
+        (".opencoti/state.json", ("version",), 7, True, "version"),
+        ("vendor/vendor.yaml", ("components", 0, "kind"), "svn", False, "kind"),
+    ]
+    for rel, path, value, json_doc, must in spoils:
+        spoil = _spoil(rel, path, value, json_doc)
+        what = f"{rel.rsplit('/', 1)[-1]}:{label(path)}={value!r}"
+        commands = [["verify"], ["verify", "--no-cache"], ["status"]]
+        if rel.startswith("registry/"):
+            commands = [["verify"], ["verify", "--no-cache"], ["registry", "check"], ["gates", "--list"]]
+        elif rel == "vendor/vendor.yaml":  # status reads the lock, not the pin
+            commands = [["verify"], ["verify", "--no-cache"], ["vendor", "status"]]
+
+        def shared(c: Ctx, spoil=spoil) -> None:
+            _plant_checks(_private_cache(c), *spoil(c))
+
+        def shared_parse_only(c: Ctx, spoil=spoil) -> None:
+            name, doc, text, good = spoil(c)
+            _plant_checks(_private_cache(c), name, good, text, good)
+
+        def own(c: Ctx, spoil=spoil) -> None:
+            _private_cache(c)
+            _plant_checks(c.state / "cache", *spoil(c))
+        for argv in commands:
+            yield Case("caches", f"{what}+shared-validated:{' '.join(argv)}", shared, argv, must=(must,))
+            if not json_doc:
+                yield Case("caches", f"{what}+shared-parse:{' '.join(argv)}", shared_parse_only, argv, must=(must,))
+        yield Case("caches", f"{what}+own-validated:verify --no-cache", own, ["verify", "--no-cache"], must=(must,))
+
+    def edited(c: Ctx) -> Path:
+        p = c.tree / "up/src/a.c"
+        p.write_bytes(p.read_bytes().replace(b"return 2;", b"return 3;"))
+        return p
+
+    def forged_index(c: Ctx) -> None:
+        from forktool import index
+        _private_cache(c)
+        run_cli(c.root, ["verify"])  # an index that trusts every file
+        p = edited(c)
+        rows, _ = index._load(c.state / "index", c.tree)
+        st = p.stat()
+        old = rows["up/src/a.c"]
+        rows["up/src/a.c"] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, old[4], old[5])
+        index._save(c.state / "index", c.tree, st.st_mtime_ns + 10 ** 10, rows)
+
+    def flipped_verdict(c: Ctx) -> None:
+        from forktool.cache import Cache
+        _private_cache(c)
+        edited(c)
+        run_cli(c.root, ["verify"], expect=1)
+        for q in (c.state / "cache" / "verdict").rglob("*.json"):
+            raw = json.loads(q.read_text())
+            Cache(c.state / "cache", "verdict").put(raw["key"], dict(raw["value"], ok=True, problems=[]))
+
+    def forged_memo(c: Ctx) -> None:
+        from forktool.cache import Memo
+        cache = _private_cache(c)
+        for q in (cache / "pristine-manifest").rglob("*"):
+            if q.is_file():
+                kind, key, value = marshal.loads(q.read_bytes().split(b"\n", 1)[1])
+                Memo(cache, "pristine-manifest").put(key, {**value, "up/src/a.c": value["up/src/b.c"]})
+        edited(c)
+    for lbl, fn in [("forged-stat-index-row", forged_index), ("flipped-verdict", flipped_verdict),
+                    ("forged-pristine-memo", forged_memo)]:
+        yield Case("caches", f"tree-edited+{lbl}:verify --no-cache", fn, ["verify", "--no-cache"], must=("a.c",))
+    yield Case("caches", "tree-edited+forged-pristine-memo:verify", forged_memo, ["verify"], must=("a.c",))
+
+
 def all_cases() -> list[Case]:
     return [*config_families(), *journal_cases(), *backup_cases(), *patch_cases(), *series_cases(),
             *tree_cases(), *state_dir_cases(), *sdist_cases(), *cli_cases(), *sync_state_cases(), *signal_cases(),
-            *output_cases()]
+            *output_cases(), *cache_cases()]
 
 
 # ---------------------------------------------------------------- running a case

@@ -212,11 +212,12 @@ def test_ccache_counters_in_one_call_before_the_build(project: Project, tmp_path
 def test_the_record_is_checked_as_written_so_the_next_read_needs_no_jsonschema(
         project: Project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FORKTOOL_CACHE", str(tmp_path / "user-cache"))
-    build(project)
-    cache.flush_valid()  # what the command layer does when the build succeeds
+    with cache.remembering(project.state_dir):  # as during a command
+        build(project)
     bdir = project.root / "build" / "tiny"
-    probe = ("import sys\nfrom pathlib import Path\nfrom forktool import build as b\n"
-             f"rec = b.read_record(Path({str(bdir)!r}))\nprint(rec['profile'], 'jsonschema' in sys.modules)\n")
+    probe = ("import sys\nfrom pathlib import Path\nfrom forktool import build as b, cache\n"
+             f"with cache.remembering(Path({str(project.state_dir)!r})):\n"
+             f"    rec = b.read_record(Path({str(bdir)!r}))\nprint(rec['profile'], 'jsonschema' in sys.modules)\n")
     env = dict(os.environ, FORKTOOL_CACHE=str(tmp_path / "user-cache"))
     assert proc.run([sys.executable, "-c", probe], env=env).out.split() == ["tiny", "False"]
 

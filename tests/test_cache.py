@@ -1,12 +1,21 @@
-"""Content-addressed caches: an entry counts only under its exact key; failed commands leave no memo."""
+"""Caches are optimisations that cannot vouch: an entry counts only under its exact key, the shared cache holds
+only content verified on read, and --no-cache reads nothing remembered."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import marshal
+import shutil
 from pathlib import Path
 
+import yaml
+
 from forktool import cache as fcache
+from forktool import index, schemas
 from forktool.cache import Cache, key_of
-from tests.conftest import Proj
+from tests.conftest import UPSTREAM, Proj
+from tests.patchgen import make_patch
 
 
 def test_cache_entry_is_used_only_under_its_key(tmp_path: Path):
@@ -20,21 +29,22 @@ def test_cache_entry_is_used_only_under_its_key(tmp_path: Path):
     assert Cache(None, "kind").get(k1) is None  # disabled (--no-cache)
 
 
-def test_schema_memo_only_for_the_same_document_and_schema(cache: Path):
+def test_schema_memo_only_for_the_same_document_and_schema(tmp_path: Path):
     schema = {"type": "object"}
-    cache_mod = fcache
-    cache_mod.forget_valid()
-    cache_mod.remember_valid("x", schema, {"a": 1})
-    assert not cache_mod.known_valid("x", schema, {"a": 1})  # not written until the command succeeds
-    cache_mod.flush_valid()
-    assert cache_mod.known_valid("x", schema, {"a": 1})
-    assert not cache_mod.known_valid("x", schema, {"a": 2})
-    assert not cache_mod.known_valid("x", {"type": "array"}, {"a": 1})
-    entry = next((cache / "validated").rglob("*"))
+    memo = fcache.Checks(tmp_path)
+    memo.remember_valid("x", schema, {"a": 1})
+    assert not (tmp_path / "validated").exists()  # written when the command ends without an error
+    memo.flush()
+    memo = fcache.Checks(tmp_path)
+    assert memo.known_valid("x", schema, {"a": 1})
+    assert not memo.known_valid("x", schema, {"a": 2})
+    assert not memo.known_valid("x", {"type": "array"}, {"a": 1})
+    assert not fcache.Checks(None).known_valid("x", schema, {"a": 1})  # --no-cache reads nothing
+    entry = next((tmp_path / "validated").rglob("*"))
     while entry.is_dir():
         entry = next(entry.iterdir())
     entry.write_text("forged")
-    assert not cache_mod.known_valid("x", schema, {"a": 1})
+    assert not memo.known_valid("x", schema, {"a": 1})
 
 
 def test_a_bad_config_is_refused_every_time(proj: Proj):
@@ -47,3 +57,234 @@ def test_a_bad_config_is_refused_every_time(proj: Proj):
         assert code == 1 and "bogus_key" in err
     y.write_text(good)
     proj.run("vendor", "status")
+
+
+# ---------------------------------------------------------------- forged entries cannot vouch
+# Each case writes what a forger would (real files in the tmp FORKTOOL_CACHE or .opencoti), then runs the real
+# CLI: a check that fails from scratch still fails. The shared cache is written with the layouts and keys
+# earlier versions read, so a regression that reads them again is caught.
+
+A = UPSTREAM["src/a.c"]
+A1 = A.replace("    return 1;\n", "    // opencoti-hook: one\n    return 2;\n")
+BUILD_YAML = ("artifacts:\n  - name: lib\n    impact: host\n    paths: ['up/src']\n"
+              "profiles:\n  cpu:\n    targets: [lib]\n")
+REGISTRY = {
+    "schema": 1,
+    "patches": [{
+        "id": "0070", "file": "0070-one.patch", "title": "one", "bug": "bug-1", "status": "shipped",
+        "shipped": "2026-07-01", "build_impact": ["host"], "files": ["up/src/a.c"], "hooks": ["one"],
+        "gates": [{"name": "smoke", "needs": ["cpu"], "command": ["true"], "proves": "it runs", "timeout": 60}],
+    }],
+    "hooks": {"one": {"patch": "0070", "description": "returns two",
+                      "sites": [{"file": "up/src/a.c", "symbol": "a", "line": 1}]}},
+}
+
+
+def _registered(proj: Proj) -> Proj:
+    """proj with one applied patch, its registry and build rules: `verify` passes."""
+    (proj.root / "registry" / "build.yaml").write_text(BUILD_YAML)
+    proj.write_patch("0070-one.patch", make_patch("0070-one.patch", {"up/src/a.c": (A, A1)}, "one", "one"))
+    _write_registry(proj, REGISTRY)
+    proj.run("apply")
+    proj.run("verify")
+    return proj
+
+
+def _write_registry(proj: Proj, reg: dict) -> None:
+    (proj.root / "registry" / "UPSTREAM_SYNC.yaml").write_text(yaml.safe_dump(reg, sort_keys=False))
+    proj.run("registry", "render")
+
+
+def _plant_valid(root: Path, name: str, data: object) -> Path:
+    """An entry saying `data` passed schema `name`, laid out as the schema memo reads it under root."""
+    doc = json.dumps([name, schemas.SCHEMAS[name], data], sort_keys=True, separators=(",", ":"),
+                     default=lambda o: f"<{type(o).__name__}:{o}>")
+    key = hashlib.sha256(doc.encode()).hexdigest()
+    p = root / "validated" / key[:2] / key[2:]
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(key[2:])
+    return p
+
+
+def _plant_yaml(root: Path, text: str, value: object) -> None:
+    """A well-sealed parse of text that says it is value, under root's yaml/ as the parse memo reads it."""
+    key = key_of("yaml", fcache._yaml_fingerprint(), hashlib.sha256(text.encode()).hexdigest())
+    Cache(root, "yaml").put(key, {"value": value})
+
+
+def test_a_planted_validation_entry_cannot_pass_a_bad_registry(proj: Proj, cache: Path):
+    _registered(proj)
+    bad = json.loads(json.dumps(REGISTRY))
+    bad["patches"][0]["gates"][0]["timeout"] = "abc"
+    _write_registry_raw(proj, bad)
+    for root in (cache, proj.root / ".opencoti" / "cache"):  # the shared cache and the project's own
+        _plant_valid(root, "registry", bad)
+        _plant_yaml(root, (proj.root / "registry" / "UPSTREAM_SYNC.yaml").read_text(), bad)
+    for args in (["verify", "--no-cache"], ["registry", "check"], ["verify"]):
+        if args == ["registry", "check"] or args == ["verify"]:
+            _forget_project_cache(proj)  # the project's own cache is trusted like git's index: see docs/caches.md
+        code, out, err = proj.run(*args, expect=1)
+        assert "timeout must be whole seconds" in err, (args, err)
+
+
+def _write_registry_raw(proj: Proj, reg: dict) -> None:
+    (proj.root / "registry" / "UPSTREAM_SYNC.yaml").write_text(yaml.safe_dump(reg, sort_keys=False))
+
+
+def _forget_project_cache(proj: Proj) -> None:
+    shutil.rmtree(proj.root / ".opencoti" / "cache", ignore_errors=True)
+
+
+def test_a_planted_parse_cannot_add_a_gate(proj: Proj, cache: Path):
+    _registered(proj)
+    text = (proj.root / "registry" / "UPSTREAM_SYNC.yaml").read_text()
+    forged = json.loads(json.dumps(REGISTRY))
+    forged["patches"][0]["gates"][0]["command"] = ["sh", "-c", "echo planted"]
+    _plant_yaml(cache, text, forged)
+    _plant_valid(cache, "registry", forged)
+    res = proj.json("gates", "--list")
+    assert "planted" not in json.dumps(res)
+    assert [r["command"] for r in res["gates"]] == [["true"]]
+
+
+def _tree_file_edited_in_place(proj: Proj) -> Path:
+    """A tree file given other bytes of the same size: only its ctime (and mtime) tell the stat index."""
+    p = proj.tree / "up/src/a.c"
+    data = p.read_bytes()
+    p.write_bytes(data.replace(b"return 2;", b"return 3;"))
+    return p
+
+
+def test_a_forged_stat_index_row_cannot_pass_verify_no_cache(proj: Proj):
+    _registered(proj)
+    p = _tree_file_edited_in_place(proj)
+    ix = proj.root / ".opencoti" / "index"
+    rows, _taken = index._load(ix, proj.tree)
+    st = p.stat()
+    old = rows["up/src/a.c"]
+    rows["up/src/a.c"] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, old[4], old[5])  # the old sha
+    index._save(ix, proj.tree, st.st_mtime_ns + 10 ** 10, rows)
+    code, out, err = proj.run("verify", "--no-cache", expect=1)
+    assert "up/src/a.c" in err
+    assert index._load(ix, proj.tree)[0]["up/src/a.c"][4] == old[4]  # --no-cache did not rewrite the index
+
+
+def test_a_flipped_verdict_cannot_pass_verify_no_cache(proj: Proj):
+    _registered(proj)
+    _tree_file_edited_in_place(proj)
+    proj.run("verify", expect=1)
+    entries = [q for q in (proj.root / ".opencoti" / "cache" / "verdict").rglob("*.json")]
+    for q in entries:  # every remembered verdict now says OK, with a matching checksum
+        raw = json.loads(q.read_text())
+        raw["value"] = dict(raw["value"], ok=True, problems=[])
+        Cache(proj.root / ".opencoti" / "cache", "verdict").put(raw["key"], raw["value"])
+    code, out, err = proj.run("verify", "--no-cache", expect=1)
+    assert "up/src/a.c" in err and "cached verdict" not in err
+
+
+def test_a_forged_pristine_manifest_memo_is_verified_against_its_name(proj: Proj, cache: Path):
+    _registered(proj)
+    memos = [q for q in (cache / "pristine-manifest").rglob("*") if q.is_file()]
+    assert len(memos) == 1
+    kind, key, value = marshal.loads(memos[0].read_bytes().split(b"\n", 1)[1])
+    value = dict(value)
+    value.pop("up/src/a.c")  # a pristine without the file the patch changes
+    fcache.Memo(cache, "pristine-manifest").put(key, value)
+    before = proj.digest()
+    proj.run("verify")  # the forged memo is not the manifest named by the lock: ignored
+    proj.run("verify", "--no-cache")
+    proj.run("unapply")
+    proj.run("apply")
+    assert proj.digest() == before and (proj.tree / "up/src/a.c").read_text() == A1
+
+
+def test_a_forged_pristine_manifest_is_refused(proj: Proj, cache: Path):
+    _registered(proj)
+    [manifest] = (cache / "pristine").glob("*.json")
+    raw = json.loads(manifest.read_text())
+    raw["up/src/a.c"][0] = hashlib.sha256(b"other bytes").hexdigest()
+    manifest.write_text(json.dumps(raw))
+    before = proj.state_digest()
+    for args in (["verify"], ["verify", "--no-cache"], ["unapply"]):
+        code, out, err = proj.run(*args, expect=1)
+        assert "does not hash" in err or "hashes to" in err, (args, err)
+    assert proj.state_digest() == before
+
+
+def test_the_shared_cache_holds_only_content_addressed_entries(proj: Proj, cache: Path):
+    _registered(proj)
+    for args in (["status"], ["verify"], ["registry", "check"], ["gates", "--list"], ["vendor", "status"]):
+        proj.run(*args)
+    assert sorted(q.name for q in cache.iterdir()) == ["git", "objects", "pristine", "pristine-manifest"]
+    assert list((proj.root / ".opencoti" / "cache" / "validated").rglob("*"))  # kept with the project instead
+
+
+def _sync_report(proj: Proj, commit: str, out: Path) -> dict:
+    code, stdout, err = proj.run("sync", "--to", commit, "--out", str(out), "--json", expect=None)
+    assert code in (0, 1), err  # 1: the trial found something for a person to look at; never a crash
+    res = json.loads(stdout)
+    res.pop("timings", None)
+    res.pop("out", None)
+    return res
+
+
+def test_a_planted_or_damaged_sync_extraction_changes_nothing(proj: Proj, cache: Path, tmp_path: Path):
+    from forktool import vendor
+    from forktool.project import Project
+    from forktool.sync.fetch import resolve_spec
+    from tests.conftest import git
+
+    _registered(proj)
+    b = proj.upstream / "src/b.c"
+    b.write_text(b.read_text().replace("line 20\n", "line twenty\n"))
+    git(proj.upstream, "commit", "-qam", "next")
+    c2 = git(proj.upstream, "rev-parse", "HEAD")
+    reference = _sync_report(proj, c2, tmp_path / "o1")
+    _forget_project_cache(proj)
+
+    _, new = resolve_spec(Project(proj.root), c2)
+    old_key = hashlib.sha256(json.dumps(vendor.component_lock_key(new), sort_keys=True).encode()).hexdigest()
+    planted = cache / "sync" / f"{old_key}.json"
+    planted.parent.mkdir(parents=True, exist_ok=True)
+    planted.write_text("garbage {")
+    assert _sync_report(proj, c2, tmp_path / "o2") == reference
+    # an entry naming other bytes (objects that are in the store: the pinned a.c stands in for b.c)
+    pristine = json.loads(next((cache / "pristine").glob("*.json")).read_text())
+    files = {rel.removeprefix("up/"): e for rel, e in pristine.items()}
+    files["src/b.c"] = files["src/a.c"]
+    planted.write_text(json.dumps({"files": files, "upstream_commit": c2}))
+    _forget_project_cache(proj)
+    assert _sync_report(proj, c2, tmp_path / "o3") == reference
+
+    entries = [q for q in (proj.root / ".opencoti" / "cache" / "sync-component").rglob("*.json")]
+    assert len(entries) == 1
+    entries[0].write_text("garbage {")  # the project's own entry damaged: extracted again
+    assert _sync_report(proj, c2, tmp_path / "o4") == reference
+
+
+def test_checks_are_never_read_or_written_through_a_link(tmp_path: Path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    project_state = tmp_path / "proj" / ".opencoti"
+    project_state.parent.mkdir()
+    project_state.symlink_to(outside)  # .opencoti itself a link
+    with fcache.remembering(project_state) as memo:
+        assert memo.root is None
+        memo.remember_valid("x", {}, 1)
+    project_state.unlink()
+    project_state.mkdir()
+    (project_state / "cache").symlink_to(outside)  # its cache/ a link
+    with fcache.remembering(project_state) as memo:
+        assert memo.root is None
+    (project_state / "cache").unlink()
+    with fcache.remembering(project_state) as memo:
+        memo.remember_valid("x", {}, 1)
+    assert memo.root == project_state / "cache" and list((project_state / "cache" / "validated").rglob("*"))
+    assert list(outside.iterdir()) == []
+    fresh = tmp_path / "new" / ".opencoti"
+    with fcache.remembering(fresh) as memo:  # no .opencoti yet: made, as a real directory, by the first write
+        memo.remember_valid("x", {}, 1)
+    assert fresh.is_dir() and not fresh.is_symlink() and list((fresh / "cache" / "validated").rglob("*"))
+    (tmp_path / "file-state").write_text("not a directory\n")
+    with fcache.remembering(tmp_path / "file-state") as memo:
+        assert memo.root is None

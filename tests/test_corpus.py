@@ -16,7 +16,7 @@ from tests import corpus
 from tests.conftest import UPSTREAM, make_project, run_cli
 
 FAMILIES = ["vendor.yaml", "registry", "build.yaml", "vendor.lock", "state.json", "journal", "backup", "patches",
-            "series", "tree", "opencoti", "sdist", "cli", "sync-state", "signals", "output"]
+            "series", "tree", "opencoti", "sdist", "cli", "sync-state", "signals", "output", "caches"]
 CLEAN = ("refusal", "usage", "interrupted", "contract")  # interrupted, contract: the exit-code contract kept
 SAMPLE = 8  # the default suite runs every 8th case of each family; `-m slow` runs them all
 

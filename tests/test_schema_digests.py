@@ -58,16 +58,22 @@ def _docs(n: int) -> list[dict]:
     return out
 
 
+@pytest.fixture
+def memo(tmp_path: Path):
+    """Checks remembered under tmp_path, as during a command of a project whose state is there."""
+    with cache.remembering(tmp_path) as m:
+        yield m
+
+
 def _valid(doc: dict) -> bool:
     return jsonschema.Draft202012Validator(schemas.SCHEMAS["state"]).is_valid(doc)
 
 
-def test_the_digest_shortcut_agrees_with_jsonschema(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FORKTOOL_CACHE", str(tmp_path))
+def test_the_digest_shortcut_agrees_with_jsonschema(memo: cache.Checks, monkeypatch: pytest.MonkeyPatch) -> None:
     fast = 0
     for doc in _docs(400):
         shape = schema.digest_shape(doc, "state")
-        known = shape is not None and cache.known_valid("state#digests", schemas.SCHEMAS["state"], shape)
+        known = shape is not None and memo.known_valid("state#digests", schemas.SCHEMAS["state"], shape)
         if known:
             fast += 1
             assert _valid(doc), doc  # never accepts what jsonschema refuses
@@ -77,7 +83,6 @@ def test_the_digest_shortcut_agrees_with_jsonschema(tmp_path: Path, monkeypatch:
         except ConfigError:
             ok = False
         assert ok == _valid(doc), doc
-        cache.flush_valid()
     assert fast > 50  # the shortcut was taken, for documents jsonschema also accepts
 
 
@@ -90,11 +95,9 @@ def test_the_shape_blanks_values_only_and_refuses_when_the_schema_could_tell_dig
     assert schema.digest_shape(doc, "vendor-lock") is None  # only the documents named for it
 
 
-def test_a_bad_digest_still_gets_jsonschemas_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FORKTOOL_CACHE", str(tmp_path))
+def test_a_bad_digest_still_gets_jsonschemas_error(memo: cache.Checks, monkeypatch: pytest.MonkeyPatch) -> None:
     good = {"version": 1, "pristine_digest": "a" * 64, "applied": [], "files": {"x.c": ["b" * 64, "100644"]}}
     schema.check(good, "state", "state.json")
-    cache.flush_valid()
     bad = copy.deepcopy(good)
     bad["files"]["x.c"][0] = "B" * 64
     with pytest.raises(ConfigError) as e:

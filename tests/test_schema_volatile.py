@@ -33,19 +33,25 @@ def _docs(n: int) -> list[dict]:
     return out
 
 
+@pytest.fixture
+def memo(tmp_path: Path):
+    """Checks remembered under tmp_path, as during a command of a project whose state is there."""
+    with cache.remembering(tmp_path) as m:
+        yield m
+
+
 def _valid(doc: dict) -> bool:
     return jsonschema.Draft202012Validator(schemas.SCHEMAS["vendor-lock"]).is_valid(doc)
 
 
-def test_the_shape_shortcut_agrees_with_jsonschema(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FORKTOOL_CACHE", str(tmp_path))
+def test_the_shape_shortcut_agrees_with_jsonschema(memo: cache.Checks, monkeypatch: pytest.MonkeyPatch) -> None:
     docs = _docs(400)
     fast = 0
     for doc in docs:
         shape = schema.volatile_shape(doc, "vendor-lock")
         if shape is not None:
             assert all(v is None for v in shape["patched"].values())
-        known = shape is not None and cache.known_valid("vendor-lock#shape", schemas.SCHEMAS["vendor-lock"], shape)
+        known = shape is not None and memo.known_valid("vendor-lock#shape", schemas.SCHEMAS["vendor-lock"], shape)
         if known:
             fast += 1
             assert _valid(doc), doc["patched"]  # never accepts what jsonschema refuses
@@ -55,16 +61,13 @@ def test_the_shape_shortcut_agrees_with_jsonschema(tmp_path: Path, monkeypatch: 
         except ConfigError:
             ok = False
         assert ok == _valid(doc), doc["patched"]
-        cache.flush_valid()
     assert fast > 20  # the shortcut was taken, for documents jsonschema also accepts
 
 
-def test_a_changed_digest_is_checked_without_jsonschema(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FORKTOOL_CACHE", str(tmp_path))
+def test_a_changed_digest_is_checked_without_jsonschema(memo: cache.Checks, monkeypatch: pytest.MonkeyPatch) -> None:
     doc = json.loads((REPO / "vendor" / "vendor.lock").read_text())
     doc["patched"] = {"series_digest": "1" * 64, "tree_digest": "2" * 64, "top": "0089"}
     schema.check(doc, "vendor-lock", "vendor.lock")
-    cache.flush_valid()
     calls = []
     monkeypatch.setattr(schema, "_validator", lambda name: calls.append(name))
     doc["patched"]["tree_digest"] = "3" * 64
@@ -72,6 +75,5 @@ def test_a_changed_digest_is_checked_without_jsonschema(tmp_path: Path, monkeypa
     assert calls == []
     doc["patched"]["tree_digest"] = "3" * 63  # a bad value still gets jsonschema's error
     monkeypatch.undo()
-    monkeypatch.setenv("FORKTOOL_CACHE", str(tmp_path))
     with pytest.raises(ConfigError, match="tree_digest"):
         schema.check(doc, "vendor-lock", "vendor.lock")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -91,7 +93,7 @@ def test_ci_runs_tests_verify_and_registry_on_push_and_pr():
     wf = load("ci.yml")
     assert {"push", "pull_request"} <= set(wf["on"])
     runs = "\n".join(s.get("run", "") for job in wf["jobs"].values() for s in job["steps"])
-    for cmd in ("pytest", "forktool verify", "forktool registry check", "forktool apply"):
+    for cmd in (".ci/run", "forktool verify", "forktool registry check", "forktool apply"):  # .ci/run: make test
         assert cmd in runs
 
 
@@ -148,3 +150,119 @@ def test_upstream_sync_follows_the_loop_on_a_conflict():
     assert "vendor/llamafile" not in run
     issue = steps["Open or update the issue"]["run"]
     assert "forktool sync --start" in issue and "gh issue create" in issue
+
+
+def _steps(wf: dict) -> list[dict]:
+    return [s for job in wf["jobs"].values() for s in job["steps"]]
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_ci_verifies_from_the_files_and_caches_only_content_addressed_state(path):
+    """The shared cache a pull request can write holds no verdict; verify reads none (docs/caches.md)."""
+    steps = _steps(load(path.name))
+    runs = "\n".join(s.get("run", "") for s in steps)
+    for line in runs.splitlines():
+        if re.search(r"\bforktool verify\b", line):
+            assert "--no-cache" in line, line
+    for s in steps:
+        if s.get("uses", "").startswith("actions/cache@"):
+            assert ".opencoti" not in str(s["with"]["path"]) and "FORKTOOL_CACHE" in str(s["with"]["path"])
+    if re.search(r"\bforktool verify\b", runs):
+        first_verify = runs.index("forktool verify")
+        assert runs.find("rm -rf .opencoti/cache .opencoti/index") in range(0, first_verify)
+
+
+def _recording_gh(bindir: Path, log: Path, view_rc: int = 1) -> None:
+    """A `gh` that records its arguments, one call a line; `gh release view` answers view_rc."""
+    bindir.mkdir(parents=True, exist_ok=True)
+    gh = bindir / "gh"
+    gh.write_text(f'#!/bin/sh\necho "$*" >> {log}\n[ "$1 $2" = "release view" ] && exit {view_rc}\nexit 0\n')
+    gh.chmod(0o755)
+
+
+def _run_step(step: dict, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """A workflow step's script as the runner runs it (bash -eo pipefail), with the step's own env."""
+    script = cwd / "step.sh"
+    script.write_text(step["run"])
+    full = dict(os.environ, **{k: str(v) for k, v in step.get("env", {}).items() if "${{" not in str(v)}, **env)
+    return subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)], cwd=cwd, env=full,
+                          capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("legs", [("cpu", "cuda"), ("cpu",)])
+def test_the_release_attaches_what_built_with_sums_of_the_attached_archives(tmp_path: Path, legs: tuple[str, ...]):
+    step = next(s for s in load("release.yml")["jobs"]["release"]["steps"] if s.get("name") == "Attach to the release")
+    assert load("release.yml")["jobs"]["release"]["if"] == "${{ !cancelled() }}"
+    for p in legs:  # what download-artifact gives: one directory per leg that uploaded
+        d = tmp_path / "dist" / f"release-{p}"
+        d.mkdir(parents=True)
+        (d / f"llamafile-0.3.16+0089abcdef-{p}.tar.gz").write_bytes(f"archive {p}\n".encode())
+        (d / "RELEASE_NOTES.md").write_text("notes\n")
+    log = tmp_path / "gh.log"
+    _recording_gh(tmp_path / "bin", log)
+    r = _run_step(step, tmp_path, {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "GITHUB_REF_NAME": "v1.0"})
+    assert r.returncode == (0 if len(legs) == 2 else 1), r.stderr
+    calls = log.read_text().splitlines()
+    assert calls[0] == "release view v1.0"
+    names = [f"assets/llamafile-0.3.16-0089abcdef-{p}.tar.gz" for p in legs]
+    assert calls[1].startswith(f"release create v1.0 {' '.join(names)} assets/SHA256SUMS ")
+    check = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=tmp_path / "assets", capture_output=True, text=True)
+    assert check.returncode == 0 and check.stdout.count(": OK") == len(legs), check.stdout + check.stderr
+    notes = (tmp_path / "assets" / "RELEASE_NOTES.md").read_text()
+    assert ("Not attached:** cuda" in notes) == (legs == ("cpu",))
+    if len(legs) == 1:
+        assert "not attached: cuda" in r.stderr
+
+
+def test_the_test_job_runs_the_local_ci_entry_point_and_caches_the_sdist():
+    job = load("ci.yml")["jobs"]["test"]
+    runs = [s.get("run", "") for s in job["steps"]]
+    assert any(".ci/run" in r for r in runs) and any("make lint" in r for r in runs)
+    assert "container" in job  # .ci/run installs with apt-get, as root
+    cache = [s for s in job["steps"] if s.get("uses", "").startswith("actions/cache@")]
+    assert [c["with"]["path"] for c in cache] == ["${{ env.FORKTOOL_CACHE }}"]
+    first_run = next(i for i, s in enumerate(job["steps"]) if ".ci/run" in s.get("run", ""))
+    assert job["steps"].index(cache[0]) < first_run
+    assert "FORKTOOL_CACHE" in (WORKFLOWS.parents[1] / ".ci" / "run").read_text()  # the run keeps the env's cache
+
+
+def test_the_sync_issue_body_stays_short_and_points_at_the_artifact(tmp_path: Path):
+    steps = {s.get("name"): s for s in load("upstream-sync.yml")["jobs"]["sync"]["steps"]}
+    step = steps["Open or update the issue"]
+    sync = tmp_path / "dist" / "sync"
+    sync.mkdir(parents=True)
+    patches = [{"id": f"{n:04d}", "title": "t" * 200, "status": "conflict" if n % 2 else "clean",
+                "files": [{"file": f"src/{'d' * 100}/{k}.c", "status": "conflict"} for k in range(30)]}
+               for n in range(300)]
+    (sync / "report.json").write_text(json.dumps({"patches": patches, "counts": {"clean": 150, "conflict": 150}}))
+    (sync / "report.md").write_text("x" * 200_000)  # a report far past GitHub's limit stays in the artifact
+    log = tmp_path / "gh.log"
+    _recording_gh(tmp_path / "bin", log)
+    r = _run_step(step, tmp_path, {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "SPEC": "pkg==2",
+                                   "BRANCH": "upstream-sync/pkg--2", "RUN_URL": "https://example.invalid/run/1"})
+    assert r.returncode == 0, r.stderr
+    body = (sync / "issue.md").read_text()
+    assert len(body) < 20_000 and "x" * 100 not in body
+    assert "| 0001 " in body and "| 0000 " not in body and "110 more" in body and "conflict 150" in body
+    assert "git switch upstream-sync/pkg--2 && forktool sync --start" in body
+    assert "`upstream-sync` artifact of https://example.invalid/run/1" in body
+    assert log.read_text().splitlines()[-1] == 'issue create --title Upstream sync to pkg==2 needs a human ' \
+                                               '--body-file dist/sync/issue.md'
+
+
+def test_the_sync_pushes_and_opens_the_pr_with_a_token_that_starts_ci():
+    text = (WORKFLOWS / "upstream-sync.yml").read_text()
+    assert "Allow GitHub Actions to create and approve pull requests" in text
+    steps = load("upstream-sync.yml")["jobs"]["sync"]["steps"]
+    assert steps[0]["with"]["token"] == "${{ secrets.FORKTOOL_SYNC_TOKEN || github.token }}"
+    for s in steps:
+        if "GH_TOKEN" in s.get("env", {}):
+            assert s["env"]["GH_TOKEN"] == "${{ secrets.FORKTOOL_SYNC_TOKEN || github.token }}"
+
+
+def test_the_sync_pull_request_carries_the_lock_and_the_registry():
+    steps = {s.get("name"): s for s in load("upstream-sync.yml")["jobs"]["sync"]["steps"]}
+    run = steps["Open or update the pull request"]["run"]
+    accept = run.index("--accept")
+    assert accept < run.index("forktool vendor fetch") < run.index("forktool apply") < run.index("git add")
+    assert "git add vendor/vendor.yaml vendor/vendor.lock patches registry" in run

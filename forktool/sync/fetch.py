@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
 import re
 import tarfile
 import tempfile
@@ -11,12 +10,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from forktool import git as fgit
 from forktool import vendor
+from forktool.cache import Cache, caches_root, key_of
 from forktool.errors import ForktoolError, UsageError
 from forktool.project import COMMIT_RE, Component, Project
-from forktool.tree import Entry, Manifest, atomic_write, sha256_bytes, sha256_file
+from forktool.tree import Entry, Manifest, atomic_write, sha256_file
 
 
 @dataclass
@@ -179,7 +180,9 @@ def _moved(old: Component, opts: dict[str, str], same_source: bool, **fields: st
 
 
 def _by_spec(project: Project, comp: Component) -> Path:
-    return project.cache_dir / "sdist" / "by-spec" / f"{_norm(comp.package)}=={comp.version}"
+    """Which sdist PACKAGE==VERSION resolved to (its sha256): kept with the project's own state, since an entry
+    in the shared cache would choose the upstream bytes for whoever can write that cache."""
+    return project.state_dir / "cache" / "sdist-by-spec" / f"{_norm(comp.package)}=={comp.version}"
 
 
 def _fetch_sdist(project: Project, comp: Component, progress: Callable[[str], None]) -> tuple[Component, Path, bool]:
@@ -309,14 +312,20 @@ def component_manifest(project: Project, comp: Component, progress: Callable[[st
         data, strip_top = vendor.component_archive(project, comp, progress=progress)
         comp = comp._replace(subdir=detect_subdir(data, strip_top, landmarks or set(), comp.spec))
         progress(f"found the upstream tree at {comp.subdir or 'the top level'} of {comp.spec}")
-    key = sha256_bytes(json.dumps(vendor.component_lock_key(comp), sort_keys=True).encode())
-    cache = project.cache_dir / "sync" / f"{key}.json"
-    if cache.is_file() and comp.kind != "dir":
-        raw = json.loads(cache.read_text())
-        files = {p: Entry(v[0], v[1]) for p, v in raw["files"].items()}
-        if all(store.has(e.sha256) for e in files.values()):
-            return comp._replace(upstream_commit=comp.upstream_commit or raw.get("upstream_commit", "")), files, \
-                from_cache
+    # the extraction is derived from the component's bytes and filters, so it is remembered with the project's
+    # own state (.opencoti/cache/), never in the shared cache, and an entry that is not exactly what was stored is
+    # ignored (extracted again); a directory, which has no digest of its own, is read every time
+    extracted = Cache(caches_root(project.state_dir), "sync-component")
+    key = key_of("sync-component", vendor.component_lock_key(comp))
+    if comp.kind != "dir":
+        hit: Any = extracted.get(key)
+        try:
+            files = {str(p): Entry(str(v[0]), str(v[1])) for p, v in hit["files"].items()}
+            commit = str(hit["upstream_commit"])
+        except (TypeError, KeyError, IndexError, AttributeError):
+            files = {}
+        if files and all(store.has(e.sha256) for e in files.values()):
+            return comp._replace(upstream_commit=comp.upstream_commit or commit), files, from_cache
     if data is None:
         data, strip_top = vendor.component_archive(project, comp, progress=progress)
     progress(f"extracting {comp.spec}")
@@ -331,8 +340,8 @@ def component_manifest(project: Project, comp: Component, progress: Callable[[st
             commit = ""
         comp = comp._replace(upstream_commit=commit)
     if comp.kind != "dir":
-        atomic_write(cache, json.dumps({"files": {p: e.to_json() for p, e in sorted(files.items())},
-                                        "upstream_commit": comp.upstream_commit}, sort_keys=True).encode())
+        extracted.put(key, {"files": {p: e.to_json() for p, e in sorted(files.items())},
+                            "upstream_commit": comp.upstream_commit})
     return comp, files, from_cache
 
 
