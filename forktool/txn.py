@@ -92,9 +92,18 @@ def _feasible(tree: Path, writes: list[Write]) -> None:
     """Refuse, before anything is committed, writes the filesystem cannot carry out (a file where a directory
     must be, a directory where a file must be), so a committed plan always rolls forward."""
     deleted = {w.path for w in writes if w.data is None}
+    written = {w.path for w in writes if w.data is not None}
     for w in writes:
         if w.data is None:
             continue
+        parts = w.path.split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            parent = "/".join(parts[:i])
+            if parent in written:
+                # two writes where one path is a directory of the other: the filesystem can hold only one
+                raise ForktoolError(f"{parent} is written as a file and as the directory of {w.path} in one update",
+                                    where=str(tree / parent), hint="nothing was changed; fix the patch that creates "
+                                    "these paths (one of them must go)")
         target = tree / w.path
         if target.is_dir() and not target.is_symlink():
             raise ForktoolError(f"{w.path} is a directory in the vendored tree, but a file must be written there",
@@ -107,6 +116,26 @@ def _feasible(tree: Path, writes: list[Write]) -> None:
             if os.path.lexists(p) and not p.is_dir() and parent not in deleted:
                 raise ForktoolError(f"{w.path} needs {parent} to be a directory, but it is a file", where=str(p),
                                     hint="nothing was changed; fix the patch that writes this path")
+
+
+def check_plan(tree: Path, writes: list[Write]) -> None:
+    """Refuse a plan that could not be carried out to its end: every check commit() makes before the plan is
+    committed (callers that make a backup first call it before the backup, so a refusal leaves nothing behind)."""
+    seen: set[str] = set()
+    for i, w in enumerate(writes):
+        resolve_inside(tree, w.path, "transaction")
+        if w.path in seen:
+            raise ForktoolError(f"{w.path} is written twice in one update", where=str(tree),
+                                hint="nothing was changed; this is a bug in forktool, please report it")
+        seen.add(w.path)
+        if w.mode == SYMLINK and w.data is not None:
+            try:
+                _check_link(w.path, w.data, Path(), f"writes[{i}]")
+            except ForktoolError:
+                raise UnsafePathError(f"{w.path}: a symlink pointing outside the vendored tree cannot be written",
+                                      where=str(tree / w.path),
+                                      hint="nothing was changed; fix the patch that creates this link") from None
+    _feasible(tree, writes)
 
 
 def _stage(path: Path, data: bytes) -> int:
@@ -130,21 +159,7 @@ def commit(tree: Path, state_dir: Path, writes: list[Write], state_after: dict) 
     """
     tdir = txn_dir(state_dir)
     check_state_dir(state_dir)
-    seen: set[str] = set()
-    for i, w in enumerate(writes):
-        resolve_inside(tree, w.path, "transaction")
-        if w.path in seen:
-            raise ForktoolError(f"{w.path} is written twice in one update", where=str(tree),
-                                hint="nothing was changed; this is a bug in forktool, please report it")
-        seen.add(w.path)
-        if w.mode == SYMLINK and w.data is not None:
-            try:
-                _check_link(w.path, w.data, tdir, f"writes[{i}]")
-            except ForktoolError:
-                raise UnsafePathError(f"{w.path}: a symlink pointing outside the vendored tree cannot be written",
-                                      where=str(tree / w.path),
-                                      hint="nothing was changed; fix the patch that creates this link") from None
-    _feasible(tree, writes)
+    check_plan(tree, writes)
     fds: list[int] = []
     try:
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -174,6 +175,8 @@ def fetch_pristine(project: Project, *, local_sdist: Path | None = None,
     """Pristine manifest of all components (cached by the lock's digest), downloading as needed."""
     lock = load_lock(project)
     comps = project.vendor.components
+    if local_sdist is not None:
+        check_local_sdist(comps, local_sdist)
     pinned = {c.name: component_lock_key(c) for c in comps}
     cached_digest = lock.get("pristine_digest")
     if cached_digest and lock.get("components") == pinned:
@@ -215,6 +218,33 @@ def fetch_pristine(project: Project, *, local_sdist: Path | None = None,
     return FetchResult(manifest, d, len(manifest), False, skipped)
 
 
+def check_local_sdist(comps: tuple[Component, ...], path: Path) -> None:
+    """A local sdist given on the command line is used or refused, never ignored: it must be a readable regular
+    file with the sha256 pinned for the (one) sdist component."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise ForktoolError(f"--sdist {path}: {e.strerror}", where=str(path),
+                            hint="give the path of the downloaded .tar.gz, or leave out --sdist to download it "
+                                 "with pip") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ForktoolError(f"--sdist {path}: not a regular file", where=str(path),
+                            hint="give the path of the downloaded .tar.gz")
+    sdists = [c for c in comps if c.kind == "sdist"]
+    if len(sdists) != 1:
+        raise ForktoolError(f"--sdist {path}: vendor/vendor.yaml has {len(sdists)} sdist component(s), so there is "
+                            "no one pinned sdist this file could stand for", where="--sdist",
+                            hint="leave out --sdist (git components are archived with git)")
+    try:
+        got = sha256_file(path)
+    except OSError as e:
+        raise ForktoolError(f"--sdist {path}: cannot be read: {e.strerror}", where=str(path)) from None
+    if got != sdists[0].sha256:
+        raise ForktoolError(f"sha256 mismatch for --sdist {path}: {sdists[0].spec} is pinned at {sdists[0].sha256}, "
+                            f"the file is {got}", where=str(path), hint="nothing was written; give the sdist "
+                            "vendor/vendor.yaml pins, or leave out --sdist to download it with pip")
+
+
 def read_pristine(project: Project, use_cache: bool = True) -> tuple[Manifest, str]:
     """The pristine manifest named by vendor.lock, which must already be in the cache (use_cache=False: parsed
     and checked from its bytes, not taken from the memo of an earlier read)."""
@@ -224,9 +254,11 @@ def read_pristine(project: Project, use_cache: bool = True) -> tuple[Manifest, s
         raise ForktoolError("no pristine upstream recorded yet", where=str(project.vendor_lock),
                             hint="run `forktool vendor fetch`")
     p = pristine_path(project, d)
-    if not p.is_file():
-        res = fetch_pristine(project)
-        return res.manifest, res.digest
+    if not os.path.lexists(p):
+        # only `vendor fetch` downloads (with progress); everything else says what is missing
+        raise ForktoolError(f"the pristine upstream {d[:12]} named by vendor/vendor.lock is not in the cache",
+                            where=str(p), hint="run `forktool vendor fetch` to download and unpack it "
+                            "(FORKTOOL_CACHE chooses the cache directory)")
     return load_pristine_manifest(p, use_cache), d
 
 

@@ -213,6 +213,7 @@ class Workspace:
         new_state = State(self.pristine_digest, applied, new_files)
         backup_name = None
         if writes or new_state.to_json() != self.state.to_json():
+            txn.check_plan(self.tree, writes)  # before the backup: a refused plan leaves nothing behind
             if writes and not fresh:
                 b = bk.create(self.project.backups_dir, self.tree, label, f"before {label}", current,
                               self.pristine, self.state.to_json())
