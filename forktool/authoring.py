@@ -38,7 +38,7 @@ def with_derived_trailers(project: Project, patch: Patch, files_diff: list) -> t
     diff_only = with_files(patch, files_diff)
     trailers = {"Opencoti-Hooks": ", ".join(hooks_in_patch(diff_only)),
                 "Build-Impact": impact_label(project, diff_only.paths) if diff_only.paths else ""}
-    return with_files(diff_only.replace(header=set_trailers(patch.header, trailers)), files_diff), trailers
+    return with_files(diff_only.replace(header=set_trailers(patch.header, trailers, f"patches/{patch.name}")), files_diff), trailers
 
 
 def _check_refreshable(ws: Workspace, pid: str) -> tuple[int, Patch]:
