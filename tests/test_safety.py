@@ -1,0 +1,129 @@
+"""Refusals that leave everything as it was: each bad input is an exit-1 (or usage) error and the tree's digest holds."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests import corpus
+from tests.conftest import UPSTREAM, Proj, make_project
+
+
+@pytest.fixture
+def applied(tmp_path: Path, cache: Path) -> Proj:
+    proj = make_project(tmp_path, UPSTREAM)
+    for name, text in corpus.SERIES.items():
+        proj.write_patch(name, text)
+    proj.run("apply")
+    return proj
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    """Every file under root by its bytes (links by their target): what 'nothing changed' means for a project."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = str(p.relative_to(root))
+        if p.is_symlink():
+            out[rel] = os.readlink(p).encode()
+        elif p.is_file():
+            out[rel] = p.read_bytes()
+    return out
+
+
+def _project_files(proj: Proj) -> dict[str, bytes]:
+    """The project minus the caches forktool may refresh while refusing (never the tree, patches or state)."""
+    return {k: v for k, v in _files(proj.root).items() if not k.startswith((".opencoti/cache/", ".opencoti/index"))}
+
+
+def test_a_file_that_is_also_the_directory_of_another_new_file_is_refused_before_commit(applied: Proj) -> None:
+    extra = corpus.make_patch("x.patch", {"up/src/d": (None, "a\n"), "up/src/d/e.c": (None, "b\n")})
+    p = applied.root / "patches" / "0089-three.patch"
+    p.write_bytes(p.read_bytes() + extra.split("\n---\n", 1)[1].encode())
+    before, backups = applied.digest(), sorted(os.listdir(applied.root / ".opencoti" / "vendor-backups"))
+    code, out, err = applied.run("apply", expect=1)
+    assert "up/src/d is written as a file and as the directory of up/src/d/e.c" in err and "nothing was changed" in err
+    assert applied.digest() == before
+    assert not (applied.root / ".opencoti" / "txn").exists()
+    # refused before the backup: nothing is left behind to prune
+    assert sorted(os.listdir(applied.root / ".opencoti" / "vendor-backups")) == backups
+    applied.run("status")
+
+
+def test_the_vendored_root_as_a_regular_file_is_refused(applied: Proj) -> None:
+    shutil.rmtree(applied.tree)
+    applied.tree.write_text("not a tree\n")
+    before = _project_files(applied)
+    for argv in (["apply"], ["unapply"], ["status"], ["verify"]):
+        code, out, err = applied.run(*argv, expect=1)
+        assert "is not a directory; the vendored tree must be a real directory" in err, err
+        assert "Traceback" not in err
+    assert _project_files(applied) == before
+
+
+def test_forktool_root_longer_than_a_path_may_be_is_refused(applied: Proj, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from forktool import cli
+    before = applied.digest()
+    monkeypatch.setenv("FORKTOOL_ROOT", "/" + "a" * 5000)
+    assert cli.main(["status"]) == 2
+    err = capsys.readouterr().err
+    assert "FORKTOOL_ROOT cannot be used as a project directory: File name too long" in err
+    assert "Traceback" not in err and len(err) < 1000
+    assert applied.digest() == before
+
+
+def test_forktool_cache_as_a_regular_file_is_refused_and_nothing_downloads(applied: Proj, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    bogus = tmp_path / "cache-file"
+    bogus.write_text("x")
+    monkeypatch.setenv("FORKTOOL_CACHE", str(bogus))
+    before = _project_files(applied)
+    for argv in (["status"], ["verify"], ["apply"], ["vendor", "fetch"]):
+        code, out, err = applied.run(*argv, expect=1)
+        assert f"FORKTOOL_CACHE ({bogus}) is not a directory" in err, err
+    assert bogus.read_text() == "x"
+    assert _project_files(applied) == before
+
+
+def test_opening_a_workspace_never_downloads(applied: Proj, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    empty = tmp_path / "empty-cache"
+    monkeypatch.setenv("FORKTOOL_CACHE", str(empty))
+    before = _project_files(applied)
+    for argv in (["status"], ["verify"], ["apply"], ["unapply"]):
+        code, out, err = applied.run(*argv, expect=1)
+        assert "is not in the cache" in err and "forktool vendor fetch" in err, err
+    # nothing fetched, archived or written: no git mirror, no pristine, vendor.lock as it was
+    assert not any((empty / d).exists() for d in ("git", "sdist", "objects", "pristine"))
+    assert _project_files(applied) == before
+    # `vendor fetch` is the one command that downloads; after it the workspace opens again
+    applied.run("vendor", "fetch")
+    applied.run("verify")
+
+
+def test_vendor_fetch_with_a_missing_sdist_names_it(applied: Proj) -> None:
+    before = _project_files(applied)
+    code, out, err = applied.run("vendor", "fetch", "--sdist", "/nonexistent", expect=1)
+    assert "--sdist /nonexistent: No such file or directory" in err
+    assert _project_files(applied) == before
+
+
+def test_vendor_fetch_with_an_sdist_for_a_project_without_one_is_refused(applied: Proj, tmp_path: Path) -> None:
+    sd = tmp_path / "x.tar.gz"
+    sd.write_bytes(b"x")
+    before = _project_files(applied)
+    code, out, err = applied.run("vendor", "fetch", "--sdist", str(sd), expect=1)
+    assert "0 sdist component(s)" in err
+    assert _project_files(applied) == before
+
+
+def test_refresh_of_a_patch_whose_subject_is_not_utf8_is_refused(applied: Proj) -> None:
+    p = applied.root / "patches" / "0070-one.patch"
+    p.write_bytes(p.read_bytes().replace(b"Subject: [PATCH] one", b"Subject: [PATCH] on\xffe"))
+    applied.edit("up/src/a.c", "return 2;", "return 3;")
+    before = _project_files(applied)
+    code, out, err = applied.run("refresh", "0070", expect=1)
+    assert "the patch message is not UTF-8 (byte 0xff on line 4)" in err and "patches/0070-one.patch:4" in err
+    assert _project_files(applied) == before
