@@ -127,3 +127,30 @@ def test_refresh_of_a_patch_whose_subject_is_not_utf8_is_refused(applied: Proj) 
     code, out, err = applied.run("refresh", "0070", expect=1)
     assert "the patch message is not UTF-8 (byte 0xff on line 4)" in err and "patches/0070-one.patch:4" in err
     assert _project_files(applied) == before
+
+
+def _json_error(proj: Proj, *argv: str) -> dict:
+    import json
+    code, out, err = proj.run(*argv, "--json", expect=1)
+    return json.loads(out)
+
+
+def test_every_unexplained_change_is_one_error_kind(applied: Proj) -> None:
+    """Changes no patch explains, in the tree or in an applied patch's file, are refused the same way by every
+    command that checks them: exit 1, kind DirtyTreeError."""
+    edited = _project_files(applied)
+    applied.edit("up/src/b.c", "line 3\n", "line three\n")
+    for argv in (["apply", "--upto", "0070"], ["package"], ["sync", "--to", applied.upstream.as_posix() + "@HEAD",
+                                                            "--start"]):
+        err = _json_error(applied, *argv)
+        assert err["kind"] == "DirtyTreeError" and "no patch explains" in err["error"], (argv, err)
+    applied.edit("up/src/b.c", "line three\n", "line 3\n")
+    assert _project_files(applied) == edited
+    p = applied.root / "patches" / "0071-two.patch"
+    p.write_text(p.read_text().replace("+// opencoti-hook: two", "+// opencoti-hook: two\n+// more"))
+    p.write_text(p.read_text().replace("@@ -8,6 +8,7 @@", "@@ -8,6 +8,8 @@"))
+    before = _project_files(applied)
+    for argv in (["refresh", "0089"], ["build", "--plan"], ["package"]):
+        err = _json_error(applied, *argv)
+        assert err["kind"] == "DirtyTreeError" and "0071 changed on disk" in err["error"], (argv, err)
+    assert _project_files(applied) == before

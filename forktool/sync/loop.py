@@ -18,7 +18,7 @@ from forktool import backup as bk
 from forktool import schema, series, txn, vendor
 from forktool.apply import apply_series
 from forktool.authoring import with_derived_trailers
-from forktool.errors import ConfigError, DirtyTreeError, ForktoolError, UsageError
+from forktool.errors import ConfigError, ForktoolError, UsageError
 from forktool.project import Component, Project
 from forktool.registry import Registry
 from forktool.series import Patch
@@ -420,17 +420,10 @@ def start(project: Project, spec: str | None, progress: Progress = lambda _m: No
         if not project.tree.exists():
             progress("materialising the pinned tree first")
             ws.goto([], force=False, label="sync-fetch")
-        stale = ws.applied_stale()
-        if stale:
-            raise ForktoolError(f"applied patch(es) {', '.join(stale)} changed on disk since they were applied",
-                                where="patches/", hint="run `forktool apply` (or refresh them) before a sync")
+        ws.refuse_unexplained(stale_hint="run `forktool apply` (or refresh them) before a sync",
+                              dirty_hint="keep them with `forktool new` + `forktool refresh`, or drop them with "
+                                         "`forktool apply --force`, then start the sync")
         current = ws.current()
-        dirty = ws.local_changes()
-        if dirty:
-            raise DirtyTreeError(f"the vendored tree has {len(dirty)} change(s) that no patch explains",
-                                 where=str(project.tree), details=[f"{s}: {p}" for s, p in dirty[:50]],
-                                 hint="keep them with `forktool new` + `forktool refresh`, or drop them with "
-                                      "`forktool apply --force`, then start the sync")
         t0 = time.monotonic()
         if recorded is not None:
             new = _component(recorded["to"])
