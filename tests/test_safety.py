@@ -154,3 +154,39 @@ def test_every_unexplained_change_is_one_error_kind(applied: Proj) -> None:
         err = _json_error(applied, *argv)
         assert err["kind"] == "DirtyTreeError" and "0071 changed on disk" in err["error"], (argv, err)
     assert _project_files(applied) == before
+
+
+KILL_AFTER_MERGE = """
+import os, signal, sys
+import git
+from forktool import cli
+real = git.Git.execute
+def execute(self, argv, *a, **k):
+    out = real(self, argv, *a, **k)
+    if "merge-file" in argv:
+        os.kill(os.getpid(), signal.SIGKILL)  # killed while the merge's inputs exist
+    return out
+git.Git.execute = execute
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_a_sync_killed_during_a_merge_leaves_no_temporary_files(tmp_path: Path, cache: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests import test_sync_loop as loop
+    proj = make_project(tmp_path, UPSTREAM)
+    loop.series(proj)
+    commit = loop.new_upstream(proj)
+    tmpdir = tmp_path / "tmpdir"
+    tmpdir.mkdir()
+    env = dict(os.environ, FORKTOOL_ROOT=str(proj.root), TMPDIR=str(tmpdir))
+    r = subprocess.run([sys.executable, "-c", KILL_AFTER_MERGE, "sync", "--to", commit, "--start"], env=env,
+                       capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    assert r.returncode == -9, r.stderr  # it did reach a merge
+    assert sorted(os.listdir(tmpdir)) == []
+    assert not [p for p in (proj.root / ".opencoti").rglob("*") if "merge" in p.name]
+    # the killed start is undone by --abort as any other stop
+    code, out, err = proj.run("sync", "--abort", expect=None)
+    assert code == 0, err
