@@ -181,6 +181,9 @@ JOURNAL = obj({
                    "x-error": "staged must be null or the number of a file in txn/new"},
         "mode": MODE, "sha256": {"anyOf": [{"type": "null"}, SHA256]}}, ["path", "staged", "mode"])},
     "state": {"type": "object", "maxProperties": 100},
+    # the backup taken just before the update, which `forktool recover` rolls back to
+    "backup": {"type": "string", "pattern": r"^\d{8}-\d{6}-[a-z0-9-]+\Z", "maxLength": 200,
+               "x-error": "expected the name of a backup directory (YYYYMMDD-HHMMSS-slug)"},
 }, ["entries", "state"])
 BACKUP = obj({
     "name": {"type": "string", "pattern": r"^\d{8}-\d{6}-[a-z0-9-]+\Z", "maxLength": 200},
