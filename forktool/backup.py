@@ -261,7 +261,7 @@ def sync_backups_dir(project: Project) -> Path:
     return project.state_dir / "sync-backups"
 
 
-def prune(backups_dir: Path, keep: int, needed: set[Path] = frozenset()) -> tuple[list[str], list[str]]:
+def prune(backups_dir: Path, keep: int, needed: frozenset[Path] | set[Path] = frozenset()) -> tuple[list[str], list[str]]:
     """Delete all but the newest `keep` backups, never one in `needed` (the caller holds the project lock);
     returns (removed, kept because needed)."""
     if keep < 0:

@@ -232,7 +232,7 @@ class Workspace:
                 b = bk.create(self.project.backups_dir, self.tree, label, f"before {label}", current,
                               self.pristine, self.state.to_json())
                 backup_name = b.name
-            txn.commit(self.tree, self.state_dir, writes, new_state.to_json())
+            txn.commit(self.tree, self.state_dir, writes, new_state.to_json(), backup_name)
             self.state = new_state
             if writes:
                 self.tree_moved()
@@ -248,12 +248,13 @@ class Workspace:
             if manifest.get(rel) != current.get(rel):
                 e = manifest.get(rel)
                 writes.append(txn.Write(rel, contents.get(rel), e.mode if e else REGULAR))
+        txn.check_plan(self.tree, writes)
         b = None
         if writes:
             b = bk.create(self.project.backups_dir, self.tree, f"restore-{name[16:] or name}",
                           f"before restoring {name}", current, self.pristine, self.state.to_json())
         state = State.from_json(saved_state) if saved_state else State(self.pristine_digest)
-        txn.commit(self.tree, self.state_dir, writes, state.to_json())
+        txn.commit(self.tree, self.state_dir, writes, state.to_json(), b.name if b else None)
         self.state = state
         self.tree_moved()
         return {"written": [w.path for w in writes], "backup": b.name if b else None, "restored": name}

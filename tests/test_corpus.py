@@ -191,11 +191,12 @@ def test_a_journal_that_cannot_finish_says_what_to_do(tmp_path: Path, cache: Pat
         assert code in (0, 1) and "Traceback" not in err, err
         if code == 1:
             assert "journal" in err or "could not finish" in err
-            assert "rm -rf" in err and "txn" in err  # how to discard it
-    # following the advice: discard the journal, put the directory back, and the project moves again
-    shutil.rmtree(proj.root / ".opencoti" / "txn")
+            assert "forktool recover --discard" in err and "rm -rf" not in err  # how to discard it
+    # following the advice: put the directory back, discard the journal, and the project moves again
     src.unlink()
     shutil.move(tmp_path / "src-moved", src)
+    proj.run("recover", "--discard", expect=None)
+    assert not (proj.root / ".opencoti" / "txn").exists()
     proj.run("unapply", "--force")
     proj.run("apply")
     proj.run("verify")

@@ -1,0 +1,77 @@
+"""`forktool recover`: show an interrupted update's journal, then finish it, roll back from its backup or discard it."""
+
+from __future__ import annotations
+
+from forktool import backup as bk
+from forktool import txn
+from forktool.errors import ForktoolError, UsageError
+from forktool.project import Project
+from forktool.workspace import Workspace
+
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at run time
+if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Any
+
+
+def journals(project: Project) -> list[tuple[str, Path, Path, str | None]]:
+    """Every journal forktool keeps: (kind, the root its paths are relative to, its directory's parent, the
+    schema of the state it records)."""
+    return [("tree", project.tree, project.state_dir, "state"),
+            ("sync", project.root, project.state_dir / "sync", "sync-state"),
+            ("sync-accept", project.root, project.state_dir / "sync-txn", None)]
+
+
+def recover(project: Project, *, discard: bool = False, backup: str | None = None) -> dict[str, Any]:
+    """Under the project lock: each journal found is shown, then finished when it is intact, discarded with
+    `discard`, or (the tree's) rolled back to the backup taken before it (or `backup`); the tree is then checked
+    against the recorded state."""
+    if discard and backup is not None:
+        raise UsageError("--discard and --backup exclude each other", where="forktool recover",
+                         hint="--discard keeps the tree as it is; --backup NAME rolls it back to that backup")
+    found: list[dict[str, Any]] = []
+    with txn.locked(project.state_dir):
+        for kind, root, state_dir, state_schema in journals(project):
+            j = txn.inspect(root, state_dir, state_schema)
+            if j is None:
+                continue
+            entry: dict[str, Any] = {"kind": kind, "journal": str(j.path), "damaged": j.damaged,
+                                     "started": j.started, "files": j.paths, "backup": j.backup}
+            found.append(entry)
+            if discard or not j.started:
+                txn.discard(state_dir)
+                entry["action"] = "discarded" if j.started else "discarded (it had not started writing)"
+            elif not j.damaged and backup is None:
+                txn.recover(root, state_dir, state_schema)
+                entry["action"] = "finished (rolled forward)"
+            elif kind != "tree":
+                raise ForktoolError(f"the {kind} journal is damaged: {j.damaged}", where=str(j.path),
+                                    hint="nothing was changed; `forktool recover --discard` drops it, then "
+                                         "`forktool sync --abort` puts the project back as it was before the sync")
+            else:
+                name = backup or j.backup or _newest(project)
+                ws = Workspace(project)
+                res = ws.restore(name)
+                entry["action"] = f"rolled back to backup {name}"
+                entry["written"] = res["written"]
+                entry["saved_as"] = res["backup"]
+        check = _check(project) if found else None
+    return {"journals": found, "check": check}
+
+
+def _newest(project: Project) -> str:
+    usable = [b for b in bk.list_backups(project.backups_dir) if b.tree_digest]
+    if not usable:
+        raise ForktoolError("the journal does not name its backup and there is no backup to roll back to",
+                            where=str(project.backups_dir), hint="nothing was changed; `forktool recover --discard` "
+                            "drops the journal and keeps the tree as it is")
+    return usable[-1].name
+
+
+def _check(project: Project) -> dict[str, Any]:
+    """The tree against the recorded state and the series, as `forktool status` judges it."""
+    ws = Workspace(project)
+    changes = ws.local_changes()
+    stale = ws.applied_stale()
+    return {"clean": not changes and not stale, "changes": [f"{s}: {p}" for s, p in changes],
+            "stale": stale, "top": ws.state.top}
