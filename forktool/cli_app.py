@@ -144,6 +144,17 @@ def backup_prune(keep: Annotated[int, typer.Option(help="How many of the newest 
     _run(json, lambda p: backup_cmds.prune(p, keep))
 
 
+@app.command()
+def recover(discard: Annotated[bool, typer.Option("--discard", help="Drop the journal and keep the tree as it is.")]
+            = False,
+            backup: Annotated[str | None, typer.Option(help="Roll back to this backup instead of the one taken "
+                                                            "before the update.")] = None,
+            json: Json = False) -> None:
+    """Show an interrupted update's journal; finish it, or roll the tree back from its backup, or discard it."""
+    from forktool.commands import recover_cmds
+    _run(json, lambda p: recover_cmds.recover(p, discard, backup))
+
+
 # ---------------------------------------------------------------- build, package, gates, sync
 
 
