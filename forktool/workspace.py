@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -259,6 +260,58 @@ class Workspace:
         self.tree_moved()
         return {"written": [w.path for w in writes], "backup": b.name if b else None, "restored": name}
 
+    def restore_sync(self, name: str) -> dict:
+        """Return the project to a sync's backup: the pin, lock, patches, series, registry and state it recorded,
+        and the tree from its paired tree backup (the one it names, else the same name), all in one journal; a patch
+        file it did not record goes. What is replaced is backed up first (both halves), so this is undone the same way."""
+        root = self.project.root
+        sync_dir = bk.sync_backups_dir(self.project)
+        path = bk.find(sync_dir, name)
+        proj_m, proj_c, meta = bk.load_for_restore(path, self.store.get)
+        # its paired tree backup: named in it (made a moment apart, the two names can differ), else the same name
+        named = meta.get("tree")
+        pair = named if isinstance(named, str) else name
+        tree_path = bk.find(self.project.backups_dir, pair) if pair != name else self.project.backups_dir / name
+        if not tree_path.is_dir() or tree_path.is_symlink():
+            raise ForktoolError(f"sync backup {name} has no tree backup {pair} beside it",
+                                where=str(tree_path), hint="nothing was changed; restore the project files by hand "
+                                "from it, or pick another one (`forktool backup list`)")
+        tree_m, tree_c, saved_state = bk.load_for_restore(tree_path, self.store.get, "state")
+        current = self.current()
+        writes: list[txn.Write] = []
+        prefix = self.tree.relative_to(root).as_posix() + "/"
+        for rel in sorted(set(tree_m) | set(current)):
+            if tree_m.get(rel) != current.get(rel):
+                e = tree_m.get(rel)
+                writes.append(txn.Write(prefix + rel, tree_c.get(rel), e.mode if e else REGULAR))
+        now: Manifest = {}
+        patches = sorted(f"patches/{p.name}" for p in self.project.patches_dir.iterdir()
+                         if p.is_file() and not p.is_symlink())
+        for rel in sorted(set(proj_m) | set(patches)):
+            p = resolve_inside(root, rel, "sync backup")
+            if p.is_file() and not p.is_symlink():
+                now[rel] = Entry(sha256_bytes(schema.read_regular(p, rel, schema.STATE_LIMIT, root)), REGULAR)
+            if proj_m.get(rel) != now.get(rel):
+                writes.append(txn.Write(rel, proj_c.get(rel), REGULAR))
+        state_rel = ".opencoti/state.json"
+        if state_rel not in proj_m and saved_state:  # a backup made before the first apply: the tree's says it
+            writes.append(txn.Write(state_rel, json.dumps(saved_state, indent=1, sort_keys=True).encode(), REGULAR))
+        txn.check_plan(root, writes)
+        saved: dict = {"tree": None, "project": None}
+        if writes:
+            stamp = f"restore-{name[16:] or name}"
+            why = f"before restoring sync/{name}"
+            saved["tree"] = bk.create(self.project.backups_dir, self.tree, stamp, why, current, self.pristine,
+                                      self.state.to_json()).name
+            saved["project"] = bk.create(sync_dir, root, stamp, why, now, {}, {"kind": "restore-sync",
+                                                                             "restoring": name,
+                                                                             "tree": saved["tree"]}).name
+        txn.commit(root, self.state_dir / "sync-txn", writes, {"restored": f"sync/{name}"})
+        self.state = State.from_json(saved_state) if saved_state else State(self.pristine_digest)
+        self.tree_moved()
+        return {"written": [w.path for w in writes], "backup": saved["tree"],
+                "sync_backup": saved["project"], "restored": f"sync/{name}"}
+
     def record_patched(self) -> bool:
         """Write the full series' tree digest to vendor.lock when the series changed; True when written."""
         if len(self.state.applied) != len(self.patches) or not self.patches:
@@ -333,6 +386,10 @@ def open_workspace(project: Project, *, use_cache: bool = True, progress: Progre
     """Take the project lock once, finish an interrupted transaction, and read the snapshot."""
     with txn.locked(project.state_dir):
         note = txn.recover(project.tree, project.state_dir, "state")
+        if note and warn is not None:
+            warn(note)
+        # the project-rooted journal of `sync --accept` and of restoring a sync's backup
+        note = txn.recover(project.root, project.state_dir / "sync-txn")
         if note and warn is not None:
             warn(note)
         _refuse_during_sync(project)

@@ -155,3 +155,36 @@ def test_backup_list_shows_sync_backups(stopped: Path) -> None:
     assert [b["name"] for b in res["sync_backups"]] == [proj_b]
     assert tree_b in [b["name"] for b in res["backups"]]
     assert f"sync/{proj_b}" in run_cli(stopped, ["backup", "list"])[2]
+
+
+def test_a_finished_sync_is_undone_by_restoring_its_backup(proj: Proj) -> None:
+    from tests import test_sync_loop as loop
+    loop.series(proj)
+    before = loop.everything(proj)
+    commit = loop.new_upstream(proj)
+    proj.run("sync", "--to", commit, "--start", expect=1)
+    tree_b, proj_b = _sync_backups(proj.root)
+    loop.resolve(proj)
+    proj.run("sync", "--continue")
+    assert loop.everything(proj) != before
+    # finished, it can still be undone: prune keeps its backups
+    res = proj.json("backup", "prune", "--keep", "0")
+    assert sorted(res["kept_for_sync"]) == sorted([tree_b, f"sync/{proj_b}"])
+    res = proj.json("backup", "restore", f"sync/{proj_b}")
+    assert res["restored"] == f"sync/{proj_b}" and res["backup"] and res["sync_backup"]
+    assert loop.everything(proj) == before
+    proj.run("verify")
+    # the moved project was kept too: restoring that backup pair goes forward again
+    res = proj.json("backup", "restore", f"sync/{res['sync_backup']}")
+    assert commit in (proj.root / "vendor" / "vendor.yaml").read_text()
+    proj.run("verify")
+
+
+def test_a_sync_backup_is_not_restored_while_the_sync_is_stopped(stopped: Path) -> None:
+    _, proj_b = _sync_backups(stopped)
+    before = digest(scan(stopped / "vendor" / "llamafile"))
+    lock = (stopped / "vendor" / "vendor.lock").read_bytes()
+    code, out, err = run_cli(stopped, ["backup", "restore", f"sync/{proj_b}"], expect=1)
+    assert "in progress" in err and "--abort" in err
+    assert digest(scan(stopped / "vendor" / "llamafile")) == before
+    assert (stopped / "vendor" / "vendor.lock").read_bytes() == lock

@@ -34,9 +34,14 @@ def list_(project: Project) -> Report:
 
 def restore(project: Project, name: str) -> Report:
     with open_workspace(project) as ws:
-        res = ws.restore(name)
+        if name.startswith(bk.SYNC_PREFIX):
+            res = ws.restore_sync(name[len(bk.SYNC_PREFIX):])
+        else:
+            res = ws.restore(name)
     return Report(res, [f"restored {name}: wrote {len(res['written'])} file(s)"
-                        + (f"; previous tree backed up as {res['backup']}" if res["backup"] else "")])
+                        + (f"; previous tree backed up as {res['backup']}" if res["backup"] else "")
+                        + (f", previous project files as sync/{res['sync_backup']}" if res.get("sync_backup")
+                           else "")])
 
 
 def prune(project: Project, keep: int) -> Report:

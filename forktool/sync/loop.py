@@ -465,7 +465,8 @@ def _back_up(project: Project, st: dict, ws: Workspace, current: Manifest, progr
     tb = bk.create(project.backups_dir, project.tree, f"sync-start-{label}", why, current, ws.pristine,
                    ws.state.to_json())
     pb = bk.create(project.state_dir / "sync-backups", project.root, f"sync-start-{label}", why,
-                   _project_manifest(project), {}, {"kind": "sync-start", "from": st["from_spec"], "to": st["to_spec"]})
+                   _project_manifest(project), {}, {"kind": "sync-start", "from": st["from_spec"], "to": st["to_spec"],
+                                                   "tree": tb.name})
     st["backups"] = {"tree": tb.name, "project": pb.name}
     atomic_write(state_path(project), json.dumps(st, indent=1, sort_keys=True).encode())
     txn.fault("sync-backed-up")
