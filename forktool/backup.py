@@ -256,6 +256,12 @@ def in_use(project: Project) -> set[Path]:
     return needed
 
 
+def check_dirs(project: Project) -> None:
+    """Both backup directories (the tree's and the sync's) are real directories or absent; else refused."""
+    _check_dir(project.backups_dir)
+    _check_dir(sync_backups_dir(project))
+
+
 def sync_backups_dir(project: Project) -> Path:
     """Where a sync keeps its backups of the pin, lock, patches, state and registry (the tree's go with the rest)."""
     return project.state_dir / "sync-backups"

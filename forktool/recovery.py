@@ -19,7 +19,7 @@ def journals(project: Project) -> list[tuple[str, Path, Path, str | None]]:
     schema of the state it records)."""
     return [("tree", project.tree, project.state_dir, "state"),
             ("sync", project.root, project.state_dir / "sync", "sync-state"),
-            ("sync-accept", project.root, project.state_dir / "sync-txn", None)]
+            ("project", project.root, project.state_dir / "sync-txn", None)]
 
 
 def recover(project: Project, *, discard: bool = False, backup: str | None = None) -> dict[str, Any]:
@@ -45,9 +45,10 @@ def recover(project: Project, *, discard: bool = False, backup: str | None = Non
                 txn.recover(root, state_dir, state_schema)
                 entry["action"] = "finished (rolled forward)"
             elif kind != "tree":
+                undo = ("`forktool sync --abort` puts the project back as it was before the sync" if kind == "sync"
+                        else "`forktool backup restore sync/NAME` puts the project files back from a sync's backup")
                 raise ForktoolError(f"the {kind} journal is damaged: {j.damaged}", where=str(j.path),
-                                    hint="nothing was changed; `forktool recover --discard` drops it, then "
-                                         "`forktool sync --abort` puts the project back as it was before the sync")
+                                    hint=f"nothing was changed; `forktool recover --discard` drops it, then {undo}")
             else:
                 name = backup or j.backup or _newest(project)
                 ws = Workspace(project)

@@ -481,6 +481,7 @@ def _require(project: Project, what: str) -> dict:
     if st is None:
         raise ForktoolError(f"no sync in progress to {what}", where=str(state_path(project)),
                             hint="start one with `forktool sync --to SPEC --start`")
+    bk.check_dirs(project)  # a backup directory replaced by a file or a link is refused, not taken for "elsewhere"
     if not has_backups(project, st) and not (st["stage"] == "starting" and not st.get("backups")):
         raise ForktoolError(f"the sync to {st['to_spec']} was recorded elsewhere; this checkout has not reached "
                             "its stop", where=str(state_path(project)),
