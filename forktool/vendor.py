@@ -49,12 +49,17 @@ def sdist_path(project: Project, comp: Component) -> Path:
     return project.cache_dir / "sdist" / f"{comp.sha256}.tar.gz"
 
 
-def pip_download(requirement: str, dest: Path) -> Path:
-    """The one place forktool downloads: `pip download` of one source distribution into dest; returns its path."""
+def pip_download(requirement: str, dest: Path, progress: Callable[[str], None] | None = None) -> Path:
+    """The one place forktool downloads: `pip download` of one source distribution into dest; returns its path.
+    pip's own lines (what it collects, the size, where it saved it) go to `progress` as they come."""
     from forktool import proc  # the download, extraction and git machinery load only when a fetch needs them
 
-    proc.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-              "--disable-pip-version-check", "-d", dest, requirement])
+    argv: list[str | Path] = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                              "--disable-pip-version-check", "--progress-bar", "off", "-d", dest, requirement]
+    if progress is None:
+        proc.run(argv)
+    else:
+        proc.stream(argv, on_line=lambda line: progress(f"pip: {line}") if line.strip() else None)
     found = sorted(dest.glob("*.tar.gz"))
     if len(found) != 1:
         raise ForktoolError(f"pip did not produce one sdist for {requirement}", where=str(dest),
@@ -62,7 +67,8 @@ def pip_download(requirement: str, dest: Path) -> Path:
     return found[0]
 
 
-def download_sdist(project: Project, comp: Component, local: Path | None = None) -> Path:
+def download_sdist(project: Project, comp: Component, local: Path | None = None,
+                   progress: Callable[[str], None] | None = None) -> Path:
     """The sdist in the cache, downloaded by name with pip when missing; refuses a sha256 mismatch."""
     dest = sdist_path(project, comp)
     if dest.is_file() and sha256_file(dest) == comp.sha256:
@@ -71,7 +77,7 @@ def download_sdist(project: Project, comp: Component, local: Path | None = None)
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="forktool-dl-") as tmp:
-        candidate = local if local is not None else pip_download(comp.spec, Path(tmp))
+        candidate = local if local is not None else pip_download(comp.spec, Path(tmp), progress)
         got = sha256_file(candidate)
         if got != comp.sha256:
             raise ForktoolError(
@@ -191,7 +197,7 @@ def fetch_pristine(project: Project, *, local_sdist: Path | None = None,
     for comp in comps:
         if comp.kind == "sdist":
             progress(f"downloading {comp.spec} with pip")
-            archive = download_sdist(project, comp, local_sdist).read_bytes()
+            archive = download_sdist(project, comp, local_sdist, progress).read_bytes()
             strip_top = True
         else:
             progress(f"archiving {comp.spec} with git")

@@ -190,3 +190,61 @@ def test_a_sync_killed_during_a_merge_leaves_no_temporary_files(tmp_path: Path, 
     # the killed start is undone by --abort as any other stop
     code, out, err = proj.run("sync", "--abort", expect=None)
     assert code == 0, err
+
+
+BACKEND = '''import os
+def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
+    os.makedirs(os.path.join(metadata_directory, "pkg-1.0.dist-info"))
+    with open(os.path.join(metadata_directory, "pkg-1.0.dist-info", "METADATA"), "w") as f:
+        f.write("Metadata-Version: 2.1\\nName: pkg\\nVersion: 1.0\\n")
+    return "pkg-1.0.dist-info"
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    raise RuntimeError("pip download never builds")
+'''
+
+
+def _local_index(where: Path) -> str:
+    """A find-links directory holding pkg-1.0.tar.gz, an sdist pip can read offline (an in-tree build backend that
+    needs nothing installed); returns its sha256."""
+    import hashlib
+    import io
+    import tarfile
+    files = {"pkg-1.0/pyproject.toml": b'[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n',
+             "pkg-1.0/backend.py": BACKEND.encode(), "pkg-1.0/PKG-INFO": b"Metadata-Version: 2.1\nName: pkg\nVersion: 1.0\n",
+             "pkg-1.0/vendor/up/src/a.c": b"int a;\n"}
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in files.items():
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tar.addfile(ti, io.BytesIO(data))
+    where.mkdir(parents=True)
+    (where / "pkg-1.0.tar.gz").write_bytes(buf.getvalue())
+    return hashlib.sha256(buf.getvalue()).hexdigest()
+
+
+def test_only_vendor_fetch_downloads_and_it_shows_pip_as_it_goes(tmp_path: Path, cache: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    sha = _local_index(tmp_path / "links")
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "links"))
+    root = tmp_path / "proj"
+    (root / "vendor").mkdir(parents=True)
+    (root / "patches").mkdir()
+    (root / "patches" / "series").write_text("")
+    (root / "vendor" / "vendor.yaml").write_text(
+        f"components:\n  - name: up\n    kind: sdist\n    package: pkg\n    version: '1.0'\n    sha256: '{sha}'\n"
+        "    subdir: vendor/up\n    include: [src]\n")
+    from tests.conftest import run_cli
+    code, out, err = run_cli(root, ["vendor", "fetch"])
+    assert "downloading pkg==1.0 with pip" in err and "pip: Saved" in err
+    assert (root / "vendor" / "llamafile" / "up" / "src" / "a.c").read_text() == "int a;\n"
+    run_cli(root, ["status"])
+    # a fresh cache: status names what is missing and the command that fetches it; pip never runs
+    fresh = tmp_path / "fresh-cache"
+    monkeypatch.setenv("FORKTOOL_CACHE", str(fresh))
+    lock = (root / "vendor" / "vendor.lock").read_bytes()
+    for argv in (["status"], ["verify"], ["apply"]):
+        code, out, err = run_cli(root, argv, expect=1)
+        assert "is not in the cache" in err and "forktool vendor fetch" in err and "pip" not in err
+    assert not (fresh / "sdist").exists() and (root / "vendor" / "vendor.lock").read_bytes() == lock
