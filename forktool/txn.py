@@ -210,8 +210,11 @@ RECOVER_HINT = ("`forktool recover` shows it and rolls the tree back to the back
                 "afterwards")
 
 
+DAMAGED = "the journal of an interrupted update is damaged or not forktool's: "
+
+
 def _damaged(tdir: Path, why: str) -> ForktoolError:
-    return ForktoolError(f"the journal of an interrupted update is damaged or not forktool's: {why}",
+    return ForktoolError(f"{DAMAGED}{why}",
                          where=str(tdir / "plan.json"), hint=f"nothing was changed. {RECOVER_HINT}")
 
 
@@ -359,7 +362,7 @@ def inspect(tree: Path, state_dir: Path, state_schema: str | None = None) -> Jou
     try:
         plan = _read_plan(tree, state_dir, state_schema)
     except ForktoolError as e:
-        return Journal(tdir, e.what, True, [], _named_backup(tdir))
+        return Journal(tdir, e.what.removeprefix(DAMAGED), True, [], _named_backup(tdir))
     return Journal(tdir, "", True, [e["path"] for e in plan["entries"]], plan.get("backup"))
 
 
