@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 from forktool import backup as bk
-from forktool import txn
+from forktool import schema, txn
 from forktool.errors import ForktoolError, UsageError
 from forktool.project import Project
 from forktool.workspace import Workspace
-
-TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at run time
-if TYPE_CHECKING:
-    from pathlib import Path
-    from typing import Any
 
 
 def journals(project: Project) -> list[tuple[str, Path, Path, str | None]]:
@@ -70,9 +68,14 @@ def _newest(project: Project) -> str:
 
 
 def _check(project: Project) -> dict[str, Any]:
-    """The tree against the recorded state and the series, as `forktool status` judges it."""
+    """The tree against the recorded state and the series, as `forktool status` judges it; not checked while a
+    sync holds the tree (its own state says what the tree should be: `forktool status` shows it)."""
+    st = schema.load_sync_state(project.state_dir / "sync" / "state.json", project.state_dir)
+    if st is not None and st["stage"] in ("starting", "stopped", "finishing"):
+        return {"checked": False, "why": f"a sync to {st['to_spec']} is in progress ({st['stage']}); the tree "
+                "belongs to it", "clean": None, "changes": [], "stale": [], "top": None}
     ws = Workspace(project)
     changes = ws.local_changes()
     stale = ws.applied_stale()
-    return {"clean": not changes and not stale, "changes": [f"{s}: {p}" for s, p in changes],
+    return {"checked": True, "clean": not changes and not stale, "changes": [f"{s}: {p}" for s, p in changes],
             "stale": stale, "top": ws.state.top}

@@ -126,3 +126,25 @@ def test_nothing_to_recover(series: Proj) -> None:
     assert "nothing to recover" in err
     code, out, err = series.run("recover", "--discard", "--backup", "x", expect=2)
     assert "exclude each other" in err
+
+
+def test_a_damaged_sync_journal_is_discarded_then_the_sync_aborted(tmp_path: Path, cache: Path) -> None:
+    from forktool.tree import digest, scan
+    from tests.conftest import run_cli
+    root = corpus.stopped_sync(tmp_path / "s")
+    want = json.loads((root / ".opencoti" / "sync" / "state.json").read_text())["tree_digest_before"]
+    tdir = root / ".opencoti" / "sync" / "txn"
+    (tdir / "new").mkdir(parents=True)
+    (tdir / "plan.json").write_text("{not json")
+    code, out, err = run_cli(root, ["sync", "--abort"], expect=1)
+    assert "forktool recover" in err
+    code, out, err = run_cli(root, ["recover"], expect=1)
+    assert "the sync journal is damaged" in err and "recover --discard" in err and "sync --abort" in err
+    assert tdir.exists()
+    res = json.loads(run_cli(root, ["recover", "--discard", "--json"])[1])
+    assert res["journals"][0]["kind"] == "sync" and res["journals"][0]["action"] == "discarded"
+    assert res["check"]["checked"] is False and "in progress" in res["check"]["why"]
+    assert not tdir.exists()
+    run_cli(root, ["sync", "--abort"])
+    assert digest(scan(root / "vendor" / "llamafile")) == want
+    run_cli(root, ["verify"])

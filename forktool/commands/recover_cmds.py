@@ -21,6 +21,10 @@ def recover(project: Project, discard: bool, backup: str | None) -> Report:
         lines.append(f"  {j['action']}" + (f": wrote {len(j['written'])} file(s)" if "written" in j else "")
                      + (f"; the tree as it was is kept as backup {j['saved_as']}" if j.get("saved_as") else ""))
     check = res["check"]
+    if not check["checked"]:
+        lines.append(f"tree not checked: {check['why']} (`forktool status` shows where it stands; "
+                     "`forktool sync --abort` returns to before it)")
+        return Report(res, lines)
     if check["clean"]:
         lines.append(f"tree checked: it holds exactly what the recorded state says (top: {check['top'] or 'none'})")
         return Report(res, lines)
