@@ -146,17 +146,18 @@ class Workspace:
         return diff_manifests(self.expected(), self.current())
 
     def refuse_unexplained(self, *, stale_hint: str | None = None, dirty_hint: str | None = None,
-                           keep: tuple[str, ...] = ()) -> None:
+                           keep: tuple[str, ...] = (), dirty: list[tuple[str, str]] | None = None) -> None:
         """The one "changes no patch explains" check: refuse (DirtyTreeError, exit 1) when an applied patch changed
         on disk since it was applied (checked when stale_hint is given; ids in keep are let through) or the tree
-        holds changes no patch explains (checked when dirty_hint is given). The hints say what to do next."""
+        holds changes no patch explains (checked when dirty_hint is given; `dirty`: local_changes() when the caller
+        has it already). The hints say what to do next."""
         if stale_hint is not None:
             stale = [pid for pid in self.applied_stale() if pid not in keep]
             if stale:
                 raise DirtyTreeError(f"applied patch(es) {', '.join(stale)} changed on disk since they were applied",
                                      where="patches/", hint=stale_hint)
         if dirty_hint is not None:
-            dirty = self.local_changes()
+            dirty = self.local_changes() if dirty is None else dirty
             if dirty:
                 raise DirtyTreeError(f"the vendored tree has {len(dirty)} change(s) that no patch explains",
                                      where=str(self.tree), details=[f"{s}: {p}" for s, p in dirty[:50]],
@@ -196,10 +197,10 @@ class Workspace:
             self._write_state()
             self.tree_moved()
         current = self.current()
+        dirty = self.local_changes()
         if not force:
             self.refuse_unexplained(dirty_hint="keep them with `forktool new SLUG` + `forktool refresh ID`, or pass "
-                                               "--force to back them up and overwrite them")
-        dirty = self.local_changes()
+                                               "--force to back them up and overwrite them", dirty=dirty)
         recorded = [(a["id"], a["sha256"]) for a in self.state.applied]
         if not dirty and not fresh and recorded == [(p.id, p.sha256) for p in target]:
             # the tree holds exactly what the state records for these very patches on this pristine
