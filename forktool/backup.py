@@ -239,7 +239,7 @@ def in_use(project: Project) -> set[Path]:
 
     Read from the sync's own state files, each checked against its schema; one that cannot be read is refused
     rather than guessed at, so prune never deletes on a misreading."""
-    sync = project.state_dir / "sync"
+    sync = project.sync_dir
     needed: set[Path] = set()
     for name in ("state.json", "last.json"):
         path = sync / name
@@ -264,7 +264,7 @@ def check_dirs(project: Project) -> None:
 
 def sync_backups_dir(project: Project) -> Path:
     """Where a sync keeps its backups of the pin, lock, patches, state and registry (the tree's go with the rest)."""
-    return project.state_dir / "sync-backups"
+    return project.sync_backups_dir
 
 
 def prune(backups_dir: Path, keep: int, needed: frozenset[Path] | set[Path] = frozenset()) -> tuple[list[str], list[str]]:

@@ -131,6 +131,21 @@ class Project(Record):
         return self.state_dir / "vendor-backups"
 
     @property
+    def sync_dir(self) -> Path:
+        """A sync's own state (state.json, last.json) and journal (txn/)."""
+        return self.state_dir / "sync"
+
+    @property
+    def sync_backups_dir(self) -> Path:
+        """A sync's backups of the pin, lock, patches, state and registry (the tree's go to backups_dir)."""
+        return self.state_dir / "sync-backups"
+
+    @property
+    def project_journal_dir(self) -> Path:
+        """Where the journal of an update to the project's own files lives (its paths relative to root)."""
+        return self.state_dir / "sync-txn"
+
+    @property
     def registry_dir(self) -> Path:
         return self.root / "registry"
 

@@ -16,8 +16,8 @@ def journals(project: Project) -> list[tuple[str, Path, Path, str | None]]:
     """Every journal forktool keeps: (kind, the root its paths are relative to, its directory's parent, the
     schema of the state it records)."""
     return [("tree", project.tree, project.state_dir, "state"),
-            ("sync", project.root, project.state_dir / "sync", "sync-state"),
-            ("project", project.root, project.state_dir / "sync-txn", None)]
+            ("sync", project.root, project.sync_dir, "sync-state"),
+            ("project", project.root, project.project_journal_dir, None)]
 
 
 def recover(project: Project, *, discard: bool = False, backup: str | None = None) -> dict[str, Any]:
@@ -70,7 +70,7 @@ def _newest(project: Project) -> str:
 def _check(project: Project) -> dict[str, Any]:
     """The tree against the recorded state and the series, as `forktool status` judges it; not checked while a
     sync holds the tree (its own state says what the tree should be: `forktool status` shows it)."""
-    st = schema.load_sync_state(project.state_dir / "sync" / "state.json", project.state_dir)
+    st = schema.load_sync_state(project.sync_dir / "state.json", project.state_dir)
     if st is not None and st["stage"] in ("starting", "stopped", "finishing"):
         return {"checked": False, "why": f"a sync to {st['to_spec']} is in progress ({st['stage']}); the tree "
                 "belongs to it", "clean": None, "changes": [], "stale": [], "top": None}

@@ -307,7 +307,7 @@ class Workspace:
             saved["project"] = bk.create(sync_dir, root, stamp, why, now, {}, {"kind": "restore-sync",
                                                                              "restoring": name,
                                                                              "tree": saved["tree"]}).name
-        txn.commit(root, self.state_dir / "sync-txn", writes, {"restored": f"sync/{name}"})
+        txn.commit(root, self.project.project_journal_dir, writes, {"restored": f"sync/{name}"})
         self.state = State.from_json(saved_state) if saved_state else State(self.pristine_digest)
         self.tree_moved()
         return {"written": [w.path for w in writes], "backup": saved["tree"],
@@ -390,7 +390,7 @@ def open_workspace(project: Project, *, use_cache: bool = True, progress: Progre
         if note and warn is not None:
             warn(note)
         # the project-rooted journal of `sync --accept` and of restoring a sync's backup
-        note = txn.recover(project.root, project.state_dir / "sync-txn")
+        note = txn.recover(project.root, project.project_journal_dir)
         if note and warn is not None:
             warn(note)
         _refuse_during_sync(project)
@@ -399,7 +399,7 @@ def open_workspace(project: Project, *, use_cache: bool = True, progress: Progre
 
 def _refuse_during_sync(project: Project) -> None:
     """The tree belongs to a stopped `forktool sync` until it is continued or aborted."""
-    path = project.state_dir / "sync" / "state.json"
+    path = project.sync_dir / "state.json"
     st = schema.load_sync_state(path, project.state_dir)
     if st is None:
         return
