@@ -38,7 +38,8 @@ def with_derived_trailers(project: Project, patch: Patch, files_diff: list) -> t
     diff_only = with_files(patch, files_diff)
     trailers = {"Opencoti-Hooks": ", ".join(hooks_in_patch(diff_only)),
                 "Build-Impact": impact_label(project, diff_only.paths) if diff_only.paths else ""}
-    return with_files(diff_only.replace(header=set_trailers(patch.header, trailers)), files_diff), trailers
+    header = set_trailers(patch.header, trailers, f"patches/{patch.name}")
+    return with_files(diff_only.replace(header=header), files_diff), trailers
 
 
 def _check_refreshable(ws: Workspace, pid: str) -> tuple[int, Patch]:
@@ -50,12 +51,10 @@ def _check_refreshable(ws: Workspace, pid: str) -> tuple[int, Patch]:
                          hint=f"run `forktool apply --upto {pid}` first, edit, then refresh")
     idx = ws.index(pid)
     patch = ws.patches[idx]
-    stale = ws.applied_stale()
-    if pid in stale and ws.state.applied[applied.index(pid)].get("diff_sha256") == patch.diff_sha256:
-        stale.remove(pid)  # only its message was edited: refresh keeps the new message
-    if stale:
-        raise ForktoolError(f"applied patch(es) {', '.join(stale)} changed on disk since they were applied",
-                            where="patches/", hint="run `forktool apply --upto ID` to re-apply them first")
+    # only its message edited: refresh keeps the new message
+    message_only = ws.state.applied[applied.index(pid)].get("diff_sha256") == patch.diff_sha256
+    ws.refuse_unexplained(stale_hint="run `forktool apply --upto ID` to re-apply them first",
+                          keep=(pid,) if message_only else ())
     return idx, patch
 
 

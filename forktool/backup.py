@@ -10,6 +10,7 @@ from pathlib import Path
 
 from forktool import schema
 from forktool.errors import ForktoolError, UnsafePathError, UsageError
+from forktool.project import Project
 from forktool.record import NamedTuple
 from forktool.store import ObjectStore
 from forktool.tree import (
@@ -25,6 +26,7 @@ from forktool.tree import (
 )
 
 SLUG_OK = "abcdefghijklmnopqrstuvwxyz0123456789-"
+SYNC_PREFIX = "sync/"  # how a sync's backup is named on the command line: sync/NAME
 
 
 class Backup(NamedTuple):
@@ -141,6 +143,7 @@ def _check_dir(backups_dir: Path) -> None:
 
 def _load(path: Path) -> dict:
     """A backup's manifest.json checked against its schema and its own checksum."""
+    _check_dir(path.parent)  # every backup directory, the tree's and a sync's alike, follows the same rules
     if path.is_symlink():
         raise UnsafePathError(f"backup {path.name} is a symlink", where=str(path),
                               hint="forktool reads backups only from real directories under .opencoti/vendor-backups")
@@ -230,12 +233,51 @@ def load_for_restore(path: Path, pristine_get, state_schema: str | None = None
     return manifest, contents, m.get("state", {})
 
 
-def prune(backups_dir: Path, keep: int) -> list[str]:
-    """Delete all but the newest `keep` backups (the caller holds the project lock)."""
+def in_use(project: Project) -> set[Path]:
+    """The backups an operation may still restore, which prune must keep: those of a sync that is in progress
+    (starting, stopped, finishing) and of the last finished sync, which can still be undone.
+
+    Read from the sync's own state files, each checked against its schema; one that cannot be read is refused
+    rather than guessed at, so prune never deletes on a misreading."""
+    sync = project.sync_dir
+    needed: set[Path] = set()
+    for name in ("state.json", "last.json"):
+        path = sync / name
+        try:
+            st = schema.load_sync_state(path, project.state_dir)
+        except ForktoolError as e:
+            raise ForktoolError(f"cannot tell which backups the sync recorded in {path} needs: {e.what}",
+                                where=e.where or str(path), hint="nothing was removed; " + (e.hint or
+                                "fix or restore that file, then prune again")) from None
+        if st is None or st["stage"] == "aborted" or not st["backups"]:
+            continue
+        needed.add(project.backups_dir / st["backups"]["tree"])
+        needed.add(sync_backups_dir(project) / st["backups"]["project"])
+    return needed
+
+
+def check_dirs(project: Project) -> None:
+    """Both backup directories (the tree's and the sync's) are real directories or absent; else refused."""
+    _check_dir(project.backups_dir)
+    _check_dir(sync_backups_dir(project))
+
+
+def sync_backups_dir(project: Project) -> Path:
+    """Where a sync keeps its backups of the pin, lock, patches, state and registry (the tree's go with the rest)."""
+    return project.sync_backups_dir
+
+
+def prune(backups_dir: Path, keep: int, needed: frozenset[Path] | set[Path] = frozenset()) -> tuple[list[str], list[str]]:
+    """Delete all but the newest `keep` backups, never one in `needed` (the caller holds the project lock);
+    returns (removed, kept because needed)."""
     if keep < 0:
         raise UsageError(f"--keep {keep}: must be zero or more", where="--keep")
     backups = list_backups(backups_dir)
     doomed = backups[: max(0, len(backups) - keep)]
+    held = [b.name for b in doomed if b.path in needed]
+    gone = []
     for b in doomed:
-        remove_tree(b.path)
-    return [b.name for b in doomed]
+        if b.path not in needed:
+            remove_tree(b.path)
+            gone.append(b.name)
+    return gone, held

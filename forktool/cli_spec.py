@@ -128,6 +128,11 @@ def _backup_prune(p: Project, o: Opts) -> Report:
     return backup_cmds.prune(p, int(o["keep"]))  # type: ignore[arg-type]
 
 
+def _recover(p: Project, o: Opts) -> Report:
+    from forktool.commands import recover_cmds
+    return recover_cmds.recover(p, bool(o["discard"]), _opt(o, "backup"))
+
+
 def _build(p: Project, o: Opts) -> Report:
     from forktool.commands import build_cmds
     jobs = o["jobs"]
@@ -225,6 +230,11 @@ COMMANDS = [
     Command(("backup", "prune"), "Delete all but the newest N backups.",
             [Param("keep", "--keep", kind="int", default=10, help="How many of the newest to keep."), JSON],
             _backup_prune, moves=True),
+    Command(("recover",), "Show an interrupted update's journal; finish it, or roll the tree back from its backup, or "
+            "discard it.",
+            [Param("discard", "--discard", help="Drop the journal and keep the tree as it is."),
+             Param("backup", "--backup", kind="str", help="Roll back to this backup instead of the one taken before "
+                   "the update."), JSON], _recover, moves=True),
     # build, package, gates, sync
     Command(("build",), "Configure once, then make only the targets the applied patches impact; check the rest kept "
             "its bytes.",

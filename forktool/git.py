@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -42,17 +43,38 @@ def archive_commit(url: str, commit: str, cache: Path) -> bytes:
 def merge_file(ours: bytes, base: bytes, theirs: bytes, labels: tuple[str, str, str]) -> tuple[bytes, int]:
     """3-way merge of one file's bytes with `git merge-file -p --diff3`: (result, number of conflicts)."""
     git = _git()
-    with tempfile.TemporaryDirectory(prefix="forktool-merge-") as tmp:
-        paths = []
-        for name, data in (("ours", ours), ("base", base), ("theirs", theirs)):
-            p = Path(tmp) / name
-            p.write_bytes(data)
-            paths.append(str(p))
-        argv = ["git", "merge-file", "-p", "--diff3",
-                "-L", labels[0], "-L", labels[1], "-L", labels[2], *paths]
-        # exit status is the conflict count (capped at 127); a negative status (255) is an error
-        status, out, err = git.Git(tmp).execute(argv, with_extended_output=True, with_exceptions=False,
-                                                stdout_as_string=False, strip_newline_in_stdout=False)
+    inputs = (("ours", ours), ("base", base), ("theirs", theirs))
+    if hasattr(os, "memfd_create"):
+        # the three inputs live in anonymous memory files handed to git by descriptor: nothing is written to
+        # disk, so nothing is left behind on any path out of here, a SIGKILL included
+        fds = []
+        try:
+            for name, data in inputs:
+                fd = os.memfd_create(f"forktool-merge-{name}", 0)
+                fds.append(fd)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            argv = ["git", "merge-file", "-p", "--diff3", "-L", labels[0], "-L", labels[1], "-L", labels[2],
+                    *(f"/dev/fd/{fd}" for fd in fds)]
+            status, out, err = git.Git().execute(argv, with_extended_output=True, with_exceptions=False,
+                                                 stdout_as_string=False, strip_newline_in_stdout=False,
+                                                 pass_fds=tuple(fds))
+        finally:
+            for fd in fds:
+                os.close(fd)
+    else:
+        with tempfile.TemporaryDirectory(prefix="forktool-merge-") as tmp:
+            paths = []
+            for name, data in inputs:
+                p = Path(tmp) / name
+                p.write_bytes(data)
+                paths.append(str(p))
+            argv = ["git", "merge-file", "-p", "--diff3",
+                    "-L", labels[0], "-L", labels[1], "-L", labels[2], *paths]
+            # exit status is the conflict count (capped at 127); a negative status (255) is an error
+            status, out, err = git.Git(tmp).execute(argv, with_extended_output=True, with_exceptions=False,
+                                                    stdout_as_string=False, strip_newline_in_stdout=False)
     if status < 0 or status > 127:
         msg = err.decode("utf-8", "replace") if isinstance(err, bytes) else str(err)
         raise ForktoolError(f"git merge-file failed: {msg.strip()}",

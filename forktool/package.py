@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import jinja2
 
-from forktool import archive
+from forktool import archive, schema
 from forktool.errors import ForktoolError, UnsafePathError, VerifyError
 from forktool.project import Project
 from forktool.series import series_digest, series_digest_of
@@ -221,9 +221,11 @@ def verify_release(directory: Path) -> dict[str, Any]:
             problems.append(f"{rel}: sha256 differs from {SUMS}")
     manifest: dict[str, Any] = {}
     try:
-        manifest = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))
-    except (FileNotFoundError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        problems.append(f"{MANIFEST}: unreadable ({e})")
+        path = directory / MANIFEST
+        text = schema.decode(schema.read_regular(path, MANIFEST, schema.STATE_LIMIT, directory), path)
+        manifest = schema.check(schema.parse_json(text, str(path)), "release", str(path))
+    except ForktoolError as e:
+        problems.append(f"{MANIFEST}: {e.what}" + (f" ({e.where})" if e.where and e.where != str(path) else ""))
     if manifest:
         problems += _check_manifest(directory, manifest, sums)
     if problems:

@@ -142,6 +142,21 @@ class Project(Record):
         return self.state_dir / "vendor-backups"
 
     @property
+    def sync_dir(self) -> Path:
+        """A sync's own state (state.json, last.json) and journal (txn/)."""
+        return self.state_dir / "sync"
+
+    @property
+    def sync_backups_dir(self) -> Path:
+        """A sync's backups of the pin, lock, patches, state and registry (the tree's go to backups_dir)."""
+        return self.state_dir / "sync-backups"
+
+    @property
+    def project_journal_dir(self) -> Path:
+        """Where the journal of an update to the project's own files lives (its paths relative to root)."""
+        return self.state_dir / "sync-txn"
+
+    @property
     def registry_dir(self) -> Path:
         return self.root / "registry"
 
@@ -149,9 +164,12 @@ class Project(Record):
     def cache_dir(self) -> Path:
         env = os.environ.get("FORKTOOL_CACHE")
         if env:
-            return Path(env)
-        xdg = os.environ.get("XDG_CACHE_HOME")
-        return (Path(xdg) if xdg else Path.home() / ".cache") / "forktool"
+            path = Path(env)
+        else:
+            xdg = os.environ.get("XDG_CACHE_HOME")
+            path = (Path(xdg) if xdg else Path.home() / ".cache") / "forktool"
+        check_cache_dir(path, "FORKTOOL_CACHE" if env else "the user cache directory")
+        return path
 
     @property
     def vendor(self) -> VendorConfig:
@@ -160,12 +178,33 @@ class Project(Record):
         return self._vendor
 
 
+def check_cache_dir(path: Path, source: str) -> None:
+    """The cache directory must be a directory (or not exist yet): anything else is refused before it is used."""
+    try:
+        bad = os.path.lexists(path) and not path.is_dir()
+    except OSError as e:
+        raise ConfigError(f"{source} ({str(path)[:120]}) cannot be used as the cache: {e.strerror}", where=source,
+                          hint="point FORKTOOL_CACHE at a directory (it is created when missing)") from None
+    if bad:
+        raise ConfigError(f"{source} ({path}) is not a directory, so it cannot hold the cache", where=str(path),
+                          hint="point FORKTOOL_CACHE at a directory (it is created when missing), or move the file "
+                               "away")
+
+
 def find_project(start: Path | None = None) -> Project:
     env = os.environ.get("FORKTOOL_ROOT")
     here = Path(env) if env else (start or Path.cwd())
     here = here.resolve()
     for candidate in (here, *here.parents):
-        if (candidate / "patches" / "series").is_file() and (candidate / "vendor" / "vendor.yaml").is_file():
+        try:
+            found = (candidate / "patches" / "series").is_file() and (candidate / "vendor" / "vendor.yaml").is_file()
+        except OSError as e:  # a name the system cannot look up (too long, a loop of links)
+            source = "FORKTOOL_ROOT" if env else "the current directory"
+            raise UsageError(f"{source} cannot be used as a project directory: {e.strerror}",
+                             where=f"{str(candidate)[:120]}{'...' if len(str(candidate)) > 120 else ''}",
+                             hint="set FORKTOOL_ROOT to the project's directory (the one holding patches/series), "
+                                  "or unset it and run from inside the project") from None
+        if found:
             return Project(candidate)
     raise UsageError("not inside a forktool project", where=str(here),
                      hint="run from a directory holding patches/series and vendor/vendor.yaml, or set FORKTOOL_ROOT")

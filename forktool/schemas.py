@@ -191,6 +191,9 @@ JOURNAL = obj({
                    "x-error": "staged must be null or the number of a file in txn/new"},
         "mode": MODE, "sha256": {"anyOf": [{"type": "null"}, SHA256]}}, ["path", "staged", "mode"])},
     "state": {"type": "object", "maxProperties": 100},
+    # the backup taken just before the update, which `forktool recover` rolls back to
+    "backup": {"type": "string", "pattern": r"^\d{8}-\d{6}-[a-z0-9-]+\Z", "maxLength": 200,
+               "x-error": "expected the name of a backup directory (YYYYMMDD-HHMMSS-slug)"},
 }, ["entries", "state"])
 BACKUP = obj({
     "name": {"type": "string", "pattern": r"^\d{8}-\d{6}-[a-z0-9-]+\Z", "maxLength": 200},
@@ -275,6 +278,36 @@ SYNC_STATE = obj({
 }, ["version", "stage", "component", "from_spec", "to_spec", "to", "old_pristine_digest", "new_pristine_digest",
     "tree_digest_before", "backups", "original", "position", "done", "stop", "started"])
 
+# ---------------------------------------------------------------- a release's manifest.json (`forktool package`)
+
+_RELEASE_PATCH = {"type": "object", "required": ["id", "name", "sha256"],
+                  "properties": {"id": PATCH_ID, "name": PATCH_NAME, "sha256": SHA256, "title": TEXT,
+                                 "build_impact": LINE}}
+# what `package verify` reads is checked strictly; build facts a later forktool may add are let through
+RELEASE = {"type": "object", "required": ["format", "name", "files", "patches", "series_digest", "stamp", "upstream",
+                                          "source_archive"],
+           "properties": {
+               "format": {"type": "integer", "minimum": 1, "maximum": 1000},
+               "name": {**LINE, "minLength": 1},
+               "files": {"type": "object", "minProperties": 1, "maxProperties": 1_000_000,
+                         "propertyNames": REL_PATH, "additionalProperties": SHA256,
+                         "x-error": "files must map each release path to its sha256"},
+               "patches": {"type": "array", "items": _RELEASE_PATCH, "maxItems": 10_000},
+               "series_digest": SHA256, "stamp": {**LINE, "minLength": 1},
+               "build_number": COUNT, "top": {"anyOf": [{"type": "null"}, PATCH_ID]},
+               "pristine_digest": SHA256, "registry_digest": {"anyOf": [{"type": "null"}, SHA256]},
+               "source_date_epoch": {"type": "integer", "minimum": 0},
+               "upstream": {"type": "object", "required": ["upstream_commit"],
+                            "properties": {"upstream_commit": {"type": "string", "pattern": r"^([0-9a-f]{40})?\Z",
+                                                               "x-error": "expected a commit id or ''"},
+                                           "component": LINE, "package": LINE, "version": LINE,
+                                           "sdist_sha256": {"type": "string", "maxLength": 64}}},
+               "source_archive": obj({"file": {**REL_PATH, "maxLength": 300}, "prefix": {**LINE, "minLength": 1},
+                                      "tree_digest": SHA256}, ["file", "prefix", "tree_digest"]),
+               "build": {"type": "object"}, "profile": LINE,
+           }}
+
+
 SCHEMAS: dict[str, dict[str, Any]] = {
     name: {"$schema": DRAFT, **schema} for name, schema in {
         "vendor": VENDOR, "component-sdist": COMPONENT_SDIST, "component-git": COMPONENT_GIT,
@@ -282,4 +315,5 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "vendor-lock": VENDOR_LOCK, "registry": REGISTRY, "build": BUILD, "build-artifact": ARTIFACT,
         "build-profile": PROFILE, "build-record": BUILD_RECORD,
         "state": STATE, "journal": JOURNAL, "backup": BACKUP, "pristine": PRISTINE, "sync-state": SYNC_STATE,
+        "release": RELEASE,
     }.items()}

@@ -405,9 +405,15 @@ def make_header(title: str, *, author: str, date: str, body: str = "", trailers:
     return "".join(parts).encode()
 
 
-def set_trailers(header: bytes, trailers: dict[str, str]) -> bytes:
+def set_trailers(header: bytes, trailers: dict[str, str], where: str = "") -> bytes:
     """Header with the named trailers replaced (or appended), other lines kept."""
-    lines = header.decode("utf-8").split("\n")
+    try:
+        lines = header.decode("utf-8").split("\n")
+    except UnicodeDecodeError as e:
+        line = header[:e.start].count(b"\n") + 1
+        raise PatchFormatError(f"the patch message is not UTF-8 (byte 0x{header[e.start]:02x} on line {line}), so its "
+                               "trailers cannot be rewritten", where=f"{where}:{line}" if where else f"line {line}",
+                               hint="fix that line of the patch file (it must be UTF-8 text), then run again") from None
     if lines and lines[-1] == "":
         lines.pop()
     keep = [ln for ln in lines if not any(ln.startswith(f"{k}: ") for k in trailers)]

@@ -112,6 +112,9 @@ def check_root(root: Path) -> None:
     if root.is_symlink():
         raise UnsafePathError(f"{root} is a symlink; the vendored tree must be a real directory", where=str(root),
                               hint=f"remove the link (`rm {root}`) and run `forktool apply`")
+    if os.path.lexists(root) and not root.is_dir():
+        raise UnsafePathError(f"{root} is not a directory; the vendored tree must be a real directory",
+                              where=str(root), hint=f"move it away (`mv {root} {root}.moved`) and run `forktool apply`")
 
 
 def special_file(rel: str, root: Path) -> UnsafePathError:

@@ -92,9 +92,18 @@ def _feasible(tree: Path, writes: list[Write]) -> None:
     """Refuse, before anything is committed, writes the filesystem cannot carry out (a file where a directory
     must be, a directory where a file must be), so a committed plan always rolls forward."""
     deleted = {w.path for w in writes if w.data is None}
+    written = {w.path for w in writes if w.data is not None}
     for w in writes:
         if w.data is None:
             continue
+        parts = w.path.split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            parent = "/".join(parts[:i])
+            if parent in written:
+                # two writes where one path is a directory of the other: the filesystem can hold only one
+                raise ForktoolError(f"{parent} is written as a file and as the directory of {w.path} in one update",
+                                    where=str(tree / parent), hint="nothing was changed; fix the patch that creates "
+                                    "these paths (one of them must go)")
         target = tree / w.path
         if target.is_dir() and not target.is_symlink():
             raise ForktoolError(f"{w.path} is a directory in the vendored tree, but a file must be written there",
@@ -107,6 +116,26 @@ def _feasible(tree: Path, writes: list[Write]) -> None:
             if os.path.lexists(p) and not p.is_dir() and parent not in deleted:
                 raise ForktoolError(f"{w.path} needs {parent} to be a directory, but it is a file", where=str(p),
                                     hint="nothing was changed; fix the patch that writes this path")
+
+
+def check_plan(tree: Path, writes: list[Write]) -> None:
+    """Refuse a plan that could not be carried out to its end: every check commit() makes before the plan is
+    committed (callers that make a backup first call it before the backup, so a refusal leaves nothing behind)."""
+    seen: set[str] = set()
+    for i, w in enumerate(writes):
+        resolve_inside(tree, w.path, "transaction")
+        if w.path in seen:
+            raise ForktoolError(f"{w.path} is written twice in one update", where=str(tree),
+                                hint="nothing was changed; this is a bug in forktool, please report it")
+        seen.add(w.path)
+        if w.mode == SYMLINK and w.data is not None:
+            try:
+                _check_link(w.path, w.data, Path(), f"writes[{i}]")
+            except ForktoolError:
+                raise UnsafePathError(f"{w.path}: a symlink pointing outside the vendored tree cannot be written",
+                                      where=str(tree / w.path),
+                                      hint="nothing was changed; fix the patch that creates this link") from None
+    _feasible(tree, writes)
 
 
 def _stage(path: Path, data: bytes) -> int:
@@ -122,29 +151,16 @@ def _stage(path: Path, data: bytes) -> int:
     return fd
 
 
-def commit(tree: Path, state_dir: Path, writes: list[Write], state_after: dict) -> None:
+def commit(tree: Path, state_dir: Path, writes: list[Write], state_after: dict, backup: str | None = None) -> None:
     """Apply writes to tree and record state_after, all or nothing (recoverable after a kill).
 
     Every staged file is written and fsynced before plan.json (written atomically, fsynced) commits the plan;
-    the plan is checked here as recovery would check it, then rolled forward from memory.
+    the plan is checked here as recovery would check it, then rolled forward from memory. `backup` names the
+    backup taken just before, kept in the plan for `forktool recover` to roll back to.
     """
     tdir = txn_dir(state_dir)
     check_state_dir(state_dir)
-    seen: set[str] = set()
-    for i, w in enumerate(writes):
-        resolve_inside(tree, w.path, "transaction")
-        if w.path in seen:
-            raise ForktoolError(f"{w.path} is written twice in one update", where=str(tree),
-                                hint="nothing was changed; this is a bug in forktool, please report it")
-        seen.add(w.path)
-        if w.mode == SYMLINK and w.data is not None:
-            try:
-                _check_link(w.path, w.data, tdir, f"writes[{i}]")
-            except ForktoolError:
-                raise UnsafePathError(f"{w.path}: a symlink pointing outside the vendored tree cannot be written",
-                                      where=str(tree / w.path),
-                                      hint="nothing was changed; fix the patch that creates this link") from None
-    _feasible(tree, writes)
+    check_plan(tree, writes)
     fds: list[int] = []
     try:
         try:
@@ -172,6 +188,8 @@ def commit(tree: Path, state_dir: Path, writes: list[Write], state_after: dict) 
             for fd in fds:
                 os.close(fd)
         plan = {"entries": entries, "state": state_after}
+        if backup is not None:
+            plan["backup"] = backup
         atomic_write(tdir / "plan.json", json.dumps(plan, sort_keys=True).encode())
     except OSError as e:
         # nothing in the tree moved yet: drop the half-made journal and say why
@@ -187,11 +205,17 @@ def commit(tree: Path, state_dir: Path, writes: list[Write], state_after: dict) 
     _roll_forward(tree, state_dir, plan)
 
 
+RECOVER_HINT = ("`forktool recover` shows it and rolls the tree back to the backup taken before the update; "
+                "`forktool recover --discard` drops the journal and keeps the tree as it is; either checks the tree "
+                "afterwards")
+
+
+DAMAGED = "the journal of an interrupted update is damaged or not forktool's: "
+
+
 def _damaged(tdir: Path, why: str) -> ForktoolError:
-    return ForktoolError(
-        f"the journal of an interrupted update is damaged: {why}", where=str(tdir / "plan.json"),
-        hint=f"nothing was changed. Look at it; to discard it run `rm -rf {tdir}`, then `forktool status` and "
-             "`forktool verify` (restore a backup with `forktool backup restore NAME` if the tree is not right)")
+    return ForktoolError(f"{DAMAGED}{why}",
+                         where=str(tdir / "plan.json"), hint=f"nothing was changed. {RECOVER_HINT}")
 
 
 def _read_plan(tree: Path, state_dir: Path, state_schema: str | None = None) -> dict[str, Any]:
@@ -310,11 +334,57 @@ def _roll_forward(tree: Path, state_dir: Path, plan: dict[str, Any]) -> None:
         what = "no space left on the device" if schema.is_no_space(e) else str(e)
         raise ForktoolError(
             f"the update could not finish: {what}", where=str(tdir),
-            hint="the journal is kept, so no work is lost: fix the cause and run any forktool command to finish it "
-                 f"(or discard it with `rm -rf {tdir}` and restore the backup made before, `forktool backup list`)"
+            hint="the journal is kept, so no work is lost: fix the cause and run any forktool command to finish it; "
+                 "or give up on it: " + RECOVER_HINT
         ) from None
     _fault("state-written")
     remove_tree(tdir)
+
+
+class Journal(NamedTuple):
+    """An interrupted update as `forktool recover` shows it: its plan when it can be read, else why not."""
+
+    path: Path
+    damaged: str  # why it cannot be carried out ('' when it can)
+    started: bool  # a plan was committed (else only staging began and the tree was never touched)
+    paths: list[str]  # the files it writes or removes (empty when damaged)
+    backup: str | None  # the backup taken just before it, when the plan names one
+
+
+def inspect(tree: Path, state_dir: Path, state_schema: str | None = None) -> Journal | None:
+    """The journal in state_dir, read and checked without moving anything; None when there is none."""
+    tdir = txn_dir(state_dir)
+    check_state_dir(state_dir)
+    if not os.path.lexists(tdir):
+        return None
+    if not (os.path.lexists(tdir / "plan.json") or tdir.is_symlink() or not tdir.is_dir()):
+        return Journal(tdir, "", False, [], None)
+    try:
+        plan = _read_plan(tree, state_dir, state_schema)
+    except ForktoolError as e:
+        return Journal(tdir, e.what.removeprefix(DAMAGED), True, [], _named_backup(tdir))
+    return Journal(tdir, "", True, [e["path"] for e in plan["entries"]], plan.get("backup"))
+
+
+def _named_backup(tdir: Path) -> str | None:
+    """The backup a damaged plan names, when that one field can still be read (nothing else is trusted)."""
+    try:
+        raw = json.loads(schema.read_regular(tdir / "plan.json", "plan.json", schema.STATE_LIMIT, tdir.parent))
+        name = raw.get("backup") if isinstance(raw, dict) else None
+        schema.check({"entries": [], "state": {}, "backup": name}, "journal", str(tdir / "plan.json"))
+        return name
+    except (ForktoolError, ValueError, TypeError, RecursionError):
+        return None
+
+
+def discard(state_dir: Path) -> None:
+    """Drop the journal in state_dir without carrying out any of it (the caller holds the project lock)."""
+    tdir = txn_dir(state_dir)
+    check_state_dir(state_dir)
+    if tdir.is_symlink() or (os.path.lexists(tdir) and not tdir.is_dir()):
+        tdir.unlink()
+    elif os.path.lexists(tdir):
+        remove_tree(tdir)
 
 
 def recover(tree: Path, state_dir: Path, state_schema: str | None = None) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -48,12 +49,17 @@ def sdist_path(project: Project, comp: Component) -> Path:
     return project.cache_dir / "sdist" / f"{comp.sha256}.tar.gz"
 
 
-def pip_download(requirement: str, dest: Path) -> Path:
-    """The one place forktool downloads: `pip download` of one source distribution into dest; returns its path."""
+def pip_download(requirement: str, dest: Path, progress: Callable[[str], None] | None = None) -> Path:
+    """The one place forktool downloads: `pip download` of one source distribution into dest; returns its path.
+    pip's own lines (what it collects, the size, where it saved it) go to `progress` as they come."""
     from forktool import proc  # the download, extraction and git machinery load only when a fetch needs them
 
-    proc.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-              "--disable-pip-version-check", "-d", dest, requirement])
+    argv: list[str | Path] = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                              "--disable-pip-version-check", "--progress-bar", "off", "-d", dest, requirement]
+    if progress is None:
+        proc.run(argv)
+    else:
+        proc.stream(argv, on_line=lambda line: progress(f"pip: {line}") if line.strip() else None)
     found = sorted(dest.glob("*.tar.gz"))
     if len(found) != 1:
         raise ForktoolError(f"pip did not produce one sdist for {requirement}", where=str(dest),
@@ -61,7 +67,8 @@ def pip_download(requirement: str, dest: Path) -> Path:
     return found[0]
 
 
-def download_sdist(project: Project, comp: Component, local: Path | None = None) -> Path:
+def download_sdist(project: Project, comp: Component, local: Path | None = None,
+                   progress: Callable[[str], None] | None = None) -> Path:
     """The sdist in the cache, downloaded by name with pip when missing; refuses a sha256 mismatch."""
     dest = sdist_path(project, comp)
     if dest.is_file() and sha256_file(dest) == comp.sha256:
@@ -70,7 +77,7 @@ def download_sdist(project: Project, comp: Component, local: Path | None = None)
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="forktool-dl-") as tmp:
-        candidate = local if local is not None else pip_download(comp.spec, Path(tmp))
+        candidate = local if local is not None else pip_download(comp.spec, Path(tmp), progress)
         got = sha256_file(candidate)
         if got != comp.sha256:
             raise ForktoolError(
@@ -146,7 +153,7 @@ def component_archive(project: Project, comp: Component, local_sdist: Path | Non
     archive that `extract` checks and filters the same way."""
     if comp.kind == "sdist":
         progress(f"downloading {comp.spec} with pip")
-        return download_sdist(project, comp, local_sdist).read_bytes(), True
+        return download_sdist(project, comp, local_sdist, progress).read_bytes(), True
     if comp.kind == "tarball":
         progress(f"downloading {comp.url}")
         return download_url(project, comp).read_bytes(), False
@@ -259,6 +266,8 @@ def fetch_pristine(project: Project, *, local_sdist: Path | None = None,
     """Pristine manifest of all components (cached by the lock's digest), downloading as needed."""
     lock = load_lock(project)
     comps = project.vendor.components
+    if local_sdist is not None:
+        check_local_sdist(comps, local_sdist)
     pinned = {c.name: component_lock_key(c) for c in comps}
     cached_digest = lock.get("pristine_digest")
     # a directory has no digest of its own: it is read again, and the lock's digest then checks it
@@ -292,6 +301,33 @@ def fetch_pristine(project: Project, *, local_sdist: Path | None = None,
     return FetchResult(manifest, d, len(manifest), False, skipped)
 
 
+def check_local_sdist(comps: tuple[Component, ...], path: Path) -> None:
+    """A local sdist given on the command line is used or refused, never ignored: it must be a readable regular
+    file with the sha256 pinned for the (one) sdist component."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise ForktoolError(f"--sdist {path}: {e.strerror}", where=str(path),
+                            hint="give the path of the downloaded .tar.gz, or leave out --sdist to download it "
+                                 "with pip") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ForktoolError(f"--sdist {path}: not a regular file", where=str(path),
+                            hint="give the path of the downloaded .tar.gz")
+    sdists = [c for c in comps if c.kind == "sdist"]
+    if len(sdists) != 1:
+        raise ForktoolError(f"--sdist {path}: vendor/vendor.yaml has {len(sdists)} sdist component(s), so there is "
+                            "no one pinned sdist this file could stand for", where="--sdist",
+                            hint="leave out --sdist (git components are archived with git)")
+    try:
+        got = sha256_file(path)
+    except OSError as e:
+        raise ForktoolError(f"--sdist {path}: cannot be read: {e.strerror}", where=str(path)) from None
+    if got != sdists[0].sha256:
+        raise ForktoolError(f"sha256 mismatch for --sdist {path}: {sdists[0].spec} is pinned at {sdists[0].sha256}, "
+                            f"the file is {got}", where=str(path), hint="nothing was written; give the sdist "
+                            "vendor/vendor.yaml pins, or leave out --sdist to download it with pip")
+
+
 def read_pristine(project: Project, use_cache: bool = True) -> tuple[Manifest, str]:
     """The pristine manifest named by vendor.lock, which must already be in the cache (use_cache=False: parsed
     and checked from its bytes, not taken from the memo of an earlier read)."""
@@ -301,9 +337,11 @@ def read_pristine(project: Project, use_cache: bool = True) -> tuple[Manifest, s
         raise ForktoolError("no pristine upstream recorded yet", where=str(project.vendor_lock),
                             hint="run `forktool vendor fetch`")
     p = pristine_path(project, d)
-    if not p.is_file():
-        res = fetch_pristine(project)
-        return res.manifest, res.digest
+    if not os.path.lexists(p):
+        # only `vendor fetch` downloads (with progress); everything else says what is missing
+        raise ForktoolError(f"the pristine upstream {d[:12]} named by vendor/vendor.lock is not in the cache",
+                            where=str(p), hint="run `forktool vendor fetch` to download and unpack it "
+                            "(FORKTOOL_CACHE chooses the cache directory)")
     return load_pristine_manifest(p, use_cache), d
 
 

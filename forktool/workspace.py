@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -144,6 +145,24 @@ class Workspace:
     def local_changes(self) -> list[tuple[str, str]]:
         return diff_manifests(self.expected(), self.current())
 
+    def refuse_unexplained(self, *, stale_hint: str | None = None, dirty_hint: str | None = None,
+                           keep: tuple[str, ...] = (), dirty: list[tuple[str, str]] | None = None) -> None:
+        """The one "changes no patch explains" check: refuse (DirtyTreeError, exit 1) when an applied patch changed
+        on disk since it was applied (checked when stale_hint is given; ids in keep are let through) or the tree
+        holds changes no patch explains (checked when dirty_hint is given; `dirty`: local_changes() when the caller
+        has it already). The hints say what to do next."""
+        if stale_hint is not None:
+            stale = [pid for pid in self.applied_stale() if pid not in keep]
+            if stale:
+                raise DirtyTreeError(f"applied patch(es) {', '.join(stale)} changed on disk since they were applied",
+                                     where="patches/", hint=stale_hint)
+        if dirty_hint is not None:
+            dirty = self.local_changes() if dirty is None else dirty
+            if dirty:
+                raise DirtyTreeError(f"the vendored tree has {len(dirty)} change(s) that no patch explains",
+                                     where=str(self.tree), details=[f"{s}: {p}" for s, p in dirty[:50]],
+                                     hint=dirty_hint)
+
     def applied_stale(self) -> list[str]:
         """Applied patch ids whose file changed (or left the series) since they were applied."""
         now = {p.id: p.sha256 for p in self.patches}
@@ -179,12 +198,9 @@ class Workspace:
             self.tree_moved()
         current = self.current()
         dirty = self.local_changes()
-        if dirty and not force:
-            raise DirtyTreeError(
-                f"the vendored tree has {len(dirty)} change(s) that no patch explains",
-                where=str(self.tree), details=[f"{s}: {p}" for s, p in dirty[:50]],
-                hint="keep them with `forktool new SLUG` + `forktool refresh ID`, or pass --force to back them "
-                     "up and overwrite them")
+        if not force:
+            self.refuse_unexplained(dirty_hint="keep them with `forktool new SLUG` + `forktool refresh ID`, or pass "
+                                               "--force to back them up and overwrite them", dirty=dirty)
         recorded = [(a["id"], a["sha256"]) for a in self.state.applied]
         if not dirty and not fresh and recorded == [(p.id, p.sha256) for p in target]:
             # the tree holds exactly what the state records for these very patches on this pristine
@@ -213,11 +229,12 @@ class Workspace:
         new_state = State(self.pristine_digest, applied, new_files)
         backup_name = None
         if writes or new_state.to_json() != self.state.to_json():
+            txn.check_plan(self.tree, writes)  # before the backup: a refused plan leaves nothing behind
             if writes and not fresh:
                 b = bk.create(self.project.backups_dir, self.tree, label, f"before {label}", current,
                               self.pristine, self.state.to_json())
                 backup_name = b.name
-            txn.commit(self.tree, self.state_dir, writes, new_state.to_json())
+            txn.commit(self.tree, self.state_dir, writes, new_state.to_json(), backup_name)
             self.state = new_state
             if writes:
                 self.tree_moved()
@@ -233,15 +250,68 @@ class Workspace:
             if manifest.get(rel) != current.get(rel):
                 e = manifest.get(rel)
                 writes.append(txn.Write(rel, contents.get(rel), e.mode if e else REGULAR))
+        txn.check_plan(self.tree, writes)
         b = None
         if writes:
             b = bk.create(self.project.backups_dir, self.tree, f"restore-{name[16:] or name}",
                           f"before restoring {name}", current, self.pristine, self.state.to_json())
         state = State.from_json(saved_state) if saved_state else State(self.pristine_digest)
-        txn.commit(self.tree, self.state_dir, writes, state.to_json())
+        txn.commit(self.tree, self.state_dir, writes, state.to_json(), b.name if b else None)
         self.state = state
         self.tree_moved()
         return {"written": [w.path for w in writes], "backup": b.name if b else None, "restored": name}
+
+    def restore_sync(self, name: str) -> dict:
+        """Return the project to a sync's backup: the pin, lock, patches, series, registry and state it recorded,
+        and the tree from its paired tree backup (the one it names, else the same name), all in one journal; a patch
+        file it did not record goes. What is replaced is backed up first (both halves), so this is undone the same way."""
+        root = self.project.root
+        sync_dir = bk.sync_backups_dir(self.project)
+        path = bk.find(sync_dir, name)
+        proj_m, proj_c, meta = bk.load_for_restore(path, self.store.get)
+        # its paired tree backup: named in it (made a moment apart, the two names can differ), else the same name
+        named = meta.get("tree")
+        pair = named if isinstance(named, str) else name
+        tree_path = bk.find(self.project.backups_dir, pair) if pair != name else self.project.backups_dir / name
+        if not tree_path.is_dir() or tree_path.is_symlink():
+            raise ForktoolError(f"sync backup {name} has no tree backup {pair} beside it",
+                                where=str(tree_path), hint="nothing was changed; restore the project files by hand "
+                                "from it, or pick another one (`forktool backup list`)")
+        tree_m, tree_c, saved_state = bk.load_for_restore(tree_path, self.store.get, "state")
+        current = self.current()
+        writes: list[txn.Write] = []
+        prefix = self.tree.relative_to(root).as_posix() + "/"
+        for rel in sorted(set(tree_m) | set(current)):
+            if tree_m.get(rel) != current.get(rel):
+                e = tree_m.get(rel)
+                writes.append(txn.Write(prefix + rel, tree_c.get(rel), e.mode if e else REGULAR))
+        now: Manifest = {}
+        patches = sorted(f"patches/{p.name}" for p in self.project.patches_dir.iterdir()
+                         if p.is_file() and not p.is_symlink())
+        for rel in sorted(set(proj_m) | set(patches)):
+            p = resolve_inside(root, rel, "sync backup")
+            if p.is_file() and not p.is_symlink():
+                now[rel] = Entry(sha256_bytes(schema.read_regular(p, rel, schema.STATE_LIMIT, root)), REGULAR)
+            if proj_m.get(rel) != now.get(rel):
+                writes.append(txn.Write(rel, proj_c.get(rel), REGULAR))
+        state_rel = ".opencoti/state.json"
+        if state_rel not in proj_m and saved_state:  # a backup made before the first apply: the tree's says it
+            writes.append(txn.Write(state_rel, json.dumps(saved_state, indent=1, sort_keys=True).encode(), REGULAR))
+        txn.check_plan(root, writes)
+        saved: dict = {"tree": None, "project": None}
+        if writes:
+            stamp = f"restore-{name[16:] or name}"
+            why = f"before restoring sync/{name}"
+            saved["tree"] = bk.create(self.project.backups_dir, self.tree, stamp, why, current, self.pristine,
+                                      self.state.to_json()).name
+            saved["project"] = bk.create(sync_dir, root, stamp, why, now, {}, {"kind": "restore-sync",
+                                                                             "restoring": name,
+                                                                             "tree": saved["tree"]}).name
+        txn.commit(root, self.project.project_journal_dir, writes, {"restored": f"sync/{name}"})
+        self.state = State.from_json(saved_state) if saved_state else State(self.pristine_digest)
+        self.tree_moved()
+        return {"written": [w.path for w in writes], "backup": saved["tree"],
+                "sync_backup": saved["project"], "restored": f"sync/{name}"}
 
     def record_patched(self) -> bool:
         """Write the full series' tree digest to vendor.lock when the series changed; True when written."""
@@ -320,13 +390,17 @@ def open_workspace(project: Project, *, use_cache: bool = True, progress: Progre
         note = txn.recover(project.tree, project.state_dir, "state")
         if note and warn is not None:
             warn(note)
+        # the project-rooted journal of `sync --accept` and of restoring a sync's backup
+        note = txn.recover(project.root, project.project_journal_dir)
+        if note and warn is not None:
+            warn(note)
         _refuse_during_sync(project)
         yield Workspace(project, use_cache=use_cache, progress=progress)
 
 
 def _refuse_during_sync(project: Project) -> None:
     """The tree belongs to a stopped `forktool sync` until it is continued or aborted."""
-    path = project.state_dir / "sync" / "state.json"
+    path = project.sync_dir / "state.json"
     st = schema.load_sync_state(path, project.state_dir)
     if st is None:
         return

@@ -159,6 +159,9 @@ class Case:
     interrupt: tuple[str, ...] = ()
     streams: str = ""
     code: int = 0
+    # paths under the project (after setup) that must come out byte-identical: what a sync still needs
+    kept: Callable[[Ctx], list[Path]] | None = None
+    succeeds: bool = False  # exit 0 is the clean outcome (with `kept` intact), not a refusal
 
     @property
     def id(self) -> str:
@@ -169,8 +172,8 @@ class Case:
 class Outcome:
     case: Case
     code: int | None
-    kind: str  # refusal | usage | interrupted | contract | success | traceback | hang | outside | tree-changed |
-    #            inputs-changed | unclear | wrong-exit | not-recovered
+    kind: str  # refusal | usage | interrupted | contract | kept | success | traceback | hang | outside |
+    #            tree-changed | inputs-changed | lost | unclear | wrong-exit | not-recovered
     seconds: float
     detail: str = ""
     err: str = field(default="", repr=False)
@@ -1412,10 +1415,115 @@ def cache_cases() -> Iterator[Case]:
     yield Case("caches", "tree-edited+forged-pristine-memo:verify", forged_memo, ["verify"], must=("a.c",))
 
 
+def sync_safety_cases() -> Iterator[Case]:
+    """A stopped sync's backups and journals: prune keeps them, no link out is followed, no journal is guessed at."""
+    def needed(c: Ctx) -> list[Path]:
+        b = _sync_state(c)["backups"]
+        return [c.state / "vendor-backups" / b["tree"], c.state / "sync-backups" / b["project"]]
+
+    for keep in ("0", "1", "2", "10"):
+        yield Case("sync-safety", f"prune-keep-{keep}", lambda c: None, ["backup", "prune", "--keep", keep],
+                   stopped=True, kept=needed, succeeds=True)
+    yield Case("sync-safety", "list", lambda c: None, ["backup", "list"], stopped=True, kept=needed, succeeds=True)
+
+    def dir_link(name: str) -> Callable[[Ctx], None]:
+        def setup(c: Ctx) -> None:
+            shutil.move(c.state / name, c.canary / name)
+            (c.state / name).symlink_to(c.canary / name)
+        return setup
+
+    def dir_file(name: str) -> Callable[[Ctx], None]:
+        def setup(c: Ctx) -> None:
+            shutil.move(c.state / name, c.canary / name)
+            (c.state / name).write_text("not a directory\n")
+        return setup
+
+    def one_link(kind: str) -> Callable[[Ctx], None]:
+        def setup(c: Ctx) -> None:
+            d = c.state / ("vendor-backups" if kind == "tree" else "sync-backups")
+            name = _sync_state(c)["backups"][kind]
+            shutil.move(d / name, c.canary / name)
+            (d / name).symlink_to(c.canary / name)
+        return setup
+
+    def spoil(kind: str, how: str) -> Callable[[Ctx], None]:
+        def setup(c: Ctx) -> None:
+            d = (c.state / ("vendor-backups" if kind == "tree" else "sync-backups")
+                 / _sync_state(c)["backups"][kind])
+            m = d / "manifest.json"
+            if how == "manifest-gone":
+                m.unlink()
+            elif how == "manifest-garbage":
+                m.write_text("{not json")
+            elif how == "checksum":
+                doc = json.loads(m.read_text())
+                doc["reason"] += " (edited)"
+                m.write_text(json.dumps(doc))
+            elif how == "objects-gone":
+                shutil.rmtree(d / "objects")
+            elif how == "object-changed":
+                obj = sorted(p for p in (d / "objects").rglob("*") if p.is_file())[0]
+                obj.write_bytes(obj.read_bytes() + b"x")
+        return setup
+
+    def state_text(name: str, text: str) -> Callable[[Ctx], None]:
+        def setup(c: Ctx) -> None:
+            (c.state / "sync" / name).write_text(text)
+        return setup
+
+    def journal(where: str, raw: bytes) -> Callable[[Ctx], None]:
+        def setup(c: Ctx) -> None:
+            tdir = c.state / where
+            (tdir / "new").mkdir(parents=True)
+            (tdir / "plan.json").write_bytes(raw)
+        return setup
+
+    loop = (["sync", "--abort"], ["sync", "--continue"], ["sync", "--skip"])
+    backups = (["backup", "list"], ["backup", "prune", "--keep", "0"])
+    specials: list[tuple[str, Callable[[Ctx], None], tuple[str, ...], tuple[list[str], ...]]] = [
+        ("sync-backups-symlinked", dir_link("sync-backups"), ("symlink",), (["sync", "--abort"], *backups)),
+        ("vendor-backups-symlinked", dir_link("vendor-backups"), ("symlink",), (["sync", "--abort"], *backups)),
+        ("sync-backups-a-file", dir_file("sync-backups"), ("sync-backups",), (["sync", "--abort"], *backups)),
+        ("vendor-backups-a-file", dir_file("vendor-backups"), ("vendor-backups",), (["sync", "--abort"], *backups)),
+        ("project-backup-symlinked", one_link("project"), ("symlink",), (["sync", "--abort"],)),
+        ("tree-backup-symlinked", one_link("tree"), ("symlink",), (["sync", "--abort"],)),
+        ("state-garbage", state_text("state.json", "{not json"), ("state.json",),
+         (["backup", "prune", "--keep", "0"], *loop)),
+        ("state-empty", state_text("state.json", ""), ("state.json",), (["backup", "prune", "--keep", "0"],)),
+        ("last-garbage", state_text("last.json", "[1]"), ("last.json",), (["backup", "prune", "--keep", "0"],)),
+        ("sync-journal-garbage", journal("sync/txn", b"{not json"), ("journal",), (*loop, ["recover"])),
+        ("sync-journal-foreign", journal("sync/txn", b'{"entries": [], "state": {}, "by": "other"}'),
+         ("journal",), (*loop, ["recover"])),
+        ("project-journal-garbage", journal("sync-txn/txn", b"{not json"), ("journal",),
+         (["apply"], ["backup", "create", "x"], ["backup", "restore", "@SYNC_BACKUP@"], ["recover"])),
+        ("project-journal-foreign", journal("sync-txn/txn", b'{"entries": [], "state": {}, "by": "other"}'),
+         ("journal",), (["apply"], ["recover"])),
+        ("project-journal-symlinked", dir_link_target("sync-txn"), ("symlink",), (["apply"], ["recover"])),
+        ("restore-during-sync", lambda c: None, ("in progress",), (["backup", "restore", "@SYNC_BACKUP@"],)),
+    ]
+    for how in ("manifest-gone", "manifest-garbage", "checksum", "objects-gone", "object-changed"):
+        specials.append((f"project-backup-{how}", spoil("project", how), ("backup",), (["sync", "--abort"],)))
+        specials.append((f"tree-backup-{how}", spoil("tree", how), ("backup",), (["sync", "--abort"],)))
+    for lbl, setup, must, commands in specials:
+        for argv in commands:
+            yield Case("sync-safety", f"{lbl}:{' '.join(argv)}", setup, list(argv), must=must, stopped=True)
+    for lbl, name in [("empty", "sync/"), ("dotdot", "sync/.."), ("nested", "sync/a/b"), ("unknown", "sync/nope"),
+                      ("nul", "sync/a\u0000b")]:
+        yield Case("sync-safety", f"restore-name-{lbl}", lambda c: None, ["backup", "restore", name], must=("backup",))
+
+
+def dir_link_target(name: str) -> Callable[[Ctx], None]:
+    """.opencoti/<name> made a symlink to a directory outside the project (the target exists, empty)."""
+    def setup(c: Ctx) -> None:
+        (c.canary / name / "new").mkdir(parents=True)
+        (c.state / name).symlink_to(c.canary / name)
+    return setup
+
+
 def all_cases() -> list[Case]:
     return [*config_families(), *journal_cases(), *backup_cases(), *patch_cases(), *series_cases(),
             *tree_cases(), *state_dir_cases(), *sdist_cases(), *cli_cases(), *sync_state_cases(), *signal_cases(),
-            *output_cases(), *cache_cases()]
+            *output_cases(), *cache_cases(), *sync_safety_cases()]
 
 
 # ---------------------------------------------------------------- running a case
@@ -1460,6 +1568,14 @@ def fingerprint(top: Path, skip: tuple[Path, ...] = ()) -> dict[bytes, tuple]:
     return out
 
 
+def _sync_backup_name(root: Path) -> str:
+    """sync/NAME of the stopped sync's project backup, as `backup restore` takes it ('' when there is none)."""
+    try:
+        return "sync/" + json.loads((root / SYNC_STATE).read_text())["backups"]["project"]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return "sync/none"
+
+
 def _alarm(signum: int, frame: object) -> None:
     raise CaseTimeout()
 
@@ -1489,10 +1605,14 @@ def run_case(case: Case, base: Path, n: int) -> Outcome:
         except Exception as e:  # the corpus itself is wrong: never count it as the tool's outcome
             return Outcome(case, None, "setup-error", 0.0, f"{type(e).__name__}: {e}")
         argv = [a.replace("@BACKUP@", tpl.backup).replace("@SDIST@", str(work / "pkg-1.0.tar.gz")) for a in case.argv]
+        if "@SYNC_BACKUP@" in argv:
+            argv[argv.index("@SYNC_BACKUP@")] = _sync_backup_name(root)
         tree = root / "vendor" / "llamafile"
         outside_before = fingerprint(base / "cases" / f"{n:04d}", skip=(root, work / "cache"))
         inputs_before = fingerprint(root, skip=(root / ".opencoti", tree, root / "build"))
         tree_before = fingerprint(tree)
+        kept = case.kept(ctx) if case.kept is not None else []
+        kept_before = [fingerprint(k) for k in kept]
         victims_before = [v.exists() for v in VICTIMS]
         t0 = time.monotonic()
         if case.interrupt or case.streams:
@@ -1533,6 +1653,12 @@ def run_case(case: Case, base: Path, n: int) -> Outcome:
             return Outcome(case, code, "tree-changed", secs, "the vendored tree changed", text)
         if fingerprint(root, skip=(root / ".opencoti", tree, root / "build")) != inputs_before:
             return Outcome(case, code, "inputs-changed", secs, "a project file changed", text)
+        lost = [str(k.relative_to(root)) for k, fp in zip(kept, kept_before, strict=True)
+                if fingerprint(k) != fp or not fp]
+        if lost:
+            return Outcome(case, code, "lost", secs, f"what a sync needs changed or went: {', '.join(lost)}", text)
+        if case.succeeds and code == 0:
+            return Outcome(case, code, "kept", secs, "", text)
         if code == 0:
             return Outcome(case, code, "success", secs, "accepted: exit 0", text)
         if code not in case.expect:

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+from pathlib import Path
 
-from tests.conftest import Proj
+import pytest
+
+from forktool.tree import digest, scan
+from tests.conftest import Proj, run_cli
 from tests.test_apply import series
 
 
@@ -81,3 +87,104 @@ def test_every_mutating_command_takes_a_named_backup(proj: Proj):
 def test_unknown_backup_name(proj: Proj):
     code, out, err = proj.run("backup", "restore", "nope", expect=1)
     assert "backup list" in err
+
+
+# ---------------------------------------------------------------- backups a sync needs
+
+
+@pytest.fixture
+def stopped(tmp_path: Path, cache: Path) -> Path:
+    """A project whose sync to a newer upstream stopped at a conflict."""
+    from tests import corpus
+    return corpus.stopped_sync(tmp_path / "s")
+
+
+def _sync_backups(root: Path) -> tuple[str, str]:
+    st = json.loads((root / ".opencoti" / "sync" / "state.json").read_text())
+    return st["backups"]["tree"], st["backups"]["project"]
+
+
+def _before_start(root: Path) -> str:
+    """The tree digest the sync recorded at its start: what --abort must give back."""
+    return json.loads((root / ".opencoti" / "sync" / "state.json").read_text())["tree_digest_before"]
+
+
+def test_prune_keeps_what_a_stopped_sync_needs(stopped: Path) -> None:
+    tree_b, proj_b = _sync_backups(stopped)
+    want = _before_start(stopped)
+    code, out, err = run_cli(stopped, ["backup", "prune", "--keep", "0", "--json"])
+    res = json.loads(out)
+    assert f"sync/{proj_b}" in res["kept_for_sync"] and tree_b in res["kept_for_sync"]
+    assert tree_b not in res["removed"] and f"sync/{proj_b}" not in res["removed"]
+    assert (stopped / ".opencoti" / "vendor-backups" / tree_b).is_dir()
+    assert (stopped / ".opencoti" / "sync-backups" / proj_b).is_dir()
+    run_cli(stopped, ["sync", "--abort"])
+    assert digest(scan(stopped / "vendor" / "llamafile")) == want
+    # the sync is over: nothing needs them now
+    res = json.loads(run_cli(stopped, ["backup", "prune", "--keep", "0", "--json"])[1])
+    assert tree_b in res["removed"] and f"sync/{proj_b}" in res["removed"] and res["kept_for_sync"] == []
+
+
+def test_prune_refuses_when_the_sync_state_cannot_be_read(stopped: Path) -> None:
+    st = stopped / ".opencoti" / "sync" / "state.json"
+    st.write_text("{not json")
+    listing = sorted(p.name for p in (stopped / ".opencoti").glob("*backups/*"))
+    code, out, err = run_cli(stopped, ["backup", "prune", "--keep", "0"], expect=1)
+    assert "cannot tell which backups" in err and "nothing was removed" in err
+    assert sorted(p.name for p in (stopped / ".opencoti").glob("*backups/*")) == listing
+
+
+def test_sync_backups_as_a_symlink_out_of_the_project_are_not_restored_from(stopped: Path, tmp_path: Path) -> None:
+    sb = stopped / ".opencoti" / "sync-backups"
+    outside = tmp_path / "elsewhere"
+    shutil.move(sb, outside)
+    sb.symlink_to(outside)
+    before = digest(scan(stopped / "vendor" / "llamafile"))
+    lock = (stopped / "vendor" / "vendor.lock").read_bytes()
+    for argv in (["sync", "--abort"], ["backup", "list"], ["backup", "prune", "--keep", "0"]):
+        code, out, err = run_cli(stopped, argv, expect=None)
+        assert code == 1 and "sync-backups is a symlink" in err and "Traceback" not in err, (argv, code, err)
+    assert digest(scan(stopped / "vendor" / "llamafile")) == before
+    assert (stopped / "vendor" / "vendor.lock").read_bytes() == lock
+    assert sorted(os.listdir(outside))  # nothing under the link's target was removed
+
+
+def test_backup_list_shows_sync_backups(stopped: Path) -> None:
+    tree_b, proj_b = _sync_backups(stopped)
+    res = json.loads(run_cli(stopped, ["backup", "list", "--json"])[1])
+    assert [b["name"] for b in res["sync_backups"]] == [proj_b]
+    assert tree_b in [b["name"] for b in res["backups"]]
+    assert f"sync/{proj_b}" in run_cli(stopped, ["backup", "list"])[2]
+
+
+def test_a_finished_sync_is_undone_by_restoring_its_backup(proj: Proj) -> None:
+    from tests import test_sync_loop as loop
+    loop.series(proj)
+    before = loop.everything(proj)
+    commit = loop.new_upstream(proj)
+    proj.run("sync", "--to", commit, "--start", expect=1)
+    tree_b, proj_b = _sync_backups(proj.root)
+    loop.resolve(proj)
+    proj.run("sync", "--continue")
+    assert loop.everything(proj) != before
+    # finished, it can still be undone: prune keeps its backups
+    res = proj.json("backup", "prune", "--keep", "0")
+    assert sorted(res["kept_for_sync"]) == sorted([tree_b, f"sync/{proj_b}"])
+    res = proj.json("backup", "restore", f"sync/{proj_b}")
+    assert res["restored"] == f"sync/{proj_b}" and res["backup"] and res["sync_backup"]
+    assert loop.everything(proj) == before
+    proj.run("verify")
+    # the moved project was kept too: restoring that backup pair goes forward again
+    res = proj.json("backup", "restore", f"sync/{res['sync_backup']}")
+    assert commit in (proj.root / "vendor" / "vendor.yaml").read_text()
+    proj.run("verify")
+
+
+def test_a_sync_backup_is_not_restored_while_the_sync_is_stopped(stopped: Path) -> None:
+    _, proj_b = _sync_backups(stopped)
+    before = digest(scan(stopped / "vendor" / "llamafile"))
+    lock = (stopped / "vendor" / "vendor.lock").read_bytes()
+    code, out, err = run_cli(stopped, ["backup", "restore", f"sync/{proj_b}"], expect=1)
+    assert "in progress" in err and "--abort" in err
+    assert digest(scan(stopped / "vendor" / "llamafile")) == before
+    assert (stopped / "vendor" / "vendor.lock").read_bytes() == lock

@@ -16,8 +16,9 @@ from tests import corpus
 from tests.conftest import UPSTREAM, make_project, run_cli
 
 FAMILIES = ["vendor.yaml", "registry", "build.yaml", "vendor.lock", "state.json", "journal", "backup", "patches",
-            "series", "tree", "opencoti", "sdist", "cli", "sync-state", "signals", "output", "caches"]
-CLEAN = ("refusal", "usage", "interrupted", "contract")  # interrupted, contract: the exit-code contract kept
+            "series", "tree", "opencoti", "sdist", "cli", "sync-state", "signals", "output", "caches", "sync-safety"]
+CLEAN = ("refusal", "usage", "interrupted", "contract", "kept")  # interrupted, contract: the exit-code contract
+# kept; kept: exit 0 with what a sync needs intact
 SAMPLE = 8  # the default suite runs every 8th case of each family; `-m slow` runs them all
 
 
@@ -191,11 +192,12 @@ def test_a_journal_that_cannot_finish_says_what_to_do(tmp_path: Path, cache: Pat
         assert code in (0, 1) and "Traceback" not in err, err
         if code == 1:
             assert "journal" in err or "could not finish" in err
-            assert "rm -rf" in err and "txn" in err  # how to discard it
-    # following the advice: discard the journal, put the directory back, and the project moves again
-    shutil.rmtree(proj.root / ".opencoti" / "txn")
+            assert "forktool recover --discard" in err and "rm -rf" not in err  # how to discard it
+    # following the advice: put the directory back, discard the journal, and the project moves again
     src.unlink()
     shutil.move(tmp_path / "src-moved", src)
+    proj.run("recover", "--discard", expect=None)
+    assert not (proj.root / ".opencoti" / "txn").exists()
     proj.run("unapply", "--force")
     proj.run("apply")
     proj.run("verify")

@@ -135,3 +135,48 @@ def test_package_verify_cli_exits_1_on_tampering(release: Path, tmp_path: Path, 
     (release / "bin" / "libllama.so").write_bytes(b"\x7fELF liB")
     assert cli.main(["package", "verify", str(release), "--json"]) == 1
     assert "bin/libllama.so: sha256 differs" in capsys.readouterr().out
+
+
+def _resum(release: Path) -> None:
+    """SHA256SUMS rewritten to match the files as they are now: only the manifest's own content is wrong."""
+    files = {rel: pk.sha256_file(p) for rel, p in pk.tree_entries(release) if p.is_file() and rel != pk.SUMS}
+    (release / pk.SUMS).write_text(pk.sums_text(files))
+
+
+def _listing(root: Path) -> dict[str, bytes]:
+    return {rel: p.read_bytes() for rel, p in pk.tree_entries(root) if p.is_file()}
+
+
+@pytest.mark.parametrize("label, edit", [
+    ("empty-list", lambda m: []),
+    ("list-of-int", lambda m: [1]),
+    ("string", lambda m: "x"),
+    ("files-list", lambda m: dict(m, files=[])),
+    ("upstream-string", lambda m: dict(m, upstream="x")),
+    ("patches-of-strings", lambda m: dict(m, patches=["0070"])),
+    ("source-archive-missing", lambda m: {k: v for k, v in m.items() if k != "source_archive"}),
+])
+def test_a_release_manifest_of_the_wrong_shape_is_refused(release: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str], label: str,
+                                                          edit: object) -> None:
+    import json
+
+    m = release / "manifest.json"
+    m.write_text(json.dumps(edit(json.loads(m.read_text()))))  # type: ignore[operator]
+    _resum(release)
+    before = _listing(release)
+    with pytest.raises(VerifyError) as e:
+        pk.verify_release(release)
+    assert any(d.startswith("manifest.json: ") for d in e.value.details), e.value.details
+    proj = tmp_path / "proj"
+    (proj / "patches").mkdir(parents=True)
+    (proj / "vendor").mkdir()
+    (proj / "patches" / "series").write_text("")
+    shutil.copy(REPO / "vendor" / "vendor.yaml", proj / "vendor" / "vendor.yaml")
+    monkeypatch.setenv("FORKTOOL_ROOT", str(proj))
+    capsys.readouterr()
+    assert cli.main(["package", "verify", str(release)]) == 1
+    err = capsys.readouterr().err
+    assert "manifest.json" in err and "Traceback" not in err
+    assert _listing(release) == before

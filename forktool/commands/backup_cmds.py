@@ -25,18 +25,36 @@ def create(project: Project, slug: str) -> Report:
 def list_(project: Project) -> Report:
     txn.check_state_dir(project.state_dir)
     bs = bk.list_backups(project.backups_dir)
-    lines = [f"{b.name}  {b.files} files, {b.stored} stored  {b.reason}" for b in bs] or ["no backups"]
-    return Report({"backups": [b.to_json() for b in bs]}, lines)
+    sync = bk.list_backups(bk.sync_backups_dir(project))
+    lines = [f"{b.name}  {b.files} files, {b.stored} stored  {b.reason}" for b in bs]
+    lines += [f"{bk.SYNC_PREFIX}{b.name}  {b.files} project files  {b.reason}" for b in sync]
+    return Report({"backups": [b.to_json() for b in bs], "sync_backups": [b.to_json() for b in sync]},
+                  lines or ["no backups"])
 
 
 def restore(project: Project, name: str) -> Report:
     with open_workspace(project) as ws:
-        res = ws.restore(name)
+        if name.startswith(bk.SYNC_PREFIX):
+            res = ws.restore_sync(name[len(bk.SYNC_PREFIX):])
+        else:
+            res = ws.restore(name)
     return Report(res, [f"restored {name}: wrote {len(res['written'])} file(s)"
-                        + (f"; previous tree backed up as {res['backup']}" if res["backup"] else "")])
+                        + (f"; previous tree backed up as {res['backup']}" if res["backup"] else "")
+                        + (f", previous project files as sync/{res['sync_backup']}" if res.get("sync_backup")
+                           else "")])
 
 
 def prune(project: Project, keep: int) -> Report:
+    """The newest `keep` of the tree's backups and of the sync's each stay, and so does every backup a sync
+    in progress or the last finished sync needs."""
     with txn.locked(project.state_dir):  # never delete a backup another command is reading
-        gone = bk.prune(project.backups_dir, keep)
-    return Report({"removed": gone, "kept": keep}, [f"removed {len(gone)} backup(s), kept the newest {keep}"])
+        needed = bk.in_use(project)
+        gone, held = bk.prune(project.backups_dir, keep, needed)
+        sync_gone, sync_held = bk.prune(bk.sync_backups_dir(project), keep, needed)
+    gone += [bk.SYNC_PREFIX + n for n in sync_gone]
+    held += [bk.SYNC_PREFIX + n for n in sync_held]
+    lines = [f"removed {len(gone)} backup(s), kept the newest {keep}"]
+    if held:
+        lines.append(f"also kept {len(held)} backup(s) a sync needs (`forktool sync --abort` or its undo): "
+                     + ", ".join(held))
+    return Report({"removed": gone, "kept": keep, "kept_for_sync": held}, lines)

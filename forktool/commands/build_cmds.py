@@ -7,7 +7,7 @@ import os
 from forktool import build as b
 from forktool import output
 from forktool.commands import open_workspace
-from forktool.errors import ForktoolError, UsageError
+from forktool.errors import UsageError
 from forktool.output import Report
 from forktool.project import Project
 
@@ -19,10 +19,7 @@ def build(project: Project, profile: str, plan: bool, jobs: int | None) -> Repor
     prof = cfg.profile(profile)
     # the lock is held through make: the tree must not move under the compiler
     with open_workspace(project) as ws:
-        stale = ws.applied_stale()
-        if stale:
-            raise ForktoolError(f"applied patch(es) {', '.join(stale)} changed on disk since they were applied",
-                                where="patches/", hint="run `forktool apply` first, so the tree holds what you build")
+        ws.refuse_unexplained(stale_hint="run `forktool apply` first, so the tree holds what you build")
         applied = ws.patches[:len(ws.state.applied)]
         have_tree = project.tree.exists()
         dirty = sorted({p for _, p in ws.local_changes()}) if have_tree else []

@@ -7,7 +7,7 @@ from pathlib import Path
 from forktool import build as b
 from forktool import package as pk
 from forktool.commands import open_workspace
-from forktool.errors import ForktoolError, UsageError
+from forktool.errors import UsageError
 from forktool.output import Report
 from forktool.project import Project
 
@@ -16,14 +16,8 @@ def package(project: Project, profile: str, out: str | None) -> Report:
     cfg = b.load_config(project)
     prof = cfg.profile(profile)
     with open_workspace(project) as ws:
-        if ws.applied_stale():
-            raise ForktoolError("applied patches changed on disk since they were applied", where="patches/",
-                                hint="run `forktool apply`, then `forktool build`, then package")
-        dirty = ws.local_changes()
-        if dirty:
-            raise ForktoolError(f"the vendored tree has {len(dirty)} change(s) that no patch explains",
-                                where=str(project.tree), details=[f"{s}: {p}" for s, p in dirty[:20]],
-                                hint="a release carries only reviewed patches: refresh them into a patch first")
+        ws.refuse_unexplained(stale_hint="run `forktool apply`, then `forktool build`, then package",
+                              dirty_hint="a release carries only reviewed patches: refresh them into a patch first")
         applied = ws.patches[:len(ws.state.applied)]
         spec = pk.spec_from_build(project, cfg, prof, applied, ws.pristine_digest)
         if out is not None and not out.strip():

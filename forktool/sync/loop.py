@@ -16,7 +16,7 @@ from forktool import backup as bk
 from forktool import schema, series, txn, vendor
 from forktool.apply import apply_series
 from forktool.authoring import with_derived_trailers
-from forktool.errors import ConfigError, DirtyTreeError, ForktoolError, UsageError
+from forktool.errors import ConfigError, ForktoolError, UsageError
 from forktool.project import Component, Project
 from forktool.series import Patch
 from forktool.state import State
@@ -388,17 +388,10 @@ def start(project: Project, spec: str | None, progress: Progress = lambda _m: No
         if not project.tree.exists():
             progress("materialising the pinned tree first")
             ws.goto([], force=False, label="sync-fetch")
-        stale = ws.applied_stale()
-        if stale:
-            raise ForktoolError(f"applied patch(es) {', '.join(stale)} changed on disk since they were applied",
-                                where="patches/", hint="run `forktool apply` (or refresh them) before a sync")
+        ws.refuse_unexplained(stale_hint="run `forktool apply` (or refresh them) before a sync",
+                              dirty_hint="keep them with `forktool new` + `forktool refresh`, or drop them with "
+                                         "`forktool apply --force`, then start the sync")
         current = ws.current()
-        dirty = ws.local_changes()
-        if dirty:
-            raise DirtyTreeError(f"the vendored tree has {len(dirty)} change(s) that no patch explains",
-                                 where=str(project.tree), details=[f"{s}: {p}" for s, p in dirty[:50]],
-                                 hint="keep them with `forktool new` + `forktool refresh`, or drop them with "
-                                      "`forktool apply --force`, then start the sync")
         t0 = time.monotonic()
         if recorded is not None:
             new = _component(recorded["to"])
@@ -440,7 +433,8 @@ def _back_up(project: Project, st: dict, ws: Workspace, current: Manifest, progr
     tb = bk.create(project.backups_dir, project.tree, f"sync-start-{label}", why, current, ws.pristine,
                    ws.state.to_json())
     pb = bk.create(project.state_dir / "sync-backups", project.root, f"sync-start-{label}", why,
-                   _project_manifest(project), {}, {"kind": "sync-start", "from": st["from_spec"], "to": st["to_spec"]})
+                   _project_manifest(project), {}, {"kind": "sync-start", "from": st["from_spec"], "to": st["to_spec"],
+                                                   "tree": tb.name})
     st["backups"] = {"tree": tb.name, "project": pb.name}
     atomic_write(state_path(project), json.dumps(st, indent=1, sort_keys=True).encode())
     txn.fault("sync-backed-up")
@@ -455,6 +449,7 @@ def _require(project: Project, what: str) -> dict:
     if st is None:
         raise ForktoolError(f"no sync in progress to {what}", where=str(state_path(project)),
                             hint="start one with `forktool sync --to SPEC --start`")
+    bk.check_dirs(project)  # a backup directory replaced by a file or a link is refused, not taken for "elsewhere"
     if not has_backups(project, st) and not (st["stage"] == "starting" and not st.get("backups")):
         raise ForktoolError(f"the sync to {st['to_spec']} was recorded elsewhere; this checkout has not reached "
                             "its stop", where=str(state_path(project)),

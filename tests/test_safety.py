@@ -1,0 +1,250 @@
+"""Refusals that leave everything as it was: each bad input is an exit-1 (or usage) error and the tree's digest holds."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests import corpus
+from tests.conftest import UPSTREAM, Proj, make_project
+
+
+@pytest.fixture
+def applied(tmp_path: Path, cache: Path) -> Proj:
+    proj = make_project(tmp_path, UPSTREAM)
+    for name, text in corpus.SERIES.items():
+        proj.write_patch(name, text)
+    proj.run("apply")
+    return proj
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    """Every file under root by its bytes (links by their target): what 'nothing changed' means for a project."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = str(p.relative_to(root))
+        if p.is_symlink():
+            out[rel] = os.readlink(p).encode()
+        elif p.is_file():
+            out[rel] = p.read_bytes()
+    return out
+
+
+def _project_files(proj: Proj) -> dict[str, bytes]:
+    """The project minus the caches forktool may refresh while refusing (never the tree, patches or state)."""
+    return {k: v for k, v in _files(proj.root).items() if not k.startswith((".opencoti/cache/", ".opencoti/index"))}
+
+
+def test_a_file_that_is_also_the_directory_of_another_new_file_is_refused_before_commit(applied: Proj) -> None:
+    extra = corpus.make_patch("x.patch", {"up/src/d": (None, "a\n"), "up/src/d/e.c": (None, "b\n")})
+    p = applied.root / "patches" / "0089-three.patch"
+    p.write_bytes(p.read_bytes() + extra.split("\n---\n", 1)[1].encode())
+    before, backups = applied.digest(), sorted(os.listdir(applied.root / ".opencoti" / "vendor-backups"))
+    code, out, err = applied.run("apply", expect=1)
+    assert "up/src/d is written as a file and as the directory of up/src/d/e.c" in err and "nothing was changed" in err
+    assert applied.digest() == before
+    assert not (applied.root / ".opencoti" / "txn").exists()
+    # refused before the backup: nothing is left behind to prune
+    assert sorted(os.listdir(applied.root / ".opencoti" / "vendor-backups")) == backups
+    applied.run("status")
+
+
+def test_the_vendored_root_as_a_regular_file_is_refused(applied: Proj) -> None:
+    shutil.rmtree(applied.tree)
+    applied.tree.write_text("not a tree\n")
+    before = _project_files(applied)
+    for argv in (["apply"], ["unapply"], ["status"], ["verify"]):
+        code, out, err = applied.run(*argv, expect=1)
+        assert "is not a directory; the vendored tree must be a real directory" in err, err
+        assert "Traceback" not in err
+    assert _project_files(applied) == before
+
+
+def test_forktool_root_longer_than_a_path_may_be_is_refused(applied: Proj, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from forktool import cli
+    before = applied.digest()
+    monkeypatch.setenv("FORKTOOL_ROOT", "/" + "a" * 5000)
+    assert cli.main(["status"]) == 2
+    err = capsys.readouterr().err
+    assert "FORKTOOL_ROOT cannot be used as a project directory: File name too long" in err
+    assert "Traceback" not in err and len(err) < 1000
+    assert applied.digest() == before
+
+
+def test_forktool_cache_as_a_regular_file_is_refused_and_nothing_downloads(applied: Proj, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    bogus = tmp_path / "cache-file"
+    bogus.write_text("x")
+    monkeypatch.setenv("FORKTOOL_CACHE", str(bogus))
+    before = _project_files(applied)
+    for argv in (["status"], ["verify"], ["apply"], ["vendor", "fetch"]):
+        code, out, err = applied.run(*argv, expect=1)
+        assert f"FORKTOOL_CACHE ({bogus}) is not a directory" in err, err
+    assert bogus.read_text() == "x"
+    assert _project_files(applied) == before
+
+
+def test_opening_a_workspace_never_downloads(applied: Proj, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    empty = tmp_path / "empty-cache"
+    monkeypatch.setenv("FORKTOOL_CACHE", str(empty))
+    before = _project_files(applied)
+    for argv in (["status"], ["verify"], ["apply"], ["unapply"]):
+        code, out, err = applied.run(*argv, expect=1)
+        assert "is not in the cache" in err and "forktool vendor fetch" in err, err
+    # nothing fetched, archived or written: no git mirror, no pristine, vendor.lock as it was
+    assert not any((empty / d).exists() for d in ("git", "sdist", "objects", "pristine"))
+    assert _project_files(applied) == before
+    # `vendor fetch` is the one command that downloads; after it the workspace opens again
+    applied.run("vendor", "fetch")
+    applied.run("verify")
+
+
+def test_vendor_fetch_with_a_missing_sdist_names_it(applied: Proj) -> None:
+    before = _project_files(applied)
+    code, out, err = applied.run("vendor", "fetch", "--sdist", "/nonexistent", expect=1)
+    assert "--sdist /nonexistent: No such file or directory" in err
+    assert _project_files(applied) == before
+
+
+def test_vendor_fetch_with_an_sdist_for_a_project_without_one_is_refused(applied: Proj, tmp_path: Path) -> None:
+    sd = tmp_path / "x.tar.gz"
+    sd.write_bytes(b"x")
+    before = _project_files(applied)
+    code, out, err = applied.run("vendor", "fetch", "--sdist", str(sd), expect=1)
+    assert "0 sdist component(s)" in err
+    assert _project_files(applied) == before
+
+
+def test_refresh_of_a_patch_whose_subject_is_not_utf8_is_refused(applied: Proj) -> None:
+    p = applied.root / "patches" / "0070-one.patch"
+    p.write_bytes(p.read_bytes().replace(b"Subject: [PATCH] one", b"Subject: [PATCH] on\xffe"))
+    applied.edit("up/src/a.c", "return 2;", "return 3;")
+    before = _project_files(applied)
+    code, out, err = applied.run("refresh", "0070", expect=1)
+    assert "the patch message is not UTF-8 (byte 0xff on line 4)" in err and "patches/0070-one.patch:4" in err
+    assert _project_files(applied) == before
+
+
+def _json_error(proj: Proj, *argv: str) -> dict:
+    import json
+    code, out, err = proj.run(*argv, "--json", expect=1)
+    return json.loads(out)
+
+
+def test_every_unexplained_change_is_one_error_kind(applied: Proj) -> None:
+    """Changes no patch explains, in the tree or in an applied patch's file, are refused the same way by every
+    command that checks them: exit 1, kind DirtyTreeError."""
+    edited = _project_files(applied)
+    applied.edit("up/src/b.c", "line 3\n", "line three\n")
+    for argv in (["apply", "--upto", "0070"], ["package"], ["sync", "--to", applied.upstream.as_posix() + "@HEAD",
+                                                            "--start"]):
+        err = _json_error(applied, *argv)
+        assert err["kind"] == "DirtyTreeError" and "no patch explains" in err["error"], (argv, err)
+    applied.edit("up/src/b.c", "line three\n", "line 3\n")
+    assert _project_files(applied) == edited
+    p = applied.root / "patches" / "0071-two.patch"
+    p.write_text(p.read_text().replace("+// opencoti-hook: two", "+// opencoti-hook: two\n+// more"))
+    p.write_text(p.read_text().replace("@@ -8,6 +8,7 @@", "@@ -8,6 +8,8 @@"))
+    before = _project_files(applied)
+    for argv in (["refresh", "0089"], ["build", "--plan"], ["package"]):
+        err = _json_error(applied, *argv)
+        assert err["kind"] == "DirtyTreeError" and "0071 changed on disk" in err["error"], (argv, err)
+    assert _project_files(applied) == before
+
+
+KILL_AFTER_MERGE = """
+import os, signal, sys
+import git
+from forktool import cli
+real = git.Git.execute
+def execute(self, argv, *a, **k):
+    out = real(self, argv, *a, **k)
+    if "merge-file" in argv:
+        os.kill(os.getpid(), signal.SIGKILL)  # killed while the merge's inputs exist
+    return out
+git.Git.execute = execute
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_a_sync_killed_during_a_merge_leaves_no_temporary_files(tmp_path: Path, cache: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests import test_sync_loop as loop
+    proj = make_project(tmp_path, UPSTREAM)
+    loop.series(proj)
+    commit = loop.new_upstream(proj)
+    tmpdir = tmp_path / "tmpdir"
+    tmpdir.mkdir()
+    env = dict(os.environ, FORKTOOL_ROOT=str(proj.root), TMPDIR=str(tmpdir))
+    r = subprocess.run([sys.executable, "-c", KILL_AFTER_MERGE, "sync", "--to", commit, "--start"], env=env,
+                       capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    assert r.returncode == -9, r.stderr  # it did reach a merge
+    assert sorted(os.listdir(tmpdir)) == []
+    assert not [p for p in (proj.root / ".opencoti").rglob("*") if "merge" in p.name]
+    # the killed start is undone by --abort as any other stop
+    code, out, err = proj.run("sync", "--abort", expect=None)
+    assert code == 0, err
+
+
+BACKEND = '''import os
+def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
+    os.makedirs(os.path.join(metadata_directory, "pkg-1.0.dist-info"))
+    with open(os.path.join(metadata_directory, "pkg-1.0.dist-info", "METADATA"), "w") as f:
+        f.write("Metadata-Version: 2.1\\nName: pkg\\nVersion: 1.0\\n")
+    return "pkg-1.0.dist-info"
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    raise RuntimeError("pip download never builds")
+'''
+
+
+def _local_index(where: Path) -> str:
+    """A find-links directory holding pkg-1.0.tar.gz, an sdist pip can read offline (an in-tree build backend that
+    needs nothing installed); returns its sha256."""
+    import hashlib
+    import io
+    import tarfile
+    files = {"pkg-1.0/pyproject.toml": b'[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n',
+             "pkg-1.0/backend.py": BACKEND.encode(), "pkg-1.0/PKG-INFO": b"Metadata-Version: 2.1\nName: pkg\nVersion: 1.0\n",
+             "pkg-1.0/vendor/up/src/a.c": b"int a;\n"}
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in files.items():
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tar.addfile(ti, io.BytesIO(data))
+    where.mkdir(parents=True)
+    (where / "pkg-1.0.tar.gz").write_bytes(buf.getvalue())
+    return hashlib.sha256(buf.getvalue()).hexdigest()
+
+
+def test_only_vendor_fetch_downloads_and_it_shows_pip_as_it_goes(tmp_path: Path, cache: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    sha = _local_index(tmp_path / "links")
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "links"))
+    root = tmp_path / "proj"
+    (root / "vendor").mkdir(parents=True)
+    (root / "patches").mkdir()
+    (root / "patches" / "series").write_text("")
+    (root / "vendor" / "vendor.yaml").write_text(
+        f"components:\n  - name: up\n    kind: sdist\n    package: pkg\n    version: '1.0'\n    sha256: '{sha}'\n"
+        "    subdir: vendor/up\n    include: [src]\n")
+    from tests.conftest import run_cli
+    code, out, err = run_cli(root, ["vendor", "fetch"])
+    assert "downloading pkg==1.0 with pip" in err and "pip: Saved" in err
+    assert (root / "vendor" / "llamafile" / "up" / "src" / "a.c").read_text() == "int a;\n"
+    run_cli(root, ["status"])
+    # a fresh cache: status names what is missing and the command that fetches it; pip never runs
+    fresh = tmp_path / "fresh-cache"
+    monkeypatch.setenv("FORKTOOL_CACHE", str(fresh))
+    lock = (root / "vendor" / "vendor.lock").read_bytes()
+    for argv in (["status"], ["verify"], ["apply"]):
+        code, out, err = run_cli(root, argv, expect=1)
+        assert "is not in the cache" in err and "forktool vendor fetch" in err and "pip" not in err
+    assert not (fresh / "sdist").exists() and (root / "vendor" / "vendor.lock").read_bytes() == lock
