@@ -10,11 +10,11 @@ import errno
 import os
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from forktool import output
 from forktool.errors import ForktoolError
 
-TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at run time
 if TYPE_CHECKING:
     from forktool.output import Report
     from forktool.project import Project

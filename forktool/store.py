@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from forktool.errors import ForktoolError
-from forktool.tree import atomic_write, sha256_bytes, write_many
+from forktool.tree import atomic_write, sha256_bytes
 
 
 class ObjectStore:
@@ -25,11 +25,6 @@ class ObjectStore:
         if not p.is_file():
             atomic_write(p, data)
         return sha
-
-    def put_many(self, blobs: list[bytes]) -> list[str]:
-        """put for several objects, made durable together (one wait for the disk instead of one per object)."""
-        write_many(self.missing(blobs))
-        return [sha256_bytes(b) for b in blobs]
 
     def missing(self, blobs: list[bytes]) -> list[tuple[Path, bytes]]:
         """(path, bytes) of the blobs not stored yet, each once: for tree.write_many, alone or with other files
