@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
-from tests.conftest import Proj
-from tests.test_apply import series
+from tests.helpers.project import Proj
+from tests.helpers.series import three_patches
 
 
 def test_backups_store_only_what_differs_from_pristine(proj: Proj):
-    series(proj)
+    three_patches(proj)
     proj.run("apply")
     b = proj.json("backup", "create", "before-experiment")
     assert b["name"].endswith("-before-experiment")
@@ -18,7 +18,7 @@ def test_backups_store_only_what_differs_from_pristine(proj: Proj):
 
 
 def test_restore_returns_tree_byte_identical(proj: Proj):
-    series(proj)
+    three_patches(proj)
     proj.run("apply")
     before = proj.state_digest()
     name = proj.json("backup", "create", "snap")["name"]
@@ -32,7 +32,7 @@ def test_restore_returns_tree_byte_identical(proj: Proj):
 
 
 def test_tampered_backup_is_refused_and_tree_untouched(proj: Proj):
-    series(proj)
+    three_patches(proj)
     proj.run("apply")
     name = proj.json("backup", "create", "snap")["name"]
     objs = [p for p in (proj.root / ".opencoti/vendor-backups" / name / "objects").rglob("*") if p.is_file()]
@@ -47,7 +47,7 @@ def test_tampered_backup_is_refused_and_tree_untouched(proj: Proj):
 
 
 def test_tampered_manifest_is_refused(proj: Proj):
-    series(proj)
+    three_patches(proj)
     proj.run("apply")
     name = proj.json("backup", "create", "snap")["name"]
     mf = proj.root / ".opencoti/vendor-backups" / name / "manifest.json"
@@ -60,7 +60,7 @@ def test_tampered_manifest_is_refused(proj: Proj):
 
 
 def test_list_and_prune_keep_newest(proj: Proj):
-    series(proj)
+    three_patches(proj)
     names = [proj.json("backup", "create", f"b{i}")["name"] for i in range(4)]
     listed = [b["name"] for b in proj.json("backup", "list")["backups"]]
     assert listed == sorted(listed) and set(names) <= set(listed)
@@ -70,7 +70,7 @@ def test_list_and_prune_keep_newest(proj: Proj):
 
 
 def test_every_mutating_command_takes_a_named_backup(proj: Proj):
-    series(proj)
+    three_patches(proj)
     proj.run("apply", "--upto", "0071")
     proj.run("apply")
     proj.run("unapply", "--to", "0070")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from forktool import cache as fcache
 from forktool.cache import Cache, key_of
-from tests.conftest import Proj
+from tests.helpers.project import Proj
 
 
 def test_cache_entry_is_used_only_under_its_key(tmp_path: Path):

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests import corpus
-from tests.conftest import UPSTREAM, make_project, run_cli
+from tests.helpers.cli import run_cli
+from tests.helpers.project import UPSTREAM, make_project
 
 FAMILIES = ["vendor.yaml", "registry", "build.yaml", "vendor.lock", "state.json", "journal", "backup", "patches",
             "series", "tree", "opencoti", "sdist", "cli", "sync-state"]
