@@ -41,8 +41,7 @@ def _run_family(base: Path, family: str, every: int) -> None:
     for n, case in enumerate(cases):
         if n % every:
             continue
-        o = corpus.run_case(case, base, n)
-        assert o.seconds < corpus.TIME_LIMIT
+        o = corpus.run_case(case, base, n)  # a case that never returns is stopped and counted as a hang
         if o.kind not in ("refusal", "usage"):
             bad.append(f"{o.kind}: {case.id}: {o.detail}")
     assert not bad, f"{len(bad)} case(s) of {family} were not clean refusals:\n" + "\n".join(bad[:40])
