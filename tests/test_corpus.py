@@ -146,7 +146,7 @@ def test_disk_full_at_many_fill_levels(tmp_path: Path, cache: Path) -> None:
 
 
 def test_corpus_counts_are_printable(tmp_path: Path) -> None:
-    """`python -m tests.corpus --family cli` prints the table the README quotes."""
+    """`python -m tests.corpus --family cli` prints the table the manual quotes (docs/manual.md)."""
     env = dict(os.environ, PYTHONPATH=str(corpus.REPO))
     r = subprocess.run([sys.executable, "-m", "tests.corpus", "--family", "cli", "--json", str(tmp_path / "o.json")],
                        cwd=corpus.REPO, env=env, capture_output=True, text=True, timeout=600)
