@@ -128,3 +128,38 @@ def test_every_make_target_in_the_readme_exists():
             if line.startswith("make "):
                 named.add(line.split()[1])
     assert named >= {"main", "test"} and named <= targets, named - targets
+
+
+# manual pages written beside this one; a link to one of them may point at a file this checkout does not have yet
+OTHER_PAGES = {"docs/manual-cli.md", "docs/caches.md", "docs/safety.md", "docs/upstream-sources.md", "docs/registry.md"}
+
+
+def anchors(path: Path) -> set[str]:
+    """GitHub's anchors for the headings of a Markdown file."""
+    out = set()
+    fence = False
+    for line in path.read_text().split("\n"):
+        fence ^= line.startswith("```")
+        if not fence and line.startswith("#"):
+            text = line.lstrip("#").strip().lower()
+            out.add(re.sub(r"[^\w\- ]", "", text).replace(" ", "-"))
+    return out
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/manual.md", "docs/architecture.md", "docs/benchmarks.md"])
+def test_links_between_the_pages_resolve(page: str):
+    src = REPO / page
+    bad = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", src.read_text()):
+        if re.match(r"^[a-z]+:", target):
+            continue
+        file, _, anchor = target.partition("#")
+        dest = (src.parent / file).resolve() if file else src
+        rel = dest.relative_to(REPO).as_posix() if dest.is_relative_to(REPO) else str(dest)
+        if not dest.exists():
+            if rel not in OTHER_PAGES:
+                bad.append(f"{target}: no such file")
+            continue
+        if anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            bad.append(f"{target}: no heading with that anchor")
+    assert bad == []
