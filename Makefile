@@ -3,9 +3,11 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 FT := $(VENV)/bin/forktool
-export FORKTOOL_CACHE ?= $(HOME)/.cache/forktool
 
 .PHONY: main setup test test-slow lint bench gates-cpu clean-build
+
+# the user's cache for the jobs that fetch the real upstream; the tests use their own (tests/conftest.py)
+main gates-cpu bench: export FORKTOOL_CACHE ?= $(HOME)/.cache/forktool
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)

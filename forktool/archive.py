@@ -203,8 +203,3 @@ def extract_to_dir(archive: Path, dest: Path, where: str = "") -> None:
             p.symlink_to(m.data.decode())
         else:
             atomic_write(p, m.data, EXECUTABLE if m.executable else REGULAR)
-
-
-def read_files(data: bytes, where: str, want: Callable[[str], bool], strip_top: bool = False) -> dict[str, bytes]:
-    """The regular files whose (checked) path `want` accepts, read without extracting anything."""
-    return {m.rel: m.data for m in members(data, where, strip_top) if m.kind == "file" and want(m.rel)}

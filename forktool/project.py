@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from forktool.errors import ConfigError, UsageError
 from forktool.record import NamedTuple, Record
 
-TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at run time
 if TYPE_CHECKING:
     from typing import Any
 
@@ -77,25 +77,15 @@ def parse_component(raw: Any, where: str) -> Component:
     )
 
 
-def read_yaml_mapping(path: Path, keys: set[str], missing_hint: str = "", schema_name: str = "") -> dict[str, Any]:
-    """A YAML file read safely; checked against `schema_name` when given, else a mapping with only these keys."""
+def read_yaml_mapping(path: Path, schema_name: str, missing_hint: str = "") -> dict[str, Any]:
+    """A project config file (YAML) read safely and checked against its schema."""
     from forktool import schema
     root = path.parent.parent  # the project: its config files live one directory down
-    if schema_name:
-        return schema.load_yaml(path, schema_name, missing_hint, root=root)
-    text = schema.decode(schema.read_regular(path, path.name, schema.CONFIG_LIMIT, root, missing_hint), path)
-    raw = schema.parse_yaml(text, str(path))
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path.name} must be a mapping", where=str(path))
-    unknown = sorted(str(k) for k in set(raw) - keys)
-    if unknown:
-        raise ConfigError(f"unknown top-level key(s) {', '.join(unknown)}", where=f"{path}: {unknown[0]}",
-                          hint=f"allowed: {', '.join(sorted(keys))}")
-    return raw
+    return schema.load_yaml(path, schema_name, missing_hint, root=root)
 
 
 def load_vendor_config(path: Path) -> VendorConfig:
-    raw = read_yaml_mapping(path, {"components"}, "is this a forktool project?", schema_name="vendor")
+    raw = read_yaml_mapping(path, "vendor", "is this a forktool project?")
     parsed = tuple(parse_component(c, f"{path}: components[{i}]") for i, c in enumerate(raw["components"]))
     names = [c.name for c in parsed]
     if len(set(names)) != len(names):

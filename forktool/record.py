@@ -1,19 +1,19 @@
-"""Plain records for the everyday commands: equality, repr and replace() over the fields a class names, and
-NamedTuple without the typing module.
+"""Plain records for the everyday commands: equality, repr and replace() over the fields a class names, and a
+NamedTuple that does not compile annotations.
 
 What the commands' own classes need of dataclasses and typing, without their cost at every start: the
 dataclasses module (which imports inspect, ast, dis and tokenize) and the code it generates per class took
-about 12 ms of each `apply`, `unapply` and `status`; the typing module about 2.5 ms more, and typing.NamedTuple
-compiles every field's annotation string (postponed annotations) into a ForwardRef, about 1 ms for the
-commands' records. Immutable records are `NamedTuple`s from here (typing's own for the type checker, the
-stand-in below at run time); mutable ones derive from Record and write their own __init__.
+about 12 ms of each `apply`, `unapply` and `status`, and typing.NamedTuple compiles every field's annotation
+string (postponed annotations) into a ForwardRef, about 1 ms for the commands' records. Immutable records are
+`NamedTuple`s from here (typing's own for the type checker, the stand-in below at run time); mutable ones
+derive from Record and write their own __init__.
 """
 
 from __future__ import annotations
 
 import collections
+from typing import TYPE_CHECKING
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the type checker knows the name)
 if TYPE_CHECKING:
     from typing import Any, ClassVar, Self
     from typing import NamedTuple as NamedTuple

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from forktool import registry as rg
 from forktool.errors import ForktoolError
@@ -12,7 +13,6 @@ from forktool.project import Project
 from forktool.series import Patch
 from forktool.tree import atomic_write
 
-TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at run time
 if TYPE_CHECKING:
     from typing import Any
 

@@ -8,9 +8,6 @@ from pathlib import Path
 from forktool.errors import ConfigError
 from forktool.project import read_yaml_mapping
 
-STATUSES = ("dev", "shipped", "upstreamed", "dropped")
-NEEDS = ("cpu", "cuda")
-
 
 @dataclass(frozen=True)
 class Gate:
@@ -63,7 +60,7 @@ class Registry:
 
 def load(path: Path) -> Registry:
     """registry/UPSTREAM_SYNC.yaml checked against its schema (forktool/schemas.py), then cross-checked."""
-    top = read_yaml_mapping(path, {"schema", "patches", "hooks"}, "the registry lives there", schema_name="registry")
+    top = read_yaml_mapping(path, "registry", "the registry lives there")
     return from_data(top, path)
 
 

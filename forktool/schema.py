@@ -23,10 +23,10 @@ import re
 import stat
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from forktool.errors import ConfigError, ForktoolError, UnsafePathError
 
-TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at run time
 if TYPE_CHECKING:
     from typing import Any
 

@@ -99,18 +99,6 @@ class FileDiff(Record):
     def is_deleted(self) -> bool:
         return self.new_mode is None
 
-    def added_lines(self) -> list[tuple[int, bytes]]:
-        """(new line number, text) of every added line."""
-        out = []
-        for h in self.hunks:
-            n = h.new_start if h.new_count else h.new_start + 1
-            for op, t in h.lines:
-                if op == b"+":
-                    out.append((n, t))
-                if op in b" +":
-                    n += 1
-        return out
-
 
 class Patch(Record):
     FIELDS = ("id", "name", "header", "files", "raw")

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from forktool import schema
 from forktool.errors import ForktoolError
 from forktool.record import Record
 from forktool.tree import Entry, atomic_write
 
-TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at run time
 if TYPE_CHECKING:
     from forktool.project import Project
 

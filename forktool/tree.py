@@ -11,11 +11,11 @@ import stat
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from forktool.errors import UnsafePathError
 from forktool.record import NamedTuple
 
-TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at run time
 if TYPE_CHECKING:
     from typing import Any
 

@@ -9,6 +9,7 @@ import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from forktool import schema
 from forktool.errors import ForktoolError, UnsafePathError
@@ -26,7 +27,6 @@ from forktool.tree import (
     sha256_bytes,
 )
 
-TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at run time
 if TYPE_CHECKING:
     from typing import Any
 

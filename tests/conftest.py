@@ -1,123 +1,42 @@
-"""Shared fixtures: throwaway forktool projects over a real local git upstream."""
+"""Fixtures every test module may ask for; what they are made of lives in tests/helpers."""
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import subprocess
-import sys
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from forktool import cli
-from forktool.tree import digest, scan
+from tests.helpers.project import UPSTREAM, Proj, make_project
+from tests.helpers.registry import registry_project
 
-REPO = Path(__file__).resolve().parents[1]
-
-UPSTREAM = {
-    "src/a.c": ("int a(void)\n{\n    return 1;\n}\n\n" + "".join(f"// filler {i}\n" for i in range(40))
-                + "int tail(void) { return 0; }\n"),
-    "src/b.c": "".join(f"line {i}\n" for i in range(1, 31)),
-    "include/c.h": "#pragma once\nint a(void);\n",
-    "docs/skip.md": "not vendored\n",
-    "tools/run.sh": "#!/bin/sh\necho run\n",
-}
+# read before any test changes it: a cache the caller names (CI restores one) is used as it is
+_ENV_CACHE = os.environ.get("FORKTOOL_CACHE")
 
 
-def git(cwd: Path, *args: str) -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    env.update({"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-                "GIT_COMMITTER_EMAIL": "t@t"})
-    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout.strip()
+@pytest.fixture(scope="session", autouse=True)
+def session_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """FORKTOOL_CACHE for the whole session: the caller's when set, else a fresh one under pytest's basetemp.
 
-
-def make_upstream(path: Path, files: dict[str, str]) -> str:
+    Tests on the real pinned upstream download its sdist into it at most once per session, and no test reads
+    or writes the user's own cache (~/.cache/forktool)."""
+    path = Path(_ENV_CACHE) if _ENV_CACHE else tmp_path_factory.mktemp("forktool-cache")
     path.mkdir(parents=True, exist_ok=True)
-    git(path, "init", "-q")
-    for rel, text in files.items():
-        p = path / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(text)
-        if rel.endswith(".sh"):
-            p.chmod(0o755)
-    git(path, "add", "-A")
-    git(path, "commit", "-qm", "upstream")
-    return git(path, "rev-parse", "HEAD")
+    old = os.environ.get("FORKTOOL_CACHE")
+    os.environ["FORKTOOL_CACHE"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("FORKTOOL_CACHE", None)
+    else:
+        os.environ["FORKTOOL_CACHE"] = old
 
 
-@dataclass
-class Proj:
-    root: Path
-    upstream: Path
-
-    @property
-    def tree(self) -> Path:
-        return self.root / "vendor" / "llamafile"
-
-    def run(self, *args: str, expect: int | None = 0) -> tuple[int, str, str]:
-        """Run the CLI in-process; returns (code, stdout, stderr)."""
-        return run_cli(self.root, list(args), expect)
-
-    def sub(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-        """Run the CLI in a subprocess (for crash tests)."""
-        e = dict(os.environ, FORKTOOL_ROOT=str(self.root), **(env or {}))
-        return subprocess.run([sys.executable, "-m", "forktool", *args], env=e, capture_output=True, text=True)
-
-    def json(self, *args: str, expect: int | None = 0) -> dict:
-        code, out, err = self.run(*args, "--json", expect=expect)
-        return json.loads(out)
-
-    def digest(self) -> str:
-        return digest(scan(self.tree))
-
-    def state_digest(self) -> str:
-        """Digest of tree + patches + state: what 'nothing changed' means."""
-        parts = [digest(scan(self.tree)), digest(scan(self.root / "patches"))]
-        st = self.root / ".opencoti" / "state.json"
-        parts.append(st.read_text() if st.exists() else "")
-        return "|".join(parts)
-
-    def write_patch(self, name: str, text: str, add_to_series: bool = True) -> Path:
-        p = self.root / "patches" / name
-        p.write_text(text)
-        if add_to_series:
-            with open(self.root / "patches" / "series", "a") as f:
-                f.write(name + "\n")
-        return p
-
-    def edit(self, rel: str, old: str, new: str) -> None:
-        p = self.tree / rel
-        text = p.read_text()
-        assert old in text, f"{old!r} not in {rel}"
-        p.write_text(text.replace(old, new, 1))
-
-
-def run_cli(root: Path, args: list[str], expect: int | None = 0) -> tuple[int, str, str]:
-    import contextlib
-    import io
-
-    from forktool import output
-    out, err = io.StringIO(), io.StringIO()
-    old_env = os.environ.get("FORKTOOL_ROOT")
-    os.environ["FORKTOOL_ROOT"] = str(root)
-    try:
-        with contextlib.redirect_stdout(out), output.capture(err):
-            code = cli.main(args)
-    finally:
-        if old_env is None:
-            os.environ.pop("FORKTOOL_ROOT", None)
-        else:
-            os.environ["FORKTOOL_ROOT"] = old_env
-    if expect is not None:
-        assert code == expect, f"forktool {' '.join(args)} exited {code}, expected {expect}\n{err.getvalue()}\n{out.getvalue()}"
-    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture
 def cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh, empty FORKTOOL_CACHE for one test."""
     c = tmp_path_factory.mktemp("cache")
     monkeypatch.setenv("FORKTOOL_CACHE", str(c))
     return c
@@ -125,25 +44,11 @@ def cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPa
 
 @pytest.fixture
 def proj(tmp_path: Path, cache: Path) -> Proj:
+    """A fetched project over a small git upstream (tests.helpers.project.UPSTREAM), no patches yet."""
     return make_project(tmp_path, UPSTREAM)
 
 
-def make_project(tmp_path: Path, files: dict[str, str]) -> Proj:
-    up = tmp_path / "upstream"
-    commit = make_upstream(up, files)
-    root = tmp_path / "proj"
-    (root / "vendor").mkdir(parents=True)
-    (root / "patches").mkdir()
-    (root / "registry").mkdir()
-    shutil.copy(REPO / "registry" / "build.yaml", root / "registry" / "build.yaml")
-    (root / "vendor" / "vendor.yaml").write_text(
-        "components:\n"
-        "  - name: up\n"
-        "    kind: git\n"
-        f"    url: {up}\n"
-        f"    commit: {commit}\n"
-        "    include: [src, include, tools]\n"
-        "    exclude: ['*.md']\n")
-    (root / "patches" / "series").write_text("# test series\n")
-    run_cli(root, ["vendor", "fetch"])
-    return Proj(root, up)
+@pytest.fixture
+def rp(tmp_path: Path, cache: Path) -> Proj:
+    """A project with one patch applied and a registry that agrees with it (tests.helpers.registry)."""
+    return registry_project(tmp_path)

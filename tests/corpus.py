@@ -31,8 +31,9 @@ from typing import Any
 
 import yaml
 
-from tests.conftest import REPO, UPSTREAM, make_project, run_cli
-from tests.patchgen import make_patch
+from tests.helpers.cli import run_cli
+from tests.helpers.patches import make_patch
+from tests.helpers.project import REPO, UPSTREAM, make_project
 
 TIME_LIMIT = 10.0  # seconds; a case still running then counts as a hang
 
@@ -112,9 +113,9 @@ def template(base: Path) -> Template:
 
 def stopped_sync(base: Path) -> Path:
     """A project whose sync to a newer synthetic upstream stopped at a conflict (as tests/test_sync_loop.py)."""
-    from tests import test_sync_loop as loop
+    from tests.helpers import sync as loop
     proj = make_project(base, UPSTREAM)
-    loop.series(proj)
+    loop.loop_series(proj)
     commit = loop.new_upstream(proj)
     code, out, err = run_cli(proj.root, ["sync", "--to", commit, "--start", "--json"], expect=1)
     assert json.loads(out)["stage"] == "stopped", err

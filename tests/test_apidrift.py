@@ -12,8 +12,8 @@ import pytest
 from forktool.cache import Cache
 from forktool.symbols import declarations
 from forktool.sync.apidrift import Upstream, api_drift, closure, used_names
-from tests.conftest import Proj, git
-from tests.test_sync import make_patch
+from tests.helpers.patches import make_patch
+from tests.helpers.project import Proj, git
 
 API_H = """\
 #pragma once

@@ -8,26 +8,13 @@ import time
 
 import pytest
 
-from tests.conftest import UPSTREAM, Proj
-from tests.patchgen import make_patch
-
-A = UPSTREAM["src/a.c"]
-B = UPSTREAM["src/b.c"]
-A1 = A.replace("    return 1;\n", "    // opencoti-hook: one\n    return 2;\n")
-B1 = B.replace("line 10\n", "line 10\n// opencoti-hook: two\n")
-B2 = B1.replace("line 25\n", "line 25\n// opencoti-hook: three\nextra\n")
-
-
-def series(p: Proj) -> None:
-    p.write_patch("0070-one.patch", make_patch("0070-one.patch", {"up/src/a.c": (A, A1)}, "one", "one"))
-    p.write_patch("0071-two.patch", make_patch("0071-two.patch", {"up/src/b.c": (B, B1)}, "two", "two"))
-    p.write_patch("0089-three.patch", make_patch("0089-three.patch", {"up/src/b.c": (B1, B2),
-                                                                       "up/src/new.c": (None, "int n;\n")},
-                                                 "three", "three"))
+from tests.helpers.patches import make_patch
+from tests.helpers.project import Proj
+from tests.helpers.series import A1, B1, B2, A, B, three_patches
 
 
 def test_apply_verify_status_noop(proj: Proj):
-    series(proj)
+    three_patches(proj)
     pristine = proj.digest()
     res = proj.json("apply")
     assert res["top"] == "0089" and sorted(res["written"]) == ["up/src/a.c", "up/src/b.c", "up/src/new.c"]
@@ -46,7 +33,7 @@ def test_apply_verify_status_noop(proj: Proj):
 
 
 def test_write_only_what_changed_keeps_mtimes(proj: Proj):
-    series(proj)
+    three_patches(proj)
     proj.run("apply")
     old = time.time() - 1000
     for rel in ("up/src/a.c", "up/src/b.c", "up/include/c.h"):
@@ -64,7 +51,7 @@ def test_write_only_what_changed_keeps_mtimes(proj: Proj):
 
 
 def test_unapply_returns_pristine_bytes(proj: Proj):
-    series(proj)
+    three_patches(proj)
     pristine = proj.digest()
     proj.run("apply")
     res = proj.json("unapply", "--to", "0070")
@@ -88,7 +75,7 @@ def test_offset_is_applied_and_reported_as_drift(proj: Proj):
 
 
 def test_conflict_names_patch_file_hunk_line_and_changes_nothing(proj: Proj):
-    series(proj)
+    three_patches(proj)
     proj.run("apply", "--upto", "0070")
     bad = make_patch("0071-two.patch", {"up/src/b.c": (B.replace("line 9\n", "line nine\n"), B1)}, "two", "two")
     (proj.root / "patches" / "0071-two.patch").write_text(bad)
@@ -100,7 +87,7 @@ def test_conflict_names_patch_file_hunk_line_and_changes_nothing(proj: Proj):
 
 
 def test_dirty_tree_refused_then_forced_with_backup(proj: Proj):
-    series(proj)
+    three_patches(proj)
     proj.run("apply", "--upto", "0071")
     proj.edit("up/src/b.c", "line 3\n", "my local edit\n")
     before = proj.state_digest()
@@ -117,7 +104,7 @@ def test_dirty_tree_refused_then_forced_with_backup(proj: Proj):
 
 
 def test_edit_loop_refresh_and_conflicting_later_patch(proj: Proj):
-    series(proj)
+    three_patches(proj)
     proj.run("apply", "--upto", "0071")
     proj.edit("up/src/b.c", "line 10\n", "line 10\nanother line // opencoti-hook: two\n")
     res = proj.json("refresh", "0071")
@@ -142,7 +129,7 @@ def test_edit_loop_refresh_and_conflicting_later_patch(proj: Proj):
 
 
 def test_refresh_below_the_top_rewrites_it_and_reanchors_the_patches_above(proj: Proj):
-    series(proj)
+    three_patches(proj)
     proj.run("apply")
     proj.edit("up/src/b.c", "// opencoti-hook: two\n", "// opencoti-hook: two\nint also; // opencoti-hook: two\n")
     tree = proj.digest()
@@ -169,7 +156,7 @@ def test_refresh_below_the_top_rewrites_it_and_reanchors_the_patches_above(proj:
 
 
 def test_refresh_below_the_top_refuses_an_edit_of_lines_a_later_patch_owns(proj: Proj):
-    series(proj)
+    three_patches(proj)
     proj.run("apply")
     proj.edit("up/src/b.c", "extra\n", "extra, edited\n")  # a line 0089 adds
     before = proj.state_digest()
@@ -180,7 +167,7 @@ def test_refresh_below_the_top_refuses_an_edit_of_lines_a_later_patch_owns(proj:
 
 
 def test_refresh_below_the_top_takes_new_and_untouched_files_and_refuses_a_later_patchs_file(proj: Proj):
-    series(proj)
+    three_patches(proj)
     proj.run("apply")
     proj.edit("up/include/c.h", "int a(void);\n", "int a(void);\nint b2; // opencoti-hook: one\n")
     (proj.tree / "up/src/extra.c").write_text("int extra;\n")
@@ -200,7 +187,7 @@ def test_refresh_below_the_top_takes_new_and_untouched_files_and_refuses_a_later
 
 
 def test_refresh_below_the_top_refuses_a_mode_change(proj: Proj):
-    series(proj)
+    three_patches(proj)
     proj.run("apply")
     os.chmod(proj.tree / "up/src/a.c", 0o755)
     before = proj.state_digest()
@@ -210,7 +197,7 @@ def test_refresh_below_the_top_refuses_a_mode_change(proj: Proj):
 
 
 def test_refresh_refuses_a_patch_that_is_not_applied(proj: Proj):
-    series(proj)
+    three_patches(proj)
     proj.run("apply", "--upto", "0070")
     before = proj.state_digest()
     code, out, err = proj.run("refresh", "0071", expect=2)
@@ -219,7 +206,7 @@ def test_refresh_refuses_a_patch_that_is_not_applied(proj: Proj):
 
 
 def test_new_inserts_after_top_and_refresh_fills_it(proj: Proj):
-    series(proj)
+    three_patches(proj)
     proj.run("apply", "--upto", "0071")
     res = proj.json("new", "fix-a", "--title", "fix a")
     assert res["id"] == "0072" and res["after"] == "0071"
@@ -237,7 +224,7 @@ def test_new_inserts_after_top_and_refresh_fills_it(proj: Proj):
 
 
 def test_verify_detects_non_canonical_patch(proj: Proj):
-    series(proj)
+    three_patches(proj)
     p = proj.root / "patches" / "0070-one.patch"
     p.write_text(p.read_text().replace("index ", "index ").replace("@@ -1,6 +1,7 @@", "@@ -1,6 +1,7 @@ int a(void)"))
     proj.run("apply")
@@ -246,7 +233,7 @@ def test_verify_detects_non_canonical_patch(proj: Proj):
 
 
 def test_verify_detects_local_edit_and_tree_digest(proj: Proj):
-    series(proj)
+    three_patches(proj)
     proj.run("apply")
     proj.edit("up/src/a.c", "int tail", "int tail2")
     code, out, err = proj.run("verify", expect=1)
@@ -254,7 +241,7 @@ def test_verify_detects_local_edit_and_tree_digest(proj: Proj):
 
 
 def test_status_json_has_stable_keys(proj: Proj):
-    series(proj)
+    three_patches(proj)
     st = proj.json("status")
     assert set(st) == {"patches", "tree", "top", "local_changes", "pristine_digest"}
     assert set(st["patches"][0]) == {"id", "name", "title", "state", "drift", "files"}
@@ -285,7 +272,7 @@ def test_usage_error_exit_2(proj: Proj):
 
 @pytest.mark.parametrize("bad", ["crlf", "truncated", "counts", "binary", "rename", "mode", "traversal", "absolute"])
 def test_bad_patch_inputs_leave_everything_unchanged(proj: Proj, bad: str):
-    series(proj)
+    three_patches(proj)
     proj.run("apply", "--upto", "0070")
     good = make_patch("0071-two.patch", {"up/src/b.c": (B, B1)}, "two", "two")
     mutate = {
@@ -310,7 +297,7 @@ def test_bad_patch_inputs_leave_everything_unchanged(proj: Proj, bad: str):
 
 
 def test_symlink_escape_is_refused(proj: Proj, tmp_path):
-    series(proj)
+    three_patches(proj)
     outside = tmp_path / "outside"
     outside.mkdir()
     # a symlinked directory inside the tree pointing outside: patches must not write through it
@@ -326,7 +313,7 @@ def test_symlink_escape_is_refused(proj: Proj, tmp_path):
 
 
 def test_new_with_explicit_id(proj: Proj):
-    series(proj)
+    three_patches(proj)
     proj.run("apply")
     assert proj.json("new", "later", "--id", "0100")["patch"] == "0100-later.patch"
     code, out, err = proj.run("new", "dup", "--id", "0070", expect=2)
@@ -334,7 +321,7 @@ def test_new_with_explicit_id(proj: Proj):
 
 
 def test_refresh_keeps_an_edited_message_but_not_a_hand_edited_diff(proj: Proj):
-    series(proj)
+    three_patches(proj)
     proj.run("apply")
     p = proj.root / "patches" / "0089-three.patch"
     p.write_text(p.read_text().replace("Subject: [PATCH] three\n\n", "Subject: [PATCH] three\n\nWhy it exists.\n\n"))
@@ -350,7 +337,7 @@ def test_refresh_keeps_an_edited_message_but_not_a_hand_edited_diff(proj: Proj):
 
 
 def test_reanchor_after_a_lower_patch_changes(proj: Proj):
-    series(proj)
+    three_patches(proj)
     proj.run("apply", "--upto", "0071")
     proj.edit("up/src/b.c", "line 3\n", "line 3\nline 3b // opencoti-hook: two\n")
     proj.run("refresh", "0071")
@@ -367,7 +354,7 @@ def test_reanchor_after_a_lower_patch_changes(proj: Proj):
 
 
 def test_verify_names_a_patch_that_no_longer_applies(proj: Proj):
-    series(proj)
+    three_patches(proj)
     proj.run("apply")
     p = proj.root / "patches" / "0071-two.patch"
     p.write_text(make_patch("0071-two.patch", {"up/src/b.c": (B.replace("line 9\n", "line nine\n"), B1)}, "two", "two"))

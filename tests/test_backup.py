@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 
 from forktool.tree import digest, scan
-from tests.conftest import Proj, run_cli
-from tests.test_apply import series
+from tests.helpers.cli import run_cli
+from tests.helpers.project import Proj
+from tests.helpers.series import three_patches
 
 
 def test_backups_store_only_what_differs_from_pristine(proj: Proj):
-    series(proj)
+    three_patches(proj)
     proj.run("apply")
     b = proj.json("backup", "create", "before-experiment")
     assert b["name"].endswith("-before-experiment")
@@ -24,7 +25,7 @@ def test_backups_store_only_what_differs_from_pristine(proj: Proj):
 
 
 def test_restore_returns_tree_byte_identical(proj: Proj):
-    series(proj)
+    three_patches(proj)
     proj.run("apply")
     before = proj.state_digest()
     name = proj.json("backup", "create", "snap")["name"]
@@ -38,7 +39,7 @@ def test_restore_returns_tree_byte_identical(proj: Proj):
 
 
 def test_tampered_backup_is_refused_and_tree_untouched(proj: Proj):
-    series(proj)
+    three_patches(proj)
     proj.run("apply")
     name = proj.json("backup", "create", "snap")["name"]
     objs = [p for p in (proj.root / ".opencoti/vendor-backups" / name / "objects").rglob("*") if p.is_file()]
@@ -53,7 +54,7 @@ def test_tampered_backup_is_refused_and_tree_untouched(proj: Proj):
 
 
 def test_tampered_manifest_is_refused(proj: Proj):
-    series(proj)
+    three_patches(proj)
     proj.run("apply")
     name = proj.json("backup", "create", "snap")["name"]
     mf = proj.root / ".opencoti/vendor-backups" / name / "manifest.json"
@@ -66,7 +67,7 @@ def test_tampered_manifest_is_refused(proj: Proj):
 
 
 def test_list_and_prune_keep_newest(proj: Proj):
-    series(proj)
+    three_patches(proj)
     names = [proj.json("backup", "create", f"b{i}")["name"] for i in range(4)]
     listed = [b["name"] for b in proj.json("backup", "list")["backups"]]
     assert listed == sorted(listed) and set(names) <= set(listed)
@@ -76,7 +77,7 @@ def test_list_and_prune_keep_newest(proj: Proj):
 
 
 def test_every_mutating_command_takes_a_named_backup(proj: Proj):
-    series(proj)
+    three_patches(proj)
     proj.run("apply", "--upto", "0071")
     proj.run("apply")
     proj.run("unapply", "--to", "0070")
@@ -158,8 +159,8 @@ def test_backup_list_shows_sync_backups(stopped: Path) -> None:
 
 
 def test_a_finished_sync_is_undone_by_restoring_its_backup(proj: Proj) -> None:
-    from tests import test_sync_loop as loop
-    loop.series(proj)
+    from tests.helpers import sync as loop
+    loop.loop_series(proj)
     before = loop.everything(proj)
     commit = loop.new_upstream(proj)
     proj.run("sync", "--to", commit, "--start", expect=1)

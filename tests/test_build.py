@@ -12,18 +12,18 @@ from forktool import build as b
 from forktool.errors import ConfigError
 from forktool.impact import artifacts_for, impact_label
 from forktool.project import Project
-from forktool.series import diff_file, format_patch, make_header, parse_patch, with_files
+from forktool.series import Patch, parse_patch
+from tests.helpers.patches import make_patch
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def make_patch(pid: str, slug: str, changes: dict[str, tuple[bytes | None, bytes | None]],
-               impact: str = "") -> object:
-    header = make_header(slug, author="t <t@t>", date="Thu, 01 Jan 1970 00:00:00 +0000",
-                         trailers={"Build-Impact": impact} if impact else None)
-    base = parse_patch(header + b"---\n", f"{pid}-{slug}.patch")
-    files = [diff_file(path, old, new) for path, (old, new) in sorted(changes.items())]
-    return parse_patch(format_patch(with_files(base, [f for f in files if f])), f"{pid}-{slug}.patch")
+def build_patch(pid: str, slug: str, changes: dict[str, tuple[bytes | None, bytes | None]],
+                impact: str = "") -> Patch:
+    """A parsed patch (tests.helpers.patches writes its bytes) with an optional Build-Impact trailer."""
+    name = f"{pid}-{slug}.patch"
+    text = make_patch(name, changes, slug, impact=impact, date="Thu, 01 Jan 1970 00:00:00 +0000")
+    return parse_patch(text.encode(), name)
 
 
 @pytest.fixture
@@ -42,14 +42,14 @@ CU = "llama.cpp/ggml/src/ggml-cuda/fattn.cu"
 
 
 def test_touched_paths_reads_new_changed_and_deleted_files() -> None:
-    p = make_patch("0001", "three", {KV: (b"a\n", b"b\n"), "llama.cpp/src/new.h": (None, b"x\n"),
+    p = build_patch("0001", "three", {KV: (b"a\n", b"b\n"), "llama.cpp/src/new.h": (None, b"x\n"),
                                      "llama.cpp/common/old.cpp": (b"gone\n", None)})
     assert b.touched_paths(p.raw) == ["llama.cpp/common/old.cpp", KV, "llama.cpp/src/new.h"]
 
 
 def test_host_only_patch_leaves_the_cuda_dso_alone(project: Project) -> None:
     cfg = b.load_config(project)
-    p = make_patch("0089", "two-pass", {KV: (b"a\n", b"b\n"), "llama.cpp/src/llama-context.cpp": (b"a\n", b"c\n")},
+    p = build_patch("0089", "two-pass", {KV: (b"a\n", b"b\n"), "llama.cpp/src/llama-context.cpp": (b"a\n", b"c\n")},
                    impact="host")
     imp = b.patch_impact(cfg, p.id, p.name, p.title, p.raw, "host")
     assert imp.impacts == ["host"] and list(imp.artifacts) == ["libllama"]
@@ -65,13 +65,13 @@ def test_host_only_patch_leaves_the_cuda_dso_alone(project: Project) -> None:
 ])
 def test_impact_by_path(project: Project, path: str, kind: str, arts: str, tail: str) -> None:
     cfg = b.load_config(project)
-    p = make_patch("0002", "x", {path: (b"a\n", b"b\n")})
+    p = build_patch("0002", "x", {path: (b"a\n", b"b\n")})
     assert b.patch_impact(cfg, p.id, p.name, p.title, p.raw).describe() == f"0002: {kind}, 1 file -> {arts}; {tail}"
 
 
 def test_declared_impact_disagreeing_is_flagged_and_unmatched_paths_are_named(project: Project) -> None:
     cfg = b.load_config(project)
-    p = make_patch("0003", "x", {CU: (b"a\n", b"b\n"), "README.txt": (None, b"r\n")})
+    p = build_patch("0003", "x", {CU: (b"a\n", b"b\n"), "README.txt": (None, b"r\n")})
     imp = b.patch_impact(cfg, p.id, p.name, p.title, p.raw, "host")
     assert imp.declared_mismatch and imp.unmatched == ["README.txt"]
     assert "1 file(s) match no artifact rule" in imp.describe() and "declares Build-Impact: host" in imp.describe()
@@ -139,8 +139,8 @@ def test_plan_after_editing_a_host_patch(project: Project, monkeypatch: pytest.M
     monkeypatch.setenv("FORKTOOL_LAUNCHER", "none")
     cfg = b.load_config(project)
     cpu = cfg.profile("cpu")
-    cuda_p = make_patch("0010", "cuda", {CU: (b"a\n", b"b\n")})
-    host_v1 = make_patch("0089", "two-pass", {KV: (b"a\n", b"b\n")})
+    cuda_p = build_patch("0010", "cuda", {CU: (b"a\n", b"b\n")})
+    host_v1 = build_patch("0089", "two-pass", {KV: (b"a\n", b"b\n")})
     first = b.make_plan(project, cfg, cpu, [cuda_p, host_v1], [])
     assert first.first and first.keep == [] and "llama-cli" in first.targets and "ggml-cpu" in first.targets
     _pretend_built(project, first)
@@ -150,7 +150,7 @@ def test_plan_after_editing_a_host_patch(project: Project, monkeypatch: pytest.M
     assert same.keep == ["ggml-cpu", "ggml-base", "libllama", "common", "tools"]
     assert same.targets == list(cpu.targets)
 
-    host_v2 = make_patch("0089", "two-pass", {KV: (b"a\n", b"c\n")})
+    host_v2 = build_patch("0089", "two-pass", {KV: (b"a\n", b"c\n")})
     edit = b.make_plan(project, cfg, cpu, [cuda_p, host_v2], [])
     assert edit.changed == ["0089"] and edit.changed_paths == [KV] and edit.artifacts == ["libllama"]
     assert edit.configure_reason == "restamp"

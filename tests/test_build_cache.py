@@ -16,60 +16,15 @@ from forktool import output
 from forktool.errors import ForktoolError
 from forktool.project import Project
 from forktool.tree import sha256_file
+from tests.helpers.build import CMAKE, tiny_project
 
 REPO = Path(__file__).resolve().parents[1]
 SCCACHE = b._which("sccache")
-
-BUILD_YAML = """\
-artifacts:
-  - name: lib
-    impact: host
-    paths: ["llama.cpp/src"]
-    targets: [demo]
-    outputs: [bin/libdemo.so]
-  - name: tools
-    impact: host
-    paths: ["llama.cpp/tools", "llama.cpp/CMakeLists.txt"]
-    outputs: [bin/demo-cli]
-links:
-  tools: [lib]
-stamped: [tools]
-profiles:
-  tiny:
-    flags: [-DCMAKE_BUILD_TYPE=Release, -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON]
-    targets: [demo-cli]
-"""
-
-CMAKE = """\
-cmake_minimum_required(VERSION 3.16)
-project(demo C)
-set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
-set(CMAKE_LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
-add_library(demo SHARED src/a.c src/b.c)
-add_executable(demo-cli tools/main.c)
-target_link_libraries(demo-cli demo)
-target_compile_definitions(demo-cli PRIVATE STAMP="${LLAMA_BUILD_COMMIT}")
-"""
-
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def tiny_project(root: Path, cmake: str, files: dict[str, str]) -> Project:
-    """A project whose vendored llama.cpp/ is a small CMake tree (files: path under llama.cpp/ -> text)."""
-    for d in ("vendor", "patches", "registry"):
-        (root / d).mkdir()
-    shutil.copy(REPO / "vendor" / "vendor.yaml", root / "vendor" / "vendor.yaml")
-    (root / "registry" / "build.yaml").write_text(BUILD_YAML)
-    (root / "patches" / "series").write_text("")
-    src = root / "vendor" / "llamafile" / "llama.cpp"
-    for rel, text in {"CMakeLists.txt": cmake, **files}.items():
-        (src / rel).parent.mkdir(parents=True, exist_ok=True)
-        (src / rel).write_text(text)
-    return Project(root)
 
 
 @pytest.fixture

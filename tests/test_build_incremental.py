@@ -12,8 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-from test_build_cache import CMAKE as CACHE_CMAKE
-from test_build_cache import tiny_project
 
 from forktool import build as b
 from forktool import cache, proc
@@ -22,6 +20,8 @@ from forktool.index import _load as index_load
 from forktool.index import hash_indexed, scan_indexed
 from forktool.project import Project
 from forktool.tree import sha256_bytes
+from tests.helpers.build import CMAKE as CACHE_CMAKE
+from tests.helpers.build import tiny_project
 
 pytestmark = pytest.mark.skipif(not (shutil.which("cmake") and shutil.which("make") and shutil.which("cc")),
                                 reason="needs cmake, make and a C compiler")

@@ -14,8 +14,8 @@ import yaml
 from forktool import cache as fcache
 from forktool import index, schemas
 from forktool.cache import Cache, key_of
-from tests.conftest import UPSTREAM, Proj
-from tests.patchgen import make_patch
+from tests.helpers.patches import make_patch
+from tests.helpers.project import UPSTREAM, Proj
 
 
 def test_cache_entry_is_used_only_under_its_key(tmp_path: Path):
@@ -232,7 +232,7 @@ def test_a_planted_or_damaged_sync_extraction_changes_nothing(proj: Proj, cache:
     from forktool import vendor
     from forktool.project import Project
     from forktool.sync.fetch import resolve_spec
-    from tests.conftest import git
+    from tests.helpers.project import git
 
     _registered(proj)
     b = proj.upstream / "src/b.c"

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from forktool import cli, cli_app, cli_spec, output
-from tests.conftest import Proj
-from tests.test_registry import rp  # noqa: F401  (the fixture: a project with a registry)
+from tests.helpers.project import Proj
 
 
 def capture(root: Path, fn, args: list[str]) -> tuple[int, str]:

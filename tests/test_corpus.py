@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests import corpus
-from tests.conftest import UPSTREAM, make_project, run_cli
+from tests.helpers.cli import run_cli
+from tests.helpers.project import UPSTREAM, make_project
 
 FAMILIES = ["vendor.yaml", "registry", "build.yaml", "vendor.lock", "state.json", "journal", "backup", "patches",
             "series", "tree", "opencoti", "sdist", "cli", "sync-state", "signals", "output", "caches", "sync-safety"]
@@ -42,7 +43,7 @@ def _run_family(base: Path, family: str, every: int) -> None:
     for n, case in enumerate(cases):
         if n % every:
             continue
-        o = corpus.run_case(case, base, n)
+        o = corpus.run_case(case, base, n)  # a case that never returns is stopped and counted as a hang
         if o.kind not in CLEAN:
             bad.append(f"{o.kind}: {case.id}: {o.detail}")
     assert not bad, f"{len(bad)} case(s) of {family} were not clean refusals:\n" + "\n".join(bad[:40])
@@ -147,7 +148,7 @@ def test_disk_full_at_many_fill_levels(tmp_path: Path, cache: Path) -> None:
 
 
 def test_corpus_counts_are_printable(tmp_path: Path) -> None:
-    """`python -m tests.corpus --family cli` prints the table the README quotes."""
+    """`python -m tests.corpus --family cli` prints the table the manual quotes (docs/manual.md)."""
     env = dict(os.environ, PYTHONPATH=str(corpus.REPO))
     r = subprocess.run([sys.executable, "-m", "tests.corpus", "--family", "cli", "--json", str(tmp_path / "o.json")],
                        cwd=corpus.REPO, env=env, capture_output=True, text=True, timeout=600)

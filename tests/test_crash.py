@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import Proj
-from tests.test_apply import B2, series
+from tests.helpers.project import Proj
+from tests.helpers.series import B2, three_patches
 
 POINTS = ["staging", "committed", "replacing", "state-written"]
 
 
 @pytest.mark.parametrize("point", POINTS)
 def test_kill_inside_apply(proj: Proj, point: str):
-    series(proj)
+    three_patches(proj)
     pristine = proj.digest()
     r = proj.sub("apply", env={"FORKTOOL_FAULT": point})
     assert r.returncode == 137, r.stderr
@@ -31,7 +31,7 @@ def test_kill_inside_apply(proj: Proj, point: str):
 
 @pytest.mark.parametrize("point", POINTS)
 def test_kill_inside_unapply(proj: Proj, point: str):
-    series(proj)
+    three_patches(proj)
     pristine = proj.digest()
     proj.run("apply")
     applied = proj.digest()

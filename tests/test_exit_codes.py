@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests import corpus
-from tests.conftest import Proj
+from tests.helpers.project import Proj
 
 FAST, TYPER = ["--json"], ["--json", "--json"]  # a repeated flag is a line only the typer app reads
 
@@ -201,7 +201,7 @@ def test_stderr_never_changes_the_exit_code(series: Proj, redirect: str, dispatc
 
 
 def test_an_abort_whose_output_is_lost_still_says_it_ran(tmp_path: Path, cache: Path) -> None:
-    from tests.conftest import run_cli
+    from tests.helpers.cli import run_cli
 
     root = corpus.stopped_sync(tmp_path / "s")
     r = subprocess.run(["bash", "-c", f"{sys.executable} -m forktool sync --abort --json > /dev/full"],

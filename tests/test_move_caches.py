@@ -14,20 +14,9 @@ import pytest
 from forktool import cache, index, series, workspace
 from forktool.record import Record
 from forktool.tree import make_temp, make_temp_dir, remove_tree, scan
-from tests.conftest import UPSTREAM, Proj
-from tests.patchgen import make_patch
-
-A = UPSTREAM["src/a.c"]
-B = UPSTREAM["src/b.c"]
-A1 = A.replace("    return 1;\n", "    // opencoti-hook: one\n    return 2;\n")
-B1 = B.replace("line 10\n", "line 10\n// opencoti-hook: two\n")
-
-
-def _series(p: Proj) -> None:
-    one = make_patch("0070-one.patch", {"up/src/a.c": (A, A1)}, "one", "one")
-    p.write_patch("0070-one.patch", one.replace("@@ -1,6 +1,7 @@", "@@ -4,6 +4,7 @@"))  # applies at -3: drift
-    p.write_patch("0071-two.patch", make_patch("0071-two.patch", {"up/src/b.c": (B, B1),
-                                                                   "up/src/new.c": (None, "int n;\n")}, "two", "two"))
+from tests.helpers.patches import make_patch
+from tests.helpers.project import Proj
+from tests.helpers.series import A1, B1, B, drifting_patches
 
 
 def _outcome(p: Proj) -> tuple[str, str, list]:
@@ -86,7 +75,7 @@ def _damage(kind: str, p: Proj) -> None:
 @pytest.mark.parametrize("kind", ["truncated entry", "edited entry", "object changed", "object missing",
                                   "extra path", "bad drift", "wrong object"])
 def test_a_damaged_series_result_is_ignored(proj: Proj, kind: str, monkeypatch: pytest.MonkeyPatch):
-    _series(proj)
+    drifting_patches(proj)
     first = _reference(proj)
     calls = []
     real = workspace.apply_series
@@ -100,7 +89,7 @@ def test_a_damaged_series_result_is_ignored(proj: Proj, kind: str, monkeypatch: 
 
 
 def test_a_series_result_is_remembered_per_pristine_and_patch_bytes(proj: Proj):
-    _series(proj)
+    drifting_patches(proj)
     _reference(proj)
     proj.run("unapply")
     p = proj.root / "patches" / "0071-two.patch"
@@ -112,7 +101,7 @@ def test_a_series_result_is_remembered_per_pristine_and_patch_bytes(proj: Proj):
 
 
 def test_unapply_links_the_objects_an_earlier_backup_holds(proj: Proj):
-    _series(proj)
+    drifting_patches(proj)
     proj.run("apply")
     first = proj.json("unapply")["backup"]
     proj.run("apply")
@@ -127,7 +116,7 @@ def test_unapply_links_the_objects_an_earlier_backup_holds(proj: Proj):
 
 
 def test_a_damaged_earlier_object_is_not_linked(proj: Proj):
-    _series(proj)
+    drifting_patches(proj)
     proj.run("apply")
     first = proj.json("unapply")["backup"]
     bdir = proj.root / ".opencoti" / "vendor-backups"
@@ -199,7 +188,7 @@ def test_memo_ignores_damaged_and_foreign_entries(tmp_path: Path):
 
 
 def test_a_damaged_patch_memo_parses_again(proj: Proj, monkeypatch: pytest.MonkeyPatch):
-    _series(proj)
+    drifting_patches(proj)
     first = _reference(proj)
     memos = _entries(proj, "patch")
     assert len(memos) == 2
@@ -221,7 +210,7 @@ def test_a_damaged_patch_memo_parses_again(proj: Proj, monkeypatch: pytest.Monke
 
 
 def test_a_patch_from_its_memo_is_the_parsed_patch(proj: Proj):
-    _series(proj)
+    drifting_patches(proj)
     data = (proj.root / "patches" / "0071-two.patch").read_bytes()
     parsed = series.parse_patch(data, "0071-two.patch")
     again = series.from_plain(marshal.loads(marshal.dumps(series.to_plain(parsed))), data)
@@ -231,7 +220,7 @@ def test_a_patch_from_its_memo_is_the_parsed_patch(proj: Proj):
 
 
 def test_a_damaged_pristine_manifest_memo_is_ignored_and_a_bad_manifest_still_refused(proj: Proj, cache: Path):
-    _series(proj)
+    drifting_patches(proj)
     first = _reference(proj)
     memos = [q for q in (cache / "pristine-manifest").rglob("*") if q.is_file()]
     assert len(memos) == 1

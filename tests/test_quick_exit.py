@@ -8,8 +8,8 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import Proj
-from tests.test_move_caches import _series
+from tests.helpers.project import Proj
+from tests.helpers.series import drifting_patches
 
 
 def _sub(p: Proj, *args: str) -> subprocess.CompletedProcess:
@@ -18,7 +18,7 @@ def _sub(p: Proj, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_quick_exit_keeps_output_and_exit_codes(proj: Proj):
-    _series(proj)
+    drifting_patches(proj)
     r = _sub(proj, "apply", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["top"] == "0071"  # the whole document arrived
     status = _sub(proj, "status", "--json")
@@ -34,7 +34,7 @@ def test_quick_exit_keeps_output_and_exit_codes(proj: Proj):
 
 
 def test_quick_exit_into_a_closed_pipe(proj: Proj):
-    _series(proj)
+    drifting_patches(proj)
     proj.run("apply")
     env = dict(os.environ, FORKTOOL_ROOT=str(proj.root))
     r = subprocess.run(f"{sys.executable} -m forktool status --json | head -c 1", shell=True, env=env,
@@ -46,7 +46,7 @@ def test_quick_exit_into_a_closed_pipe(proj: Proj):
 def test_in_process_callers_keep_the_collector(proj: Proj):
     import gc
 
-    _series(proj)
+    drifting_patches(proj)
     proj.run("apply")
     proj.run("status")
     assert gc.isenabled()  # only the console script's entry() turns it off, for the process it ends

@@ -9,25 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, Proj, git, run_cli
+from tests.helpers.cli import run_cli
+from tests.helpers.project import Proj, copy_real_project, git
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def real_cache() -> Path:
-    # CI exports FORKTOOL_CACHE for the whole run, so the 77 MB sdist is downloaded once
-    c = Path(os.environ.get("FORKTOOL_CACHE") or Path.home() / ".cache" / "forktool")
-    c.mkdir(parents=True, exist_ok=True)
-    return c
-
-
 @pytest.fixture
-def real(tmp_path: Path, real_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Proj:
-    monkeypatch.setenv("FORKTOOL_CACHE", str(real_cache))
-    root = tmp_path / "proj"
-    for d in ("vendor", "patches", "registry"):
-        shutil.copytree(REPO / d, root / d, ignore=shutil.ignore_patterns("llamafile", ".*"))
+def real(tmp_path: Path, session_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Proj:
+    # the session's cache: the 77 MB sdist is downloaded once per test session
+    monkeypatch.setenv("FORKTOOL_CACHE", str(session_cache))
+    root = copy_real_project(tmp_path / "proj")
     run_cli(root, ["vendor", "fetch"])
     return Proj(root, Path("/nonexistent"))
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests import corpus
-from tests.conftest import Proj
+from tests.helpers.project import Proj
 
 POINTS = ["committed", "replacing", "state-written"]
 
@@ -130,7 +130,7 @@ def test_nothing_to_recover(series: Proj) -> None:
 
 def test_a_damaged_sync_journal_is_discarded_then_the_sync_aborted(tmp_path: Path, cache: Path) -> None:
     from forktool.tree import digest, scan
-    from tests.conftest import run_cli
+    from tests.helpers.cli import run_cli
     root = corpus.stopped_sync(tmp_path / "s")
     want = json.loads((root / ".opencoti" / "sync" / "state.json").read_text())["tree_digest_before"]
     tdir = root / ".opencoti" / "sync" / "txn"

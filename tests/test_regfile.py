@@ -11,8 +11,7 @@ import yaml
 from forktool import regfile
 from forktool import registry as rg
 from forktool.errors import ForktoolError
-from tests.conftest import Proj, proj  # noqa: F401  (the fixture)
-from tests.test_registry import CTX, CUDA, rp  # noqa: F401  (the fixture)
+from tests.helpers.project import Proj
 
 # the registry as a person keeps it: comments, quoted ids, a double-quoted title, a folded description
 TEXT = """\
@@ -207,8 +206,8 @@ def test_a_change_the_writer_cannot_place_is_refused():
 
 def test_reanchor_registers_a_series_and_sync_keeps_a_new_hook(proj: Proj):  # noqa: F811
     """An empty registry filled by apply --reanchor; a sync whose resolution adds a marker ends with verify OK."""
-    from tests import test_sync_loop as tl
-    tl.series(proj)
+    from tests.helpers import sync as tl
+    tl.loop_series(proj)
     path = proj.root / "registry" / "UPSTREAM_SYNC.yaml"
     path.write_text("# kept by forktool\nschema: 1\npatches: []\nhooks: {}\n")
     proj.run("registry", "render")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests import corpus
-from tests.conftest import UPSTREAM, Proj, make_project
+from tests.helpers.project import UPSTREAM, Proj, make_project
 
 
 @pytest.fixture
@@ -175,9 +175,9 @@ def test_a_sync_killed_during_a_merge_leaves_no_temporary_files(tmp_path: Path, 
     import subprocess
     import sys
 
-    from tests import test_sync_loop as loop
+    from tests.helpers import sync as loop
     proj = make_project(tmp_path, UPSTREAM)
-    loop.series(proj)
+    loop.loop_series(proj)
     commit = loop.new_upstream(proj)
     tmpdir = tmp_path / "tmpdir"
     tmpdir.mkdir()
@@ -235,7 +235,7 @@ def test_only_vendor_fetch_downloads_and_it_shows_pip_as_it_goes(tmp_path: Path,
     (root / "vendor" / "vendor.yaml").write_text(
         f"components:\n  - name: up\n    kind: sdist\n    package: pkg\n    version: '1.0'\n    sha256: '{sha}'\n"
         "    subdir: vendor/up\n    include: [src]\n")
-    from tests.conftest import run_cli
+    from tests.helpers.cli import run_cli
     code, out, err = run_cli(root, ["vendor", "fetch"])
     assert "downloading pkg==1.0 with pip" in err and "pip: Saved" in err
     assert (root / "vendor" / "llamafile" / "up" / "src" / "a.c").read_text() == "int a;\n"

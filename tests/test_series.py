@@ -8,8 +8,8 @@ import pytest
 
 from forktool.errors import PatchFormatError, UnsafePathError
 from forktool.series import diff_file, format_patch, parse_patch
-from tests.conftest import git
-from tests.patchgen import make_patch
+from tests.helpers.patches import make_patch
+from tests.helpers.project import git
 
 OLD = "".join(f"line {i}\n" for i in range(1, 21))
 NEW = OLD.replace("line 5\n", "line 5\n// opencoti-hook: demo\nadded\n").replace("line 18\n", "")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,8 @@ from forktool import symbols
 from forktool.cache import Cache
 from forktool.markers import scan_file
 from forktool.symbols import FILE_SCOPE, enclosing_symbol, find_symbol, scopes, site_symbol
-from tests.conftest import REPO, Proj, run_cli
+from tests.helpers.cli import run_cli
+from tests.helpers.project import Proj, copy_real_project
 
 
 def line_of(text: str, needle: str) -> int:
@@ -112,13 +112,10 @@ def test_scopes_cached_by_digest_and_a_forged_entry_is_ignored(tmp_path: Path):
 
 
 @pytest.mark.integration
-def test_the_registry_sites_of_the_real_series_resolve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    cache = Path(os.environ.get("FORKTOOL_CACHE") or Path.home() / ".cache" / "forktool")
-    monkeypatch.setenv("FORKTOOL_CACHE", str(cache))
-    import shutil
-    root = tmp_path / "proj"
-    for d in ("vendor", "patches", "registry"):
-        shutil.copytree(REPO / d, root / d, ignore=shutil.ignore_patterns("llamafile", ".*"))
+def test_the_registry_sites_of_the_real_series_resolve(tmp_path: Path, session_cache: Path,
+                                                       monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("FORKTOOL_CACHE", str(session_cache))
+    root = copy_real_project(tmp_path / "proj")
     run_cli(root, ["vendor", "fetch"])
     run_cli(root, ["apply"])
     p = Proj(root, Path("/nonexistent"))

@@ -16,32 +16,13 @@ from forktool.apply import apply_file
 from forktool.commands import sync_cmds
 from forktool.errors import ForktoolError, UsageError
 from forktool.project import Project
-from forktool.series import Patch, diff_file, make_header, parse_patch, with_files
+from forktool.series import Patch, parse_patch
+from tests.helpers.sync import sync_patch, write_project
 
 DATE = "Mon, 30 Nov 2026 00:00:00 +0000"
 
 
-# ---------------------------------------------------------------- helpers (also used by test_sync_real.py)
-
-
-def make_patch(name: str, title: str, changes: list[tuple[str, bytes | None, bytes | None]]) -> Patch:
-    """A canonical patch from (path, old, new) triples, as `forktool refresh` would write it."""
-    header = make_header(title, author="opencoti <fork@opencoti.invalid>", date=DATE,
-                         trailers={"Build-Impact": "host"})
-    files = [fd for rel, old, new in changes if (fd := diff_file(rel, old, new)) is not None]
-    p = with_files(Patch(name[:4], name, header, []), files)
-    return parse_patch(p.raw, name)
-
-
-def write_project(root: Path, component: str, patches: list[Patch]) -> Project:
-    (root / "vendor").mkdir(parents=True, exist_ok=True)
-    (root / "patches").mkdir(exist_ok=True)
-    (root / "registry").mkdir(exist_ok=True)
-    (root / "vendor" / "vendor.yaml").write_text(component)
-    for p in patches:
-        (root / "patches" / p.name).write_bytes(p.raw)
-    (root / "patches" / "series").write_text("# the series\n" + "".join(p.name + "\n" for p in patches))
-    return Project(root)
+# ---------------------------------------------------------------- helpers
 
 
 def func(name: str, n: int = 24, tweak: dict[int, str] | None = None) -> str:
@@ -101,14 +82,14 @@ def series_for(old: dict[str, str]) -> list[Patch]:
 
     d_after_4 = edit(old["src/d.c"], "d_fn_10 = 10;", "d_fn_10 = 11; // opencoti-hook: d")
     return [
-        make_patch("0001-a.patch", "clean one", [change("src/a.c", "a_fn_10 = 10;", "a_fn_10 = 11; // opencoti-hook: a")]),
-        make_patch("0002-b.patch", "offset one", [change("src/b.c", "b_fn_10 = 10;", "b_fn_10 = 11;")]),
-        make_patch("0003-c.patch", "merged one", [change("src/c.c", "c_fn_10 = 10;", "c_fn_10 = 11;")]),
-        make_patch("0004-d.patch", "conflicting one", [("llama.cpp/src/d.c", old["src/d.c"].encode(), d_after_4.encode())]),
-        make_patch("0005-e.patch", "upstreamed one", [change("src/e.c", "e_fn_10 = 10;", "e_fn_10 = 11; // opencoti-hook: e")]),
-        make_patch("0006-d2.patch", "blocked one", [("llama.cpp/src/d.c", d_after_4.encode(),
+        sync_patch("0001-a.patch", "clean one", [change("src/a.c", "a_fn_10 = 10;", "a_fn_10 = 11; // opencoti-hook: a")]),
+        sync_patch("0002-b.patch", "offset one", [change("src/b.c", "b_fn_10 = 10;", "b_fn_10 = 11;")]),
+        sync_patch("0003-c.patch", "merged one", [change("src/c.c", "c_fn_10 = 10;", "c_fn_10 = 11;")]),
+        sync_patch("0004-d.patch", "conflicting one", [("llama.cpp/src/d.c", old["src/d.c"].encode(), d_after_4.encode())]),
+        sync_patch("0005-e.patch", "upstreamed one", [change("src/e.c", "e_fn_10 = 10;", "e_fn_10 = 11; // opencoti-hook: e")]),
+        sync_patch("0006-d2.patch", "blocked one", [("llama.cpp/src/d.c", d_after_4.encode(),
                                                       edit(d_after_4, "d_fn_20 = 20;", "d_fn_20 = 21;").encode())]),
-        make_patch("0007-new.patch", "new file", [("llama.cpp/src/window.h", None, b"#pragma once\nint w(void);\n")]),
+        sync_patch("0007-new.patch", "new file", [("llama.cpp/src/window.h", None, b"#pragma once\nint w(void);\n")]),
     ]
 
 

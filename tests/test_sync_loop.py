@@ -7,60 +7,13 @@ import json
 import pytest
 
 from forktool import backup as bk
-from forktool.tree import digest, scan
-from tests.conftest import UPSTREAM, Proj, git
-from tests.test_sync import make_patch
-
-# the newer upstream: five lines added above b.c's patched line (offset), a.c's patched line changed (conflict)
-NEW = dict(UPSTREAM)
-NEW["src/b.c"] = "".join(f"new {i}\n" for i in range(5)) + UPSTREAM["src/b.c"]
-NEW["src/a.c"] = UPSTREAM["src/a.c"].replace("    return 1;\n", "    return 2; /* upstream */\n")
-A_PATCHED = UPSTREAM["src/a.c"].replace("    return 1;\n", "    return 10; // opencoti-hook: a-ten\n")
-A_TAIL = A_PATCHED.replace("int tail(void) { return 0; }\n", "int tail(void) { return 3; }\n")
-
-
-def series(proj: Proj) -> list[str]:
-    b = UPSTREAM["src/b.c"]
-    patches = [
-        make_patch("0001-b.patch", "b: line ten", [("up/src/b.c", b.encode(),
-                                                      b.replace("line 10\n", "line 10 patched\n").encode())]),
-        make_patch("0002-a.patch", "a: return ten", [("up/src/a.c", UPSTREAM["src/a.c"].encode(),
-                                                        A_PATCHED.encode())]),
-        make_patch("0003-tail.patch", "a: tail returns three", [("up/src/a.c", A_PATCHED.encode(), A_TAIL.encode())]),
-        make_patch("0004-d.patch", "new header", [("up/include/d.h", None, b"#pragma once\nint d(void);\n")]),
-    ]
-    for p in patches:
-        proj.write_patch(p.name, p.raw.decode())
-    proj.run("apply")
-    return [p.name for p in patches]
-
-
-def new_upstream(proj: Proj) -> str:
-    for rel, text in NEW.items():
-        (proj.upstream / rel).write_text(text)
-    git(proj.upstream, "commit", "-qam", "newer upstream")
-    return git(proj.upstream, "rev-parse", "HEAD")
-
-
-def everything(proj: Proj) -> dict[str, str]:
-    """Digest of what --abort must restore: tree, pin, lock, patches, series, workspace state."""
-    root = proj.root
-    out = {"tree": digest(scan(proj.tree)), "patches": digest(scan(root / "patches"))}
-    for rel in ("vendor/vendor.yaml", "vendor/vendor.lock", ".opencoti/state.json"):
-        out[rel] = (root / rel).read_text()
-    return out
-
-
-def resolve(proj: Proj) -> None:
-    text = (proj.tree / "up/src/a.c").read_text()
-    start, end = text.index("<<<<<<< "), text.index(">>>>>>> ")
-    end = text.index("\n", end) + 1
-    (proj.tree / "up/src/a.c").write_text(text[:start] + "    return 20; // opencoti-hook: a-ten\n" + text[end:])
+from tests.helpers.project import Proj, git
+from tests.helpers.sync import NEW, everything, loop_series, new_upstream, resolve
 
 
 @pytest.fixture
 def moved(proj: Proj) -> tuple[Proj, str, dict[str, str]]:
-    series(proj)
+    loop_series(proj)
     before = everything(proj)
     return proj, new_upstream(proj), before
 

@@ -10,13 +10,13 @@ import time
 from pathlib import Path
 
 import pytest
-from test_sync import make_patch, write_project
 
 from forktool import sync as fsync
 from forktool import vendor
 from forktool.apply import apply_file
 from forktool.project import Project
 from forktool.series import Patch, diff_file, split_lines
+from tests.helpers.sync import sync_patch, write_project
 
 MAIN = Path(__file__).parents[1]
 VERSIONS = ["llama-cpp-python==0.3.35", "llama-cpp-python==0.3.34"]
@@ -63,7 +63,7 @@ def realistic_series(read_old, read_other) -> list[Patch]:
     for slug, rel, pattern, line in EDITS:
         before = cur(rel)
         state[rel] = insert_after(before, pattern, line)
-        patches.append(make_patch(f"{slug}.patch", slug, [(rel, before, state[rel])]))
+        patches.append(sync_patch(f"{slug}.patch", slug, [(rel, before, state[rel])]))
     n = len(patches)
     drifted = [rel for rel in ("llama.cpp/src/llama-graph.cpp", "llama.cpp/src/llama-model.cpp",
                                "llama.cpp/src/llama-vocab.cpp", "llama.cpp/common/common.cpp")
@@ -76,12 +76,12 @@ def realistic_series(read_old, read_other) -> list[Patch]:
     changed = next(t for op, t in h.lines if op == b"+" and t.strip())
     after = before.replace(changed, changed.rstrip(b"\n") + b" // opencoti-hook: conflict\n", 1)
     state[rel] = after
-    patches.append(make_patch(f"{n + 1:04d}-touch-changed-line.patch", "touch a changed line", [(rel, before, after)]))
+    patches.append(sync_patch(f"{n + 1:04d}-touch-changed-line.patch", "touch a changed line", [(rel, before, after)]))
     # blocked: the same file again, far away
     before = cur(rel)
     after = before + b"// opencoti-hook: tail\n"
     state[rel] = after
-    patches.append(make_patch(f"{n + 2:04d}-same-file-again.patch", "same file again", [(rel, before, after)]))
+    patches.append(sync_patch(f"{n + 2:04d}-same-file-again.patch", "same file again", [(rel, before, after)]))
     # upstreamed: backport the other upstream's first change to a file
     rel = drifted[1]
     before = cur(rel)
@@ -90,7 +90,7 @@ def realistic_series(read_old, read_other) -> list[Patch]:
     one.hunks = [h]
     after, _ = apply_file(patches[0], one, before)
     state[rel] = after
-    patches.append(make_patch(f"{n + 3:04d}-backport.patch", "backport", [(rel, before, after)]))
+    patches.append(sync_patch(f"{n + 3:04d}-backport.patch", "backport", [(rel, before, after)]))
     return patches
 
 
@@ -160,9 +160,8 @@ EXPECTED = {"applies": {"clean", "offset"}, "reverse-applies": {"upstreamed"}, "
 
 @pytest.mark.slow
 @pytest.mark.parametrize("spec", VERSIONS)
-def test_real_versions_agree_with_git_apply(spec, tmp_path, monkeypatch):
-    if not os.environ.get("FORKTOOL_CACHE"):
-        monkeypatch.setenv("FORKTOOL_CACHE", str(Path.home() / ".cache" / "forktool"))
+def test_real_versions_agree_with_git_apply(spec, tmp_path, session_cache, monkeypatch):
+    monkeypatch.setenv("FORKTOOL_CACHE", str(session_cache))
     root = tmp_path / "proj"
     (root / "vendor").mkdir(parents=True)
     shutil.copy(MAIN / "vendor" / "vendor.yaml", root / "vendor" / "vendor.yaml")
@@ -193,9 +192,8 @@ def test_real_versions_agree_with_git_apply(spec, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_upstream_commit_is_read_from_the_sdist(monkeypatch):
-    if not os.environ.get("FORKTOOL_CACHE"):
-        monkeypatch.setenv("FORKTOOL_CACHE", str(Path.home() / ".cache" / "forktool"))
+def test_upstream_commit_is_read_from_the_sdist(session_cache, monkeypatch):
+    monkeypatch.setenv("FORKTOOL_CACHE", str(session_cache))
     project = Project(MAIN)
     pin = project.vendor.components[0]
     data = vendor.download_sdist(project, pin).read_bytes()

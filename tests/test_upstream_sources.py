@@ -15,8 +15,8 @@ import yaml
 from forktool.errors import UsageError
 from forktool.project import Project
 from forktool.sync import fetch
-from tests.conftest import UPSTREAM, Proj, git, make_upstream
-from tests.test_sync import make_patch
+from tests.helpers.patches import make_patch
+from tests.helpers.project import UPSTREAM, Proj, git, make_upstream
 
 NEW = dict(UPSTREAM)
 NEW["src/b.c"] = "".join(f"new {i}\n" for i in range(3)) + UPSTREAM["src/b.c"]
@@ -202,7 +202,8 @@ def test_vendor_fetch_of_each_kind(tmp_path: Path, cache: Path):
         "tarball": f"    kind: tarball\n    url: {archive.as_uri()}\n    sha256: {sha}\n    subdir: up-1\n",
         "dir": f"    kind: dir\n    path: ../up-src\n    upstream_commit: {commit}\n",
     }
-    from tests.conftest import REPO, run_cli
+    from tests.helpers.cli import run_cli
+    from tests.helpers.project import REPO
     for kind, source in kinds.items():
         root = tmp_path / f"proj-{kind}"
         (root / "vendor").mkdir(parents=True)
@@ -229,7 +230,7 @@ def test_vendor_fetch_of_each_kind(tmp_path: Path, cache: Path):
 
 
 def test_bad_component_of_a_new_kind_is_refused(tmp_path: Path, cache: Path):
-    from tests.conftest import run_cli
+    from tests.helpers.cli import run_cli
     root = tmp_path / "p"
     (root / "vendor").mkdir(parents=True)
     (root / "patches").mkdir()

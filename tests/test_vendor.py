@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.helpers.cli import run_cli
 
 
 def _tar(members: list[tuple[str, str, bytes | str]]) -> bytes:

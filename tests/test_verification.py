@@ -9,8 +9,7 @@ from pathlib import Path
 
 from forktool.index import scan_indexed
 from forktool.tree import scan
-from tests.conftest import Proj
-from tests.test_registry import rp  # noqa: F401  (the fixture: a project with a registry)
+from tests.helpers.project import Proj
 
 KEYS = {"ok", "problems", "tree_digest", "series_digest", "applied", "exported", "full_series", "registry",
         "advisories", "cached"}

@@ -1,0 +1,1 @@
+"""What the tests share: throwaway projects, the in-process CLI, patches written without forktool's formatter."""
