@@ -12,8 +12,8 @@ import pytest
 from forktool.cache import Cache
 from forktool.symbols import declarations
 from forktool.sync.apidrift import Upstream, api_drift, closure, used_names
-from tests.helpers.patches import make_patch
 from tests.helpers.project import Proj, git
+from tests.helpers.sync import sync_patch as make_patch
 
 API_H = """\
 #pragma once

@@ -15,8 +15,8 @@ import yaml
 from forktool.errors import UsageError
 from forktool.project import Project
 from forktool.sync import fetch
-from tests.helpers.patches import make_patch
 from tests.helpers.project import UPSTREAM, Proj, git, make_upstream
+from tests.helpers.sync import sync_patch as make_patch
 
 NEW = dict(UPSTREAM)
 NEW["src/b.c"] = "".join(f"new {i}\n" for i in range(3)) + UPSTREAM["src/b.c"]
