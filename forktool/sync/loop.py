@@ -22,11 +22,12 @@ from forktool.errors import ConfigError, DirtyTreeError, ForktoolError, UsageErr
 from forktool.project import Component, Project
 from forktool.registry import Registry
 from forktool.series import Patch
-from forktool.state import State
+from forktool.state import State, state_bytes
 from forktool.sync.accept import _repin_text
 from forktool.sync.fetch import fetch_target, resolve_spec
 from forktool.sync.relocate import relocate
-from forktool.sync.trial import OldSide, classify, rebase
+from forktool.sync.rerere import Memory
+from forktool.sync.trial import LABELS, OldSide, _conflict_blocks, classify, rebase
 from forktool.tree import (
     REGULAR,
     SYMLINK,
@@ -58,6 +59,29 @@ def sync_dir(project: Project) -> Path:
 
 def state_path(project: Project) -> Path:
     return sync_dir(project) / "state.json"
+
+
+def undo_path(project: Project) -> Path:
+    """The last finished sync, with what it left behind: `--undo` puts the project back until the next start."""
+    return sync_dir(project) / "undo.json"
+
+
+def report_path(project: Project) -> Path:
+    """Every detail of the last finish (patches, hook sites, registry diff, verify, build plan)."""
+    return sync_dir(project) / "report.md"
+
+
+def write_report(project: Project, text: str) -> None:
+    atomic_write(report_path(project), text.encode())
+
+
+def memory(project: Project) -> Memory:
+    return Memory(sync_dir(project) / "rerere")
+
+
+def _preimage(project: Project, rel: str) -> Path:
+    """The conflicted text a stop wrote into the tree, kept to learn the resolution from later."""
+    return sync_dir(project) / "preimage" / sha256_bytes(rel.encode())
 
 
 def read_state(project: Project) -> dict | None:
@@ -196,28 +220,43 @@ def _run(project: Project, st: dict, pending: dict[str, bytes], progress: Progre
     old = OldSide(ctx.old_read)
     for p in ctx.original[:st["position"]]:
         old.step(p)
+    labels = _labeller(ctx, done)
+    mem = memory(project)
+    shutil.rmtree(sync_dir(project) / "preimage", ignore_errors=True)
     st["stop"] = None
     for p in ctx.original[st["position"]:]:
         progress(f"carrying {p.name} across")
         pre, post, err = old.step(p)
-        c = classify(p, pre, post, err, cur)
+        c = classify(p, pre, post, err, cur, lambda rel, k=len(done): labels(rel, k))
         row = {"id": p.id, "name": p.name, "status": c.status, "drift": c.drift,
                "files": [{"file": f.path, "status": f.status} for f in c.files if f.status != "clean"]}
-        if c.status == "conflict":
-            for rel, data in c.after.items():
-                overlay[rel] = data
+        again = None
+        if c.status not in ("conflict", "upstreamed"):
+            again = rebase(p, {rel: cur(rel) for rel in c.after}, c.after, ctx.mode_of)
+        if c.status == "conflict" or (c.status == "merged" and st.get("review_merged", True)):
+            overlay.update(c.after)
+            remembered: dict[str, int] = {}
             for rel, data in c.conflicted.items():
+                data, remembered[rel] = mem.replay(data)
                 overlay[rel] = data
-            st["stop"] = {"id": p.id, "name": p.name, "title": p.title,
+                atomic_write(_preimage(project, rel), data)
+            st["stop"] = {"id": p.id, "name": p.name, "title": p.title, "kind": c.status,
                           "files": [{"file": f.path, "status": f.status, "reason": f.reason,
                                      "hunks": [h for h in f.hunks if h["how"] != "exact"],
-                                     "blocks": [b["line"] for b in f.conflicts]} for f in c.files
-                                    if f.status != "clean"]}
+                                     "blocks": [b["line"] for b in _conflict_blocks(overlay[f.path] or b"")]
+                                     if f.path in c.conflicted else [],
+                                     "remembered": remembered.get(f.path, 0)}
+                                    for f in c.files if f.status != "clean"]}
+            if again is not None:  # a merge to review: its hunks, and the form that --continue keeps as merged
+                merged = {f.path for f in c.files if f.status == "merged"}
+                st["stop"]["review"] = series.with_files(again, [fd for fd in again.files
+                                                                 if fd.path in merged]).raw.decode("utf-8", "replace")
+                st["stop"]["merged_diff_sha256"] = again.diff_sha256
             break
-        if c.status != "upstreamed":
-            again = rebase(p, {rel: cur(rel) for rel in c.after}, c.after, ctx.mode_of)
-            if again.raw != _disk_patch(project, p.name, pending).raw:
-                pending[p.name] = again.raw
+        if again is not None and again.raw != _disk_patch(project, p.name, pending).raw:
+            pending[p.name] = again.raw
+        if again is not None:
+            done.append(series.parse_patch(pending.get(p.name) or again.raw, p.name))
         overlay.update(c.after)
         st["done"].append(row)
         st["position"] += 1
@@ -230,6 +269,20 @@ def _run(project: Project, st: dict, pending: dict[str, bytes], progress: Progre
     if st["stop"]:
         return {"stage": "stopped", "state": st, "written": len(writes)}
     return _finish(project, st, progress)
+
+
+def _labeller(ctx: Context, done: list[Patch]) -> Callable[[str, int], tuple[str, str, str]]:
+    """The diff3 labels for one file: which earlier patches each side already holds, and which of them a person
+    resolved, so `new upstream` never names text that is partly the maintainer's own."""
+    how = {d["id"]: d["status"] for d in ctx.st["done"]}
+
+    def labels(rel: str, upto: int) -> tuple[str, str, str]:
+        old_ids = [p.id for p in ctx.original[:ctx.st["position"]] if rel in p.paths]
+        new_ids = [p.id + (" as you resolved it" if how.get(p.id) == "resolved" else "")
+                   for p in done[:upto] if rel in p.paths]
+        return (LABELS[0], LABELS[1] + (f" + {', '.join(old_ids)}" if old_ids else ""),
+                LABELS[2] + (f" + {', '.join(new_ids)}" if new_ids else ""))
+    return labels
 
 
 def _same_file(root: Path, w: txn.Write) -> bool:
@@ -259,10 +312,9 @@ def _finish(project: Project, st: dict, progress: Progress) -> dict:
              for rel, data in final.files.items()}
     applied = [{"id": p.id, "name": p.name, "sha256": p.sha256, "diff_sha256": p.diff_sha256,
                 "drift": [x.to_json() for x in final.drift.get(p.id, [])]} for p in active]
-    ws_state = State(d, applied, files).to_json()
     writes = [txn.Write("vendor/vendor.yaml", yaml_text.encode(), REGULAR),
-              txn.Write("vendor/vendor.lock", (json.dumps(lock, indent=2, sort_keys=True) + "\n").encode(), REGULAR),
-              txn.Write(".opencoti/state.json", json.dumps(ws_state, indent=1, sort_keys=True).encode(), REGULAR)]
+              txn.Write("vendor/vendor.lock", vendor.lock_bytes(lock), REGULAR),
+              txn.Write(".opencoti/state.json", state_bytes(State(d, applied, files)), REGULAR)]
     progress("relocating hook sites by symbol")
     registry = _relocated_registry(project, ctx, final.files, active, st)
     if registry is not None:
@@ -271,7 +323,41 @@ def _finish(project: Project, st: dict, progress: Progress) -> dict:
     st["stage"] = "finished"
     txn.commit(project.root, sync_dir(project), writes, st)
     project._vendor = None  # vendor.yaml moved: read it again
-    return {"stage": "finished", "state": st}
+    return conclude(project, st, progress)
+
+
+def conclude(project: Project, st: dict, progress: Progress) -> dict:
+    """Verify the moved fork (tree, re-export, lock, registry) and plan its cpu build, under the lock the caller
+    holds. A sync that verifies is done: its state becomes the undo record. One that does not stays in
+    progress (stage finished), so `--continue` verifies again and `--abort` still goes back."""
+    from forktool.verification import verify
+    progress("verifying the moved series")
+    ws = Workspace(project)
+    v = verify(ws)
+    res = {"stage": "finished", "state": st, "verify": v.to_json(), "build_plan": _build_plan(project, ws)}
+    if v.ok:
+        _keep_undo(project, st)
+    return res
+
+
+def _build_plan(project: Project, ws: Workspace) -> dict:
+    """What rebuilding the moved fork costs (the cpu profile's plan), or why it cannot be said."""
+    from forktool import build as b
+    try:
+        cfg = b.load_config(project)
+        dirty = sorted({p for _, p in ws.local_changes()})
+        pl = b.make_plan(project, cfg, cfg.profile("cpu"), ws.patches[:len(ws.state.applied)], dirty, ws.current())
+    except ForktoolError as e:
+        return {"error": str(e)}
+    return {"lines": b.plan_lines(pl), "plan": dict(pl.to_json(), built=False)}
+
+
+def _keep_undo(project: Project, st: dict) -> None:
+    """The finished sync's state, with digests of everything it left, becomes undo.json; state.json goes."""
+    rec = dict(st, finished={"tree_digest": digest(scan(project.tree)),
+                             "files": {rel: e.sha256 for rel, e in _project_manifest(project).items()}})
+    atomic_write(undo_path(project), json.dumps(rec, indent=1, sort_keys=True).encode())
+    state_path(project).unlink(missing_ok=True)
 
 
 def _relocated_registry(project: Project, ctx: Context, final: dict[str, bytes | None], active: list[Patch],
@@ -399,8 +485,9 @@ def _project_manifest(project: Project) -> Manifest:
     return out
 
 
-def start(project: Project, spec: str | None, progress: Progress = lambda _m: None) -> dict:
-    """Back up, materialise SPEC as the vendored tree, carry the series across until a conflict or the end."""
+def start(project: Project, spec: str | None, progress: Progress = lambda _m: None, review_merged: bool = True) -> dict:
+    """Back up, materialise SPEC as the vendored tree, carry the series across until a stop or the end (a
+    conflict, or a 3-way merge to review unless review_merged is False)."""
     with txn.locked(project.state_dir):
         _recover(project, progress)
         recorded = read_state(project)
@@ -453,7 +540,7 @@ def start(project: Project, spec: str | None, progress: Progress = lambda _m: No
                   "old_pristine_digest": ws.pristine_digest, "new_pristine_digest": new_digest,
                   "tree_digest_before": digest(current), "backups": {},
                   "original": [[p.name, p.raw.decode("utf-8")] for p in ws.patches],
-                  "position": 0, "done": [], "stop": None,
+                  "position": 0, "done": [], "stop": None, "review_merged": review_merged,
                   "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         atomic_write(state_path(project), json.dumps(st, indent=1, sort_keys=True).encode())
         txn.fault("sync-started")
@@ -475,6 +562,7 @@ def _back_up(project: Project, st: dict, ws: Workspace, current: Manifest, progr
                    _project_manifest(project), {}, {"kind": "sync-start", "from": st["from_spec"], "to": st["to_spec"]})
     st["backups"] = {"tree": tb.name, "project": pb.name}
     atomic_write(state_path(project), json.dumps(st, indent=1, sort_keys=True).encode())
+    undo_path(project).unlink(missing_ok=True)  # a new move: the last one can no longer be undone
     txn.fault("sync-backed-up")
 
 
@@ -520,8 +608,8 @@ def continue_(project: Project, progress: Progress = lambda _m: None) -> dict:
             res = _run(project, st, {}, progress)
         elif st["stage"] == "finishing":
             res = _finish(project, st, progress)
-        elif st["stage"] == "finished":
-            res = {"stage": "finished", "state": st}
+        elif st["stage"] == "finished":  # verify failed last time: check again
+            res = conclude(project, st, progress)
         else:
             ctx = _context(project, st)
             k = st["position"]
@@ -555,8 +643,11 @@ def continue_(project: Project, progress: Progress = lambda _m: None) -> dict:
                 if fd is not None:
                     fds.append(fd)
             resolved, _ = with_derived_trailers(project, patch, fds)
-            st["done"].append({"id": patch.id, "name": patch.name, "status": "resolved", "drift": [],
-                               "files": [{"file": f.path, "status": "resolved"} for f in resolved.files]})
+            _harvest(project, st)
+            # a reviewed merge taken as it stood stays `merged`; any edit makes it the maintainer's resolution
+            how = "merged" if st["stop"].get("merged_diff_sha256") == resolved.diff_sha256 else "resolved"
+            st["done"].append({"id": patch.id, "name": patch.name, "status": how, "drift": [],
+                               "files": [{"file": f.path, "status": how} for f in resolved.files]})
             st["position"] = k + 1
             res = _run(project, st, {patch.name: resolved.raw}, progress)
     res["timings"] = {"tool_s": round(time.monotonic() - t0, 3)}
@@ -590,32 +681,90 @@ def abort(project: Project, progress: Progress = lambda _m: None) -> dict:
             st["stage"] = "aborted"
             return {"stage": "aborted", "state": st, "written": 0, "tree_digest": digest(scan(project.tree)),
                     "backups": {}}
-        tree_m, tree_c, _ = bk.load_for_restore(project.backups_dir / st["backups"]["tree"],
-                                               vendor.objects(project).get)
-        proj_m, proj_c, _ = bk.load_for_restore(project.state_dir / "sync-backups" / st["backups"]["project"],
-                                               vendor.objects(project).get)
-        current = scan(project.tree)
-        writes = [txn.Write(w.path, w.data, w.mode) for w in _tree_writes(
-            project, {rel: (tree_c[rel], e.mode) for rel, e in tree_m.items()}, current)]
-        now = _project_manifest(project)
-        # a file the start did not record goes only from patches/ (the loop never adds one elsewhere)
-        for rel in sorted(set(proj_m) | {r for r in now if r.startswith("patches/")}):
-            if proj_m.get(rel) != now.get(rel):
-                writes.append(txn.Write(rel, proj_c.get(rel), REGULAR))
+        kept = _harvest(project, st) if st["stage"] == "stopped" else 0
+        writes = _restore_writes(project, st)
         st["stage"] = "aborted"
         txn.commit(project.root, sync_dir(project), writes, st)
         state_path(project).unlink()
-    return {"stage": "aborted", "state": st, "written": len(writes),
-            "tree_digest": digest(scan(project.tree)), "backups": st["backups"]}
+    return {"stage": "aborted", "state": st, "written": len(writes), "tree_digest": digest(scan(project.tree)),
+            "backups": st["backups"], "remembered": {"new": kept, "total": memory(project).count()}}
 
 
-def done(project: Project) -> None:
-    """A finished sync that verified: its state goes (kept as last.json beside it); the backups stay."""
+def _restore_writes(project: Project, st: dict) -> list[txn.Write]:
+    """Writes that put tree, pin, lock, patches, series, state and registry back as the start's backups hold them."""
+    tree_m, tree_c, _ = bk.load_for_restore(project.backups_dir / st["backups"]["tree"], vendor.objects(project).get)
+    proj_m, proj_c, _ = bk.load_for_restore(project.state_dir / "sync-backups" / st["backups"]["project"],
+                                           vendor.objects(project).get)
+    writes = _tree_writes(project, {rel: (tree_c[rel], e.mode) for rel, e in tree_m.items()}, scan(project.tree))
+    now = _project_manifest(project)
+    # a file the start did not record goes only from patches/ (the loop never adds one elsewhere)
+    for rel in sorted(set(proj_m) | {r for r in now if r.startswith("patches/")}):
+        if proj_m.get(rel) != now.get(rel):
+            writes.append(txn.Write(rel, proj_c.get(rel), REGULAR))
+    return writes
+
+
+def _harvest(project: Project, st: dict) -> int:
+    """Learn the resolutions made so far at the stop (blocks whose markers are gone); how many were new."""
+    mem = memory(project)
+    kept = 0
+    for f in (st.get("stop") or {}).get("files", []):
+        pre, now = _preimage(project, f["file"]), project.tree / f["file"]
+        if pre.is_file() and now.is_file() and not now.is_symlink():
+            kept += mem.harvest(pre.read_bytes(), now.read_bytes(), f"{st['stop']['id']} {f['file']}")
+    return kept
+
+
+def undo(project: Project, progress: Progress = lambda _m: None) -> dict:
+    """Put a finished sync's pin, lock, patches, series, registry and tree back as they were before its start,
+    while nothing has changed since it finished (the next start replaces the record)."""
     with txn.locked(project.state_dir):
-        p = state_path(project)
-        if p.is_file():
-            shutil.copyfile(p, sync_dir(project) / "last.json")
-            p.unlink()
+        _recover(project, progress)
+        running = read_state(project)
+        if running is not None:
+            raise ForktoolError(f"a sync to {running['to_spec']} is in progress ({running['stage']}); only a "
+                                "finished one can be undone", where=str(state_path(project)),
+                                hint="`forktool sync --abort` goes back from where it stands")
+        rec = schema.load_sync_state(undo_path(project), project.state_dir)
+        if rec is None or "finished" not in rec:
+            raise ForktoolError("no finished sync to undo", where=str(undo_path(project)),
+                                hint="a sync can be undone from its finish until the next `forktool sync --start`")
+        if not has_backups(project, rec):
+            raise ForktoolError(f"the backups of the sync to {rec['to_spec']} are gone", where=str(project.backups_dir),
+                                details=[f".opencoti/vendor-backups/{rec['backups']['tree']}",
+                                         f".opencoti/sync-backups/{rec['backups']['project']}"],
+                                hint="nothing was changed; put the pin, lock, patches and registry back from git")
+        fin = rec["finished"]
+        now = {rel: e.sha256 for rel, e in _project_manifest(project).items()}
+        moved = [rel for rel in sorted(set(now) | set(fin["files"])) if now.get(rel) != fin["files"].get(rel)]
+        tree_now = digest(scan(project.tree))
+        if tree_now != fin["tree_digest"]:
+            moved.insert(0, f"{TREE} (tree digest {tree_now[:12]}, the finish left {fin['tree_digest'][:12]})")
+        if moved:
+            raise ForktoolError(f"{len(moved)} thing(s) changed since the sync to {rec['to_spec']} finished; undoing "
+                                "it would lose them", where=str(project.root), details=moved,
+                                hint="nothing was changed; put them back as the finish left them (e.g. `forktool "
+                                     "apply` for the tree), or restore the start's backups by hand")
+        writes = _restore_writes(project, rec)
+        txn.commit(project.root, sync_dir(project), writes, dict(rec, stage="aborted"))
+        undo_path(project).unlink()
+        state_path(project).unlink(missing_ok=True)
+    return {"stage": "undone", "state": rec, "written": len(writes), "tree_digest": digest(scan(project.tree)),
+            "backups": rec["backups"]}
+
+
+def backups_in_use(project: Project) -> dict[str, list[str]]:
+    """Backups that a sync in progress (for --abort) or a finished one (for --undo) needs: never to be pruned."""
+    out: dict[str, list[str]] = {"vendor-backups": [], "sync-backups": []}
+    for path in (state_path(project), undo_path(project)):
+        try:
+            st = schema.load_sync_state(path, project.state_dir)
+        except ForktoolError:
+            st = None
+        if st and st.get("backups") and st["stage"] != "aborted":
+            out["vendor-backups"].append(st["backups"]["tree"])
+            out["sync-backups"].append(st["backups"]["project"])
+    return out
 
 
 def registry_diff(project: Project, st: dict) -> list[str]:

@@ -150,8 +150,9 @@ class OldSide:
 
 
 def classify(p: Patch, old_pre: dict[str, bytes | None], old_post: dict[str, bytes | None], old_error: str,
-             new_cur: Reader) -> Classified:
-    """Apply p on the new upstream exactly, else reverse-check it, else merge it 3-way from the pinned side."""
+             new_cur: Reader, labels: Callable[[str], tuple[str, str, str]] = lambda _rel: LABELS) -> Classified:
+    """Apply p on the new upstream exactly, else reverse-check it, else merge it 3-way from the pinned side
+    (labels(file) names the three sides of its conflict blocks)."""
     files: list[FileResult] = []
     after: dict[str, bytes | None] = {}
     conflicted: dict[str, bytes] = {}
@@ -178,7 +179,7 @@ def classify(p: Patch, old_pre: dict[str, bytes | None], old_post: dict[str, byt
             files.append(FileResult(fd.path, "conflict", places, reason="the new upstream has no such file "
                                     "(removed or moved); search for its code elsewhere"))
             continue
-        merged, n = fgit.merge_file(old_post[fd.path] or b"", old_pre[fd.path] or b"", cur, LABELS)
+        merged, n = fgit.merge_file(old_post[fd.path] or b"", old_pre[fd.path] or b"", cur, labels(fd.path))
         if n == 0:
             after[fd.path] = merged
             files.append(FileResult(fd.path, "merged", places, reason="3-way merge (git merge-file) without "
