@@ -204,12 +204,17 @@ def sync(to: Annotated[str | None, typer.Option("--to", help="Another upstream, 
                                             "out) and go on.")] = False,
          abort: Annotated[bool, typer.Option("--abort", help="Put pin, lock, patches, series and tree back as "
                                              "before --start.")] = False,
+         undo: Annotated[bool, typer.Option("--undo", help="Put a finished sync's pin, lock, patches, series, "
+                                            "registry and tree back as before its start (until the next sync).")] = False,
+         review_merged: Annotated[bool, typer.Option("--review-merged/--no-review-merged", help="With --start: stop "
+                                                     "at each patch carried by a 3-way merge for review.")] = True,
          json: Json = False) -> None:
     """Trial the whole series on another upstream (report + refreshed patches), or move the fork there
-    (--start, then --continue / --skip / --abort)."""
+    (--start, then --continue / --skip / --abort; --undo after the finish)."""
     from forktool.commands import sync_cmds
-    actions = [name for name, on in (("start", start), ("continue", cont), ("skip", skip), ("abort", abort)) if on]
-    _run(json, lambda p: sync_cmds.dispatch(p, to, accept, build_flag, out, actions))
+    actions = [name for name, on in (("start", start), ("continue", cont), ("skip", skip), ("abort", abort),
+                                     ("undo", undo)) if on]
+    _run(json, lambda p: sync_cmds.dispatch(p, to, accept, build_flag, out, actions, review_merged))
 
 
 @app.command()
