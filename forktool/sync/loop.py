@@ -227,7 +227,7 @@ def _run(project: Project, st: dict, pending: dict[str, bytes], progress: Progre
     for p in ctx.original[st["position"]:]:
         progress(f"carrying {p.name} across")
         pre, post, err = old.step(p)
-        c = classify(p, pre, post, err, cur, lambda rel, k=len(done): labels(rel, k))
+        c = classify(p, pre, post, err, cur, labels)
         row = {"id": p.id, "name": p.name, "status": c.status, "drift": c.drift,
                "files": [{"file": f.path, "status": f.status} for f in c.files if f.status != "clean"]}
         again = None
@@ -271,15 +271,16 @@ def _run(project: Project, st: dict, pending: dict[str, bytes], progress: Progre
     return _finish(project, st, progress)
 
 
-def _labeller(ctx: Context, done: list[Patch]) -> Callable[[str, int], tuple[str, str, str]]:
+def _labeller(ctx: Context, done: list[Patch]) -> Callable[[str], tuple[str, str, str]]:
     """The diff3 labels for one file: which earlier patches each side already holds, and which of them a person
-    resolved, so `new upstream` never names text that is partly the maintainer's own."""
+    resolved, so `new upstream` never names text that is partly the maintainer's own. done grows as the loop
+    carries patches, so the labels always name the patches carried before the one being merged."""
     how = {d["id"]: d["status"] for d in ctx.st["done"]}
 
-    def labels(rel: str, upto: int) -> tuple[str, str, str]:
+    def labels(rel: str) -> tuple[str, str, str]:
         old_ids = [p.id for p in ctx.original[:ctx.st["position"]] if rel in p.paths]
         new_ids = [p.id + (" as you resolved it" if how.get(p.id) == "resolved" else "")
-                   for p in done[:upto] if rel in p.paths]
+                   for p in done if rel in p.paths]
         return (LABELS[0], LABELS[1] + (f" + {', '.join(old_ids)}" if old_ids else ""),
                 LABELS[2] + (f" + {', '.join(new_ids)}" if new_ids else ""))
     return labels
@@ -646,6 +647,10 @@ def continue_(project: Project, progress: Progress = lambda _m: None) -> dict:
             _harvest(project, st)
             # a reviewed merge taken as it stood stays `merged`; any edit makes it the maintainer's resolution
             how = "merged" if st["stop"].get("merged_diff_sha256") == resolved.diff_sha256 else "resolved"
+            if how == "merged":  # the same bytes a sync without review writes (the patch's own trailers kept)
+                order = {rel: n for n, rel in enumerate(patch.paths)}
+                fds = sorted(resolved.files, key=lambda f: order.get(f.path, len(order)))
+                resolved = series.parse_patch(series.with_files(patch, fds).raw, patch.name)
             st["done"].append({"id": patch.id, "name": patch.name, "status": how, "drift": [],
                                "files": [{"file": f.path, "status": how} for f in resolved.files]})
             st["position"] = k + 1

@@ -34,7 +34,8 @@ def blocks(lines: list[bytes]) -> list[Block]:
         if not lines[i].startswith(OURS):
             i += 1
             continue
-        start, part, sides = i, "ours", {"ours": [], "base": [], "theirs": []}  # type: dict[str, list[bytes]]
+        start, part = i, "ours"
+        sides: dict[str, list[bytes]] = {"ours": [], "base": [], "theirs": []}
         i += 1
         while i < len(lines) and not lines[i].startswith(END):
             ln = lines[i]
