@@ -335,3 +335,23 @@ def test_build_is_skipped_when_patches_do_not_apply(project, upstream, tmp_path)
     res = fsync.sync(project, c2, build=True, out=tmp_path / "out")
     assert res.build["status"] == "skipped"
     assert not (tmp_path / "out" / "build-project").exists()
+
+
+def test_the_trial_looks_past_a_conflict(project, upstream, tmp_path):
+    """A patch blocked by a conflict is still tried, on the conflicting patch's own side, so the report shows what
+    the move will meet after that conflict is resolved."""
+    _, _, c2 = upstream
+    out = tmp_path / "out"
+    rep = sync_cmds.sync(project, c2, accept=False, build=False, out=str(out))
+    blocked = next(p for p in rep.data["patches"] if p["id"] == "0006")
+    assert blocked["status"] == "blocked" and blocked["blocked_by"] == ["0004"]
+    assert blocked["ahead"]["status"] == "clean" and "0004" in blocked["ahead"]["assumes"]
+    assert "0006 blocked one by 0004 (ahead: clean)" in "\n".join(rep.lines)
+    assert "(ahead: clean)" in (out / "report.md").read_text()
+    assert rep.data["acceptable"] is False and rep.exit_code == 1  # still blocked: nothing is taken from a guess
+
+
+def test_the_own_side_stand_in():
+    merged = (b"a\n<<<<<<< patch\nours 1\nours 2\n||||||| base\nbase\n=======\ntheirs\n>>>>>>> new\nb\n"
+              b"<<<<<<< patch\n=======\nonly theirs\n>>>>>>> new\n")
+    assert fsync.own_side(merged) == b"a\nours 1\nours 2\nb\n"

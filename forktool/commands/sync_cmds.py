@@ -27,6 +27,9 @@ def sync(project: Project, spec: str, accept: bool, build: bool, out: str) -> Re
             extra = " " + ", ".join(f"{d['file']}#{d['hunk']}{d['offset']:+d}" for d in r.drift)
         elif r.status == "blocked":
             extra = f" by {', '.join(r.blocked_by)}"
+            if r.ahead:
+                blocks = sum(len(f["conflicts"]) for f in r.ahead["files"])
+                extra += f" (ahead: {r.ahead['status']}" + (f", {blocks} block(s)" if blocks else "") + ")"
         elif r.status in ("merged", "conflict", "upstreamed"):
             extra = " " + ", ".join(f"{f.path}: {f.status}" for f in r.files if f.status != "clean")
         lines.append(f"[{colour[r.status]}]{r.status:>10}[/{colour[r.status]}] {r.patch.id} {r.patch.title}{extra}")

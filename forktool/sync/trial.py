@@ -40,6 +40,8 @@ class PatchResult:
     drift: list[dict] = field(default_factory=list)
     refreshed: Patch | None = None
     note: str = ""
+    # a blocked patch tried anyway, with each earlier conflict taken on the conflicting patch's own side
+    ahead: dict | None = None
 
     @property
     def changed(self) -> bool:
@@ -49,7 +51,8 @@ class PatchResult:
         return {"id": self.patch.id, "name": self.patch.name, "title": self.patch.title, "status": self.status,
                 "files": [f.to_json() for f in self.files], "blocked_by": self.blocked_by, "drift": self.drift,
                 "refreshed": self.refreshed is not None, "changed": self.changed,
-                "refreshed_sha256": self.refreshed.sha256 if self.refreshed else None, "note": self.note}
+                "refreshed_sha256": self.refreshed.sha256 if self.refreshed else None, "note": self.note,
+                "ahead": self.ahead}
 
 
 Reader = Callable[[str], bytes | None]
@@ -101,6 +104,25 @@ def _conflict_blocks(merged: bytes) -> list[dict]:
                 blocks.append({"line": start, "text": "\n".join(cur)})
                 cur = None
     return blocks
+
+
+def own_side(merged: bytes) -> bytes:
+    """A diff3 merge result with every conflict block replaced by its first side (the patch's): a stand-in for
+    the resolution, so the patches after a conflict can still be tried."""
+    out: list[bytes] = []
+    part = None
+    for line in merged.splitlines(keepends=True):
+        if line.startswith(b"<<<<<<< "):
+            part = "ours"
+        elif part == "ours" and line.startswith(b"||||||| "):
+            part = "base"
+        elif part in ("ours", "base") and line.rstrip(b"\r\n") == b"=======":
+            part = "theirs"
+        elif part == "theirs" and line.startswith(b">>>>>>> "):
+            part = None
+        elif part in (None, "ours"):
+            out.append(line)
+    return b"".join(out)
 
 
 def _patch_status(files: list[FileResult]) -> str:
@@ -209,11 +231,20 @@ def trial(patches: list[Patch], old_read: Reader, new_read: Reader, mode_of: Cal
     """Apply the series cumulatively on both upstreams; classify each patch on the new one, never stopping."""
     old = OldSide(old_read)
     new_state: dict[str, bytes | None] = {}
+    # new_state with each conflict taken on its patch's own side: what the patches after a conflict are tried on
+    ahead_state: dict[str, bytes | None] = {}
     tainted: dict[str, str] = {}  # path -> the failed patch that left it as it is
     results: list[PatchResult] = []
 
     def new_cur(rel: str) -> bytes | None:
         return new_state[rel] if rel in new_state else new_read(rel)
+
+    def ahead_cur(rel: str) -> bytes | None:
+        return ahead_state[rel] if rel in ahead_state else new_cur(rel)
+
+    def went_ahead(c: Classified) -> None:
+        ahead_state.update(c.after)
+        ahead_state.update({rel: own_side(data) for rel, data in c.conflicted.items()})
 
     for p in patches:
         old_pre, old_post, old_error = old.step(p)
@@ -221,11 +252,17 @@ def trial(patches: list[Patch], old_read: Reader, new_read: Reader, mode_of: Cal
         if blockers:
             for f in p.paths:
                 tainted.setdefault(f, p.id)
-            results.append(PatchResult(p, "blocked", blocked_by=blockers,
-                                       note="touches " + ", ".join(f for f in p.paths if tainted[f] in blockers)
-                                       + " left unpatched by " + ", ".join(blockers)))
+            res = PatchResult(p, "blocked", blocked_by=blockers,
+                              note="touches " + ", ".join(f for f in p.paths if tainted[f] in blockers)
+                              + " left unpatched by " + ", ".join(blockers))
+            c = classify(p, old_pre, old_post, old_error, ahead_cur)
+            went_ahead(c)
+            res.ahead = {"status": c.status, "assumes": f"conflicts of {', '.join(blockers)} taken on the patch's own side",
+                         "files": [f.to_json() for f in c.files if f.status != "clean"]}
+            results.append(res)
             continue
         c = classify(p, old_pre, old_post, old_error, new_cur)
+        went_ahead(c)
         res = PatchResult(p, c.status, c.files, drift=c.drift)
         if c.status == "conflict":
             for f in p.paths:
