@@ -261,6 +261,8 @@ SYNC_STATE = obj({
     "stop": {"anyOf": [{"type": "null"}, SYNC_STOP]},
     "started": {"type": "string", "maxLength": 100},
     "review_merged": {"type": "boolean"},
+    # a move onto another upstream, or `apply --reanchor` carrying the series onto its own edited patches
+    "kind": {"enum": ["upstream", "reanchor"]},
     # undo.json only: what the finish left (every project file's sha256 and the tree digest)
     "finished": obj({"tree_digest": SHA256, "files": {"type": "object", "propertyNames": REL_PATH,
                                                       "additionalProperties": SHA256, "maxProperties": 1_000_000}},

@@ -65,6 +65,12 @@ REVIEW = ("review the merged hunks above in the tree (edit them if the merge is 
 REVIEW_LINES_MAX = 60
 
 
+def _title(st: dict) -> str:
+    if st.get("kind") == "reanchor":
+        return "re-anchoring the series onto its edited patches (forktool apply --reanchor)"
+    return f"sync {st['from_spec']} -> {st['to_spec']}"
+
+
 def _next(st: dict) -> str:
     stop = st["stop"]
     return (REVIEW if stop.get("kind") == "merged" else NEXT).format(id=stop["id"])
@@ -79,7 +85,7 @@ def _summary(st: dict) -> dict:
 
 def loop_lines(st: dict) -> list[str]:
     """Where a sync stands: done patches with their status, the stop with files, hunks and blocks."""
-    lines = [f"sync {st['from_spec']} -> {st['to_spec']}: {st['stage']}"]
+    lines = [f"{_title(st)}: {st['stage']}"]
     colour = {"clean": "green", "offset": "yellow", "merged": "yellow", "resolved": "cyan", "upstreamed": "cyan",
               "skipped": "magenta"}
     for d in st["done"]:
@@ -138,7 +144,7 @@ def _finish_report(project: Project, st: dict, res: dict) -> tuple[list[str], li
     v = res.get("verify", {})
     plan = res.get("build_plan", {})
     path = loop.report_path(project)
-    short = [f"sync {st['from_spec']} -> {st['to_spec']}: finished; {len(st['done'])} patch(es): "
+    short = [f"{_title(st)}: finished; {len(st['done'])} patch(es): "
              + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))]
     looked = [d for d in st["done"] if d["status"] in ("resolved", "merged", "skipped", "upstreamed")]
     for d in looked[:6]:
@@ -149,7 +155,9 @@ def _finish_report(project: Project, st: dict, res: dict) -> tuple[list[str], li
         short.append("hook sites: " + ", ".join(f"{n} {k}" for k, n in sorted(moved.items()))
                      + (f"; registry sites rewritten ({len(reg_diff)} diff line(s))" if reg_diff else ""))
     if v.get("ok"):
-        short.append("[green]verify: OK[/green]; moved the pin to " + st["to_spec"])
+        short.append("[green]verify: OK[/green]" + ("; the series is carried onto its edited patches"
+                                                    if st.get("kind") == "reanchor" else "; moved the pin to "
+                                                    + st["to_spec"]))
     else:
         short.append(f"[red]verify failed[/red]: {len(v.get('problems', []))} difference(s); the sync stays in "
                      "progress")
@@ -159,7 +167,7 @@ def _finish_report(project: Project, st: dict, res: dict) -> tuple[list[str], li
         short.append(f"build plan (cpu): {plan['lines'][0]}")
     short.append(f"details: {path.relative_to(project.root)}"
                  + ("; undo the whole move with `forktool sync --undo` (until the next sync)" if v.get("ok") else ""))
-    detail = [f"# sync {st['from_spec']} -> {st['to_spec']}", "", "## Patches", ""]
+    detail = [f"# {_title(st)}", "", "## Patches", ""]
     detail += [f"- {d['status']} {d['id']} {d['name']}" + "".join(f"\n  - {f['file']}: {f['status']}"
                                                                    for f in d["files"]) for d in st["done"]]
     detail += ["", "## Hook sites", ""]
@@ -176,7 +184,12 @@ def sync_loop(project: Project, action: str, spec: str | None, review_merged: bo
     fn = {"start": lambda: loop.start(project, spec, output.info, review_merged=review_merged),
           "continue": lambda: loop.continue_(project, output.info), "skip": lambda: loop.skip(project, output.info),
           "abort": lambda: loop.abort(project, output.info), "undo": lambda: loop.undo(project, output.info)}[action]
-    res = fn()
+    return loop_report(project, fn())
+
+
+def loop_report(project: Project, res: dict) -> Report:
+    """The report of one step of the loop (a sync, or `apply --reanchor` carried as one)."""
+    from forktool.sync import loop
     st = res["state"]
     data = dict(_summary(st), timings=res.get("timings", {}))
     if res["stage"] == "undone":

@@ -27,7 +27,7 @@ from forktool.sync.accept import _repin_text
 from forktool.sync.fetch import fetch_target, resolve_spec
 from forktool.sync.relocate import relocate
 from forktool.sync.rerere import Memory
-from forktool.sync.trial import LABELS, OldSide, _conflict_blocks, classify, rebase
+from forktool.sync.trial import LABELS, HunkSide, OldSide, _conflict_blocks, classify, rebase
 from forktool.tree import (
     REGULAR,
     SYMLINK,
@@ -157,15 +157,23 @@ def _done_patches(ctx: Context, pending: dict[str, bytes]) -> list[Patch]:
     return [_disk_patch(ctx.project, d["name"], pending) for d in ctx.st["done"] if d["status"] not in DROPPED]
 
 
+def reanchoring(st: dict) -> bool:
+    """True for `apply --reanchor` carrying the series onto its own edited patches (the upstream stays)."""
+    return st.get("kind") == "reanchor"
+
+
 def _series_text(project: Project, st: dict) -> str:
     """patches/series with the dropped patches commented out (their files are kept)."""
     why = {d["name"]: d["status"] for d in st["done"] if d["status"] in DROPPED}
+    if reanchoring(st):
+        why = {n: ("already made by the patches below it" if w == "upstreamed" else w) for n, w in why.items()}
     text = project.series_file.read_text(encoding="utf-8")
     out = []
     for line in text.splitlines():
         name = line.split("#", 1)[0].strip()
         if name in why:
-            out.append(f"# {name}  # {why[name]} in the sync to {st['to_spec']} (forktool sync)")
+            out.append(f"# {name}  # {why[name]} in the re-anchoring (forktool apply --reanchor)" if reanchoring(st)
+                       else f"# {name}  # {why[name]} in the sync to {st['to_spec']} (forktool sync)")
         else:
             out.append(line)
     return "\n".join(out) + "\n"
@@ -217,7 +225,7 @@ def _run(project: Project, st: dict, pending: dict[str, bytes], progress: Progre
     def cur(rel: str) -> bytes | None:
         return overlay[rel] if rel in overlay else ctx.new_read(rel)
 
-    old = OldSide(ctx.old_read)
+    old: OldSide | HunkSide = HunkSide() if reanchoring(st) else OldSide(ctx.old_read)
     for p in ctx.original[:st["position"]]:
         old.step(p)
     labels = _labeller(ctx, done)
@@ -278,6 +286,11 @@ def _labeller(ctx: Context, done: list[Patch]) -> Callable[[str], tuple[str, str
     how = {d["id"]: d["status"] for d in ctx.st["done"]}
 
     def labels(rel: str) -> tuple[str, str, str]:
+        if reanchoring(ctx.st):
+            below = [p.id + (" as you resolved it" if how.get(p.id) == "resolved" else "")
+                     for p in done if rel in p.paths]
+            return ("patch (as written)", "the context it was written against",
+                    "the tree now" + (f" (with {', '.join(below)})" if below else ""))
         old_ids = [p.id for p in ctx.original[:ctx.st["position"]] if rel in p.paths]
         new_ids = [p.id + (" as you resolved it" if how.get(p.id) == "resolved" else "")
                    for p in done if rel in p.paths]
@@ -301,7 +314,9 @@ def _finish(project: Project, st: dict, progress: Progress) -> dict:
     ctx = _context(project, st)
     active = _done_patches(ctx, {})
     final = apply_series(active, ctx.new_read)
-    yaml_text = _repin_text(project.vendor_yaml.read_text(encoding="utf-8"), st["component"], ctx.new)
+    yaml_text = project.vendor_yaml.read_text(encoding="utf-8")
+    if not reanchoring(st):
+        yaml_text = _repin_text(yaml_text, st["component"], ctx.new)
     comps = [ctx.new if c.name == st["component"] else c for c in project.vendor.components]
     d = st["new_pristine_digest"]
     tree_now = scan(project.tree)
@@ -552,14 +567,50 @@ def start(project: Project, spec: str | None, progress: Progress = lambda _m: No
     return res
 
 
+def start_reanchor(project: Project, progress: Progress = lambda _m: None) -> dict:
+    """`apply --reanchor` when a patch no longer applies on the edited patches below it: the same loop as a sync,
+    onto the series' changed base (the upstream stays); it stops at conflict blocks and merges to review."""
+    t0 = time.monotonic()
+    with txn.locked(project.state_dir):
+        _recover(project, progress)
+        recorded = read_state(project)
+        if recorded is not None:
+            raise ForktoolError(f"a sync to {recorded['to_spec']} is already in progress ({recorded['stage']})",
+                                where=str(state_path(project)), hint="run `forktool sync --continue`, `--skip` or "
+                                "`--abort` first (`forktool status` shows where it stands)")
+        ws = Workspace(project)
+        current = ws.current()
+        dirty = ws.local_changes()
+        if dirty:
+            raise DirtyTreeError(f"the vendored tree has {len(dirty)} change(s) that no patch explains",
+                                 where=str(project.tree), details=[f"{s}: {p}" for s, p in dirty[:50]],
+                                 hint="keep them with `forktool refresh ID`, or drop them with `forktool apply "
+                                      "--force`, then re-anchor")
+        comp = project.vendor.components[0]
+        d = ws.pristine_digest
+        st = {"version": STATE_VERSION, "kind": "reanchor", "stage": "starting", "component": comp.name,
+              "from_spec": comp.spec, "to_spec": comp.spec, "to": _component_json(comp),
+              "old_pristine_digest": d, "new_pristine_digest": d, "tree_digest_before": digest(current),
+              "backups": {}, "original": [[p.name, p.raw.decode("utf-8")] for p in ws.patches], "position": 0,
+              "done": [], "stop": None, "review_merged": True,
+              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        atomic_write(state_path(project), json.dumps(st, indent=1, sort_keys=True).encode())
+        txn.fault("sync-started")
+        _back_up(project, st, ws, current, progress)
+        res = _run(project, st, {}, progress)
+    res["timings"] = {"tool_s": round(time.monotonic() - t0, 3)}
+    return res
+
+
 def _back_up(project: Project, st: dict, ws: Workspace, current: Manifest, progress: Progress) -> None:
     """Back up the tree (vendor-backups) and pin, lock, patches, state and registry (sync-backups)."""
     progress("backing up the tree, pin, lock and patches")
-    label = st["to"]["version"] or st["to"]["commit"][:12]
+    label = "sync-start-" + (st["to"]["version"] or st["to"]["commit"][:12])
     why = f"before forktool sync --start to {st['to_spec']}"
-    tb = bk.create(project.backups_dir, project.tree, f"sync-start-{label}", why, current, ws.pristine,
-                   ws.state.to_json())
-    pb = bk.create(project.state_dir / "sync-backups", project.root, f"sync-start-{label}", why,
+    if reanchoring(st):
+        label, why = "reanchor", "before forktool apply --reanchor carried the series onto its edited patches"
+    tb = bk.create(project.backups_dir, project.tree, label, why, current, ws.pristine, ws.state.to_json())
+    pb = bk.create(project.state_dir / "sync-backups", project.root, label, why,
                    _project_manifest(project), {}, {"kind": "sync-start", "from": st["from_spec"], "to": st["to_spec"]})
     st["backups"] = {"tree": tb.name, "project": pb.name}
     atomic_write(state_path(project), json.dumps(st, indent=1, sort_keys=True).encode())

@@ -171,6 +171,20 @@ class OldSide:
         return pre, post, ""
 
 
+class HunkSide:
+    """A patch's own hunks as its pre- and post-images, for a base whose earlier text is not kept (a lower patch
+    of the series was edited): the 3-way merge then takes the patch's change wherever its written context is
+    still recognisable, and leaves a conflict block where the change meets the edit."""
+
+    def step(self, p: Patch) -> tuple[dict[str, bytes | None], dict[str, bytes | None], str]:
+        pre: dict[str, bytes | None] = {}
+        post: dict[str, bytes | None] = {}
+        for fd in p.files:
+            pre[fd.path] = None if fd.is_new else b"".join(t for h in fd.hunks for t in h.old_lines())
+            post[fd.path] = None if fd.is_deleted else b"".join(t for h in fd.hunks for t in h.new_lines())
+        return pre, post, ""
+
+
 def classify(p: Patch, old_pre: dict[str, bytes | None], old_post: dict[str, bytes | None], old_error: str,
              new_cur: Reader, labels: Callable[[str], tuple[str, str, str]] = lambda _rel: LABELS) -> Classified:
     """Apply p on the new upstream exactly, else reverse-check it, else merge it 3-way from the pinned side
