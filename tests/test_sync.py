@@ -355,3 +355,22 @@ def test_the_own_side_stand_in():
     merged = (b"a\n<<<<<<< patch\nours 1\nours 2\n||||||| base\nbase\n=======\ntheirs\n>>>>>>> new\nb\n"
               b"<<<<<<< patch\n=======\nonly theirs\n>>>>>>> new\n")
     assert fsync.own_side(merged) == b"a\nours 1\nours 2\nb\n"
+
+
+def test_an_interrupted_accept_is_rolled_forward_under_the_lock(tmp_path, upstream):
+    """--accept killed after its journal committed: the next sync (trial or loop) finishes it before anything."""
+    repo, c1, c2 = upstream
+    patches = [p for p in series_for(OLD_FILES) if p.id in ("0001", "0002", "0003", "0005", "0007")]
+    project = write_project(tmp_path / "proj", component_yaml(repo.working_tree_dir, c1), patches)
+    env = dict(os.environ, FORKTOOL_ROOT=str(project.root), FORKTOOL_FAULT="committed")
+    r = subprocess.run([sys.executable, "-m", "forktool", "sync", "--to", c2, "--accept"], env=env,
+                       capture_output=True, text=True)
+    assert r.returncode == 137, r.stderr
+    assert c1 in project.vendor_yaml.read_text()  # killed before the pin moved
+    env.pop("FORKTOOL_FAULT")
+    r = subprocess.run([sys.executable, "-m", "forktool", "sync", "--to", c2, "--out", str(tmp_path / "again")],
+                       env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "roll" in r.stderr.lower() or "interrupted" in r.stderr.lower(), r.stderr
+    assert f"commit: {c2}\n" in project.vendor_yaml.read_text()
+    assert not any((project.state_dir / "sync-txn").rglob("plan.json"))  # the journal is done

@@ -23,9 +23,10 @@ def sync(project: Project, spec: str, *, build: bool, out: Path,
     """Fetch SPEC, trial the series on it, relocate hooks, diff the build files, optionally build; write outputs."""
     from forktool.workspace import load_patches
     t_start = time.monotonic()
-    note = txn.recover(project.root, project.state_dir / "sync-txn")
-    if note:
-        progress(f"an interrupted --accept: {note}")
+    from forktool.sync.loop import recover
+    with txn.locked(project.state_dir):  # every journal a sync can leave, in one place, under the lock
+        for note in recover(project):
+            progress(note)
     old, new = resolve_spec(project, spec)
     pinned = pinned_manifest(project, progress)
     target = fetch_target(project, old, new, pinned, progress)

@@ -23,7 +23,7 @@ from forktool.project import Component, Project
 from forktool.registry import Registry
 from forktool.series import Patch
 from forktool.state import State, state_bytes
-from forktool.sync.accept import _repin_text
+from forktool.sync.accept import _repin_text, accept_journal, comment_out
 from forktool.sync.fetch import fetch_target, resolve_spec
 from forktool.sync.relocate import relocate
 from forktool.sync.rerere import Memory
@@ -164,19 +164,16 @@ def reanchoring(st: dict) -> bool:
 
 def _series_text(project: Project, st: dict) -> str:
     """patches/series with the dropped patches commented out (their files are kept)."""
-    why = {d["name"]: d["status"] for d in st["done"] if d["status"] in DROPPED}
-    if reanchoring(st):
-        why = {n: ("already made by the patches below it" if w == "upstreamed" else w) for n, w in why.items()}
-    text = project.series_file.read_text(encoding="utf-8")
-    out = []
-    for line in text.splitlines():
-        name = line.split("#", 1)[0].strip()
-        if name in why:
-            out.append(f"# {name}  # {why[name]} in the re-anchoring (forktool apply --reanchor)" if reanchoring(st)
-                       else f"# {name}  # {why[name]} in the sync to {st['to_spec']} (forktool sync)")
+    why = {}
+    for d in st["done"]:
+        if d["status"] not in DROPPED:
+            continue
+        if reanchoring(st):
+            what = "already made by the patches below it" if d["status"] == "upstreamed" else d["status"]
+            why[d["name"]] = f"{what} in the re-anchoring (forktool apply --reanchor)"
         else:
-            out.append(line)
-    return "\n".join(out) + "\n"
+            why[d["name"]] = f"{d['status']} in the sync to {st['to_spec']} (forktool sync)"
+    return comment_out(project.series_file.read_text(encoding="utf-8"), why)
 
 
 # ---------------------------------------------------------------- moving the tree
@@ -486,10 +483,18 @@ def _load_via_file(text: str, path: Path) -> Registry:
 # ---------------------------------------------------------------- the commands
 
 
+def recover(project: Project) -> list[str]:
+    """Finish every interrupted transaction a sync can leave, under the project lock the caller holds: the tree's
+    (apply's journal), the loop's (.opencoti/sync/txn) and --accept's (.opencoti/sync-txn)."""
+    notes = [txn.recover(project.tree, project.state_dir, "state"),
+             txn.recover(project.root, sync_dir(project), "sync-state"),
+             txn.recover(project.root, accept_journal(project))]
+    return [n for n in notes if n]
+
+
 def _recover(project: Project, progress: Progress) -> None:
-    for note in (txn.recover(project.tree, project.state_dir), txn.recover(project.root, sync_dir(project), "sync-state")):
-        if note:
-            progress(note)
+    for note in recover(project):
+        progress(note)
 
 
 def _project_manifest(project: Project) -> Manifest:
