@@ -53,7 +53,10 @@ def sync(project: Project, spec: str, *, build: bool, out: Path,
 
     prefix = f"{old.name}/"
     progress("relocating hook sites")
-    hooks, registry_yaml = relocate_hooks(project, result_read, target.manifest, prefix)
+    # the loop's relocator: the proposal is what a move with these results would write
+    hooks, registry_yaml = relocate_hooks(project, result_read, target.manifest, prefix, final,
+                                          {r.patch.id: r.refreshed for r in results if r.refreshed is not None},
+                                          {r.patch.id for r in results if r.status == "upstreamed"})
     t_hooks = time.monotonic()
     drift = build_file_drift(old_read, new_read, sorted(pinned), sorted(target.manifest), prefix)
     series_text = _series_text(results, project.series_file.read_text(encoding="utf-8"), target.new.spec)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import json
 import shutil
@@ -25,7 +24,7 @@ from forktool.series import Patch
 from forktool.state import State, state_bytes
 from forktool.sync.accept import _repin_text, accept_journal, comment_out
 from forktool.sync.fetch import fetch_target, resolve_spec
-from forktool.sync.relocate import relocate
+from forktool.sync.relocate import relocate_registry
 from forktool.sync.rerere import Memory
 from forktool.sync.trial import LABELS, HunkSide, OldSide, _conflict_blocks, classify, rebase
 from forktool.tree import (
@@ -375,63 +374,19 @@ def _keep_undo(project: Project, st: dict) -> None:
 
 def _relocated_registry(project: Project, ctx: Context, final: dict[str, bytes | None], active: list[Patch],
                         st: dict) -> tuple[str, str] | None:
-    """(UPSTREAM_SYNC.yaml, UPSTREAM_SYNC.md) on the new base, None without a registry: each hook's sites are
-    where its markers now stand (found sites keep their place in the list with the symbol's new line, sites
-    whose symbol holds no marker any more go, symbols that gained one are added), dropped patches' entries
-    go, and each kept patch's files and build impact come from its rebased form."""
-    path = project.registry_dir / "UPSTREAM_SYNC.yaml"
-    if not path.is_file():
-        return None
-    from forktool import registry as rg
-    from forktool import symbols
-    from forktool.impact import impacts_for
-    from forktool.markers import scan_file
+    """(UPSTREAM_SYNC.yaml, UPSTREAM_SYNC.md) on the new base by the one relocator the trial also uses
+    (relocate.relocate_registry), None without a registry; the YAML keeps its comments and layout."""
     from forktool.regcheck import render_md
 
     def read(rel: str) -> bytes | None:
         return final[rel] if rel in final else ctx.new_read(rel)
 
-    hooks, reg = relocate(project, read, ctx.new_manifest, f"{st['component']}/")
-    if reg is None:
-        st["hooks"] = hooks
-        return None
-    held: dict[str, dict[tuple[str, str], int]] = {}  # hook -> (file, symbol) -> advisory line
-    for rel, data in sorted(final.items()):
-        for m in scan_file(rel, data or b""):
-            sym = symbols.site_symbol(data or b"", m.line)
-            line = m.line if sym == symbols.FILE_SCOPE else (symbols.find_symbol(data or b"", sym) or m.line)
-            held.setdefault(m.hook, {}).setdefault((rel, sym), line)
-    for hid, hook in list(reg.hooks.items()):
-        here = held.get(hid)
-        if not here:
-            continue  # no marker left at all: the registry check says so; a human decides
-        sites = [s for s in hook.sites if (s.file, s.symbol) in here]
-        known = {(s.file, s.symbol) for s in sites}
-        for s in hook.sites:
-            if (s.file, s.symbol) not in here:
-                for row in hooks["sites"]:
-                    if (row["hook"], row["file"], row["symbol"]) == (hid, s.file, s.symbol):
-                        row.update(new_file=None, new_line=None, status="dropped")
-        for (f, sym), line in sorted(here.items()):
-            if (f, sym) in known:
-                continue
-            # before the first site of the same file that stands further down, else after that file's last
-            same = [i for i, x in enumerate(sites) if x.file == f]
-            later = [i for i in same if (x := sites[i].line) is not None and x > line]
-            at = later[0] if later else (same[-1] + 1 if same else len(sites))
-            sites.insert(at, rg.Site(f, sym, line))
-            hooks["sites"].append({"hook": hid, "patch": hook.patch, "symbol": sym, "file": None,
-                                   "line": None, "new_file": f, "new_line": line, "status": "added"})
-        reg.hooks[hid] = dataclasses.replace(hook, sites=tuple(sites))
-    st["hooks"] = hooks
     keep = {p.id: p for p in active}
-    dropped_hooks = {h for e in reg.patches if e.id not in keep for h in e.hooks}
-    reg.patches[:] = [dataclasses.replace(e, files=tuple(keep[e.id].paths),
-                                          build_impact=tuple(impacts_for(project, keep[e.id].paths)))
-                      for e in reg.patches if e.id in keep]
-    for h in dropped_hooks:
-        reg.hooks.pop(h, None)
-    return _registry_text(path.read_text(encoding="utf-8"), reg), render_md(reg)
+    hooks, reg = relocate_registry(project, read, ctx.new_manifest, f"{st['component']}/", final, keep, None)
+    st["hooks"] = hooks
+    if reg is None:
+        return None
+    return _registry_text(reg.path.read_text(encoding="utf-8"), reg), render_md(reg)
 
 
 def _registry_text(text: str, reg: Registry) -> str:
