@@ -244,7 +244,9 @@ SYNC_STOP = obj({
         ["file", "status", "reason", "hunks", "blocks"])},
     # a stop is a conflict, or a 3-way merge to review (its hunks, and the diff digest that --continue keeps)
     "kind": {"enum": ["conflict", "merged"]}, "review": {"type": "string", "maxLength": 32 << 20},
-    "merged_diff_sha256": SHA256},
+    "merged_diff_sha256": SHA256,
+    # files put back whole as the maintainer left them when the same stop read the same before
+    "remembered_files": {"type": "array", "maxItems": 100_000, "items": REL_PATH}},
     ["id", "name", "title", "files"])
 SYNC_STATE = obj({
     "version": {"const": 1, "type": "integer", "x-error": "unsupported sync state version (expected 1)"},

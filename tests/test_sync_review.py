@@ -159,7 +159,7 @@ def test_resolutions_are_remembered_across_abort(moved_plain):
     proj.run("sync", "--to", commit, "--start", expect=1)
     resolve(proj)
     _, _, err = proj.run("sync", "--abort")
-    assert "kept 1 remembered resolution" in err and "learnt from this stop" in err
+    assert "kept 2 remembered resolution(s)" in err and "2 learnt from this stop" in err  # the block, the file
     assert everything(proj) == before
     code, out, err = proj.run("sync", "--to", commit, "--start", "--json", expect=1)
     data = json.loads(out)
@@ -194,3 +194,27 @@ def test_labels_name_the_earlier_resolution(proj: Proj):
     assert "<<<<<<< patch (on the pinned upstream)\n" in text
     assert "||||||| pinned upstream + 0002\n" in text
     assert ">>>>>>> new upstream + 0002 as you resolved it\n" in text
+
+
+def test_edits_outside_the_blocks_come_back_at_the_same_stop(moved_plain):
+    """What no conflict block shows (a line further down, a file the patch does not touch) is remembered per file
+    and put back when the same stop reads the same file again; the patch made from it is the same bytes."""
+    proj, commit, before = moved_plain
+    proj.run("sync", "--to", commit, "--start", expect=1)
+    resolve(proj)
+    proj.edit("up/src/a.c", "// filler 30\n", "// filler 30, fixed by hand\n")
+    proj.edit("up/include/c.h", "int a(void);\n", "int a(void); // now returns 20\n")
+    proj.run("sync", "--continue")
+    by_hand = {p.name: p.read_bytes() for p in (proj.root / "patches").iterdir()}
+    assert b"+int a(void); // now returns 20" in by_hand["0002-a.patch"]  # the outside edit joined the patch
+    proj.run("sync", "--undo")
+    assert everything(proj) == before
+    code, out, err = proj.run("sync", "--to", commit, "--start", "--json", expect=1)
+    stop = json.loads(out)["stop"]
+    assert stop["id"] == "0002" and stop["remembered_files"] == ["up/include/c.h", "up/src/a.c"]
+    assert "now returns 20" in (proj.tree / "up/include/c.h").read_text()
+    _, _, err = proj.run("status")
+    assert "2 file(s) put back as you left them" in err
+    proj.run("sync", "--continue")
+    assert {p.name: p.read_bytes() for p in (proj.root / "patches").iterdir()} == by_hand
+    proj.run("verify")

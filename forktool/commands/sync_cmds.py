@@ -112,6 +112,10 @@ def loop_lines(st: dict) -> list[str]:
             lines += [f"    {output.escape(ln)}" for ln in body[:REVIEW_LINES_MAX] if ln]
             if len(body) > REVIEW_LINES_MAX:
                 lines.append(f"    ... {len(body) - REVIEW_LINES_MAX} more line(s): `git diff --no-index` or the tree")
+    if stop and st["stage"] == "stopped" and stop.get("remembered_files"):
+        shown = ", ".join(stop["remembered_files"][:5]) + (" ..." if len(stop["remembered_files"]) > 5 else "")
+        lines.append(f"  {len(stop['remembered_files'])} file(s) put back as you left them when this stop read "
+                     f"the same before (edits outside the blocks too; check them): {shown}")
     names = [n for n, _ in st["original"]]
     rest = names[st["position"] + (1 if stop and st["stage"] == "stopped" else 0):]
     if rest and st["stage"] == "stopped":

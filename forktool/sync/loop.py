@@ -239,18 +239,30 @@ def _run(project: Project, st: dict, pending: dict[str, bytes], progress: Progre
             again = rebase(p, {rel: cur(rel) for rel in c.after}, c.after, ctx.mode_of)
         if c.status == "conflict" or (c.status == "merged" and st.get("review_merged", True)):
             overlay.update(c.after)
+            # each file as the stop leaves it before any memory: what the resolutions are learnt against
+            images: dict[str, bytes | None] = {**c.after, **c.conflicted}
             remembered: dict[str, int] = {}
             for rel, data in c.conflicted.items():
                 data, remembered[rel] = mem.replay(data)
                 overlay[rel] = data
-                atomic_write(_preimage(project, rel), data)
+            whole = []
+            for rel in mem.file_names(p.id):
+                image = images[rel] if rel in images else cur(rel)
+                again_file = mem.get_file(p.id, rel, image) if image is not None else None
+                if again_file is not None and again_file != cur(rel):
+                    images[rel] = image
+                    overlay[rel] = again_file
+                    whole.append(rel)
+            for rel, image in images.items():
+                if image is not None:
+                    atomic_write(_preimage(project, rel), image)
             st["stop"] = {"id": p.id, "name": p.name, "title": p.title, "kind": c.status,
                           "files": [{"file": f.path, "status": f.status, "reason": f.reason,
                                      "hunks": [h for h in f.hunks if h["how"] != "exact"],
                                      "blocks": [b["line"] for b in _conflict_blocks(overlay[f.path] or b"")]
                                      if f.path in c.conflicted else [],
                                      "remembered": remembered.get(f.path, 0)}
-                                    for f in c.files if f.status != "clean"]}
+                                    for f in c.files if f.status != "clean"], "remembered_files": sorted(whole)}
             if again is not None:  # a merge to review: its hunks, and the form that --continue keeps as merged
                 merged = {f.path for f in c.files if f.status == "merged"}
                 st["stop"]["review"] = series.with_files(again, [fd for fd in again.files
@@ -626,13 +638,7 @@ def continue_(project: Project, progress: Progress = lambda _m: None) -> dict:
             ctx = _context(project, st)
             k = st["position"]
             patch = _disk_patch(project, ctx.original[k].name, {})
-            before = apply_series(_done_patches(ctx, {}), ctx.new_read).files
-            expected = dict(ctx.new_manifest)
-            for rel, data in before.items():
-                if data is None:
-                    expected.pop(rel, None)
-                else:
-                    expected[rel] = Entry(sha256_bytes(data), ctx.mode_of(rel))
+            before, expected = _stop_base(ctx)
             current = scan(project.tree)
             changed = {rel for _, rel in diff_manifests(expected, current)}
             rels = sorted(set(patch.paths) | changed)
@@ -720,14 +726,42 @@ def _restore_writes(project: Project, st: dict) -> list[txn.Write]:
     return writes
 
 
+def _stop_base(ctx: Context) -> tuple[dict[str, bytes | None], Manifest]:
+    """The contents the carried patches give (files they touch) and the whole tree they make, at a stop."""
+    before = apply_series(_done_patches(ctx, {}), ctx.new_read).files
+    expected = dict(ctx.new_manifest)
+    for rel, data in before.items():
+        if data is None:
+            expected.pop(rel, None)
+        else:
+            expected[rel] = Entry(sha256_bytes(data), ctx.mode_of(rel))
+    return before, expected
+
+
 def _harvest(project: Project, st: dict) -> int:
-    """Learn the resolutions made so far at the stop (blocks whose markers are gone); how many were new."""
+    """Learn the resolutions made so far at the stop: each block whose markers are gone, and each file changed
+    since the stop left it, as a whole (what conflicts no block shows); how many were new."""
     mem = memory(project)
+    ctx = _context(project, st)
+    before, expected = _stop_base(ctx)
+    current = scan(project.tree)
+    rels = {f["file"] for f in (st.get("stop") or {}).get("files", [])}
+    rels |= {rel for _, rel in diff_manifests(expected, current)}
     kept = 0
-    for f in (st.get("stop") or {}).get("files", []):
-        pre, now = _preimage(project, f["file"]), project.tree / f["file"]
-        if pre.is_file() and now.is_file() and not now.is_symlink():
-            kept += mem.harvest(pre.read_bytes(), now.read_bytes(), f"{st['stop']['id']} {f['file']}")
+    for rel in sorted(rels):
+        now = project.tree / rel
+        e = current.get(rel)
+        if e is None or e.mode == SYMLINK:
+            continue
+        post = now.read_bytes()
+        pre_path = _preimage(project, rel)
+        if pre_path.is_file():
+            pre: bytes | None = pre_path.read_bytes()
+            kept += mem.harvest(pre_path.read_bytes(), post, f"{st['stop']['id']} {rel}")
+        else:
+            pre = before[rel] if rel in before else ctx.new_read(rel)
+        if pre is not None and pre != post:
+            kept += mem.put_file(st["stop"]["id"], rel, pre, post)
     return kept
 
 

@@ -83,7 +83,45 @@ class Memory:
         return True
 
     def count(self) -> int:
-        return len(list(self.root.glob("*.json"))) if self.root.is_dir() else 0
+        """Remembered blocks and whole files."""
+        if not self.root.is_dir():
+            return 0
+        files = [p for p in (self.root / "files").glob("*/*") if p.name != "name.json"]
+        return len(list(self.root.glob("*.json"))) + len(files)
+
+    # whole files: how a file read when the stop at a patch left it, and how the maintainer left it (edits
+    # outside the conflict blocks included); given back only at a stop at the same patch where the same file
+    # reads exactly the same
+
+    def _file_dir(self, patch: str, rel: str) -> Path:
+        return self.root / "files" / hashlib.sha256(f"{patch}\0{rel}".encode()).hexdigest()
+
+    def put_file(self, patch: str, rel: str, pre: bytes, post: bytes) -> bool:
+        d = self._file_dir(patch, rel)
+        target = d / hashlib.sha256(pre).hexdigest()
+        if target.is_file() and target.read_bytes() == post:
+            return False
+        atomic_write(d / "name.json", json.dumps({"patch": patch, "file": rel}).encode())
+        atomic_write(target, post)
+        return True
+
+    def get_file(self, patch: str, rel: str, pre: bytes) -> bytes | None:
+        try:
+            return (self._file_dir(patch, rel) / hashlib.sha256(pre).hexdigest()).read_bytes()
+        except OSError:
+            return None
+
+    def file_names(self, patch: str) -> list[str]:
+        """The files with a remembered whole-file resolution at a stop at this patch."""
+        out = []
+        for d in sorted((self.root / "files").glob("*/name.json")) if (self.root / "files").is_dir() else []:
+            try:
+                raw = json.loads(d.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if isinstance(raw, dict) and raw.get("patch") == patch and isinstance(raw.get("file"), str):
+                out.append(raw["file"])
+        return out
 
     def replay(self, merged: bytes) -> tuple[bytes, int]:
         """The merge result with every block this memory knows replaced by its resolution; (text, how many)."""
