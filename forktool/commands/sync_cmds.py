@@ -61,7 +61,10 @@ NEXT = ("edit the files above (each `<<<<<<< patch` ... `>>>>>>> new upstream` b
         "{id}; `forktool sync --abort` puts pin, lock, patches and tree back as they were")
 REVIEW = ("review the merged hunks above in the tree (edit them if the merge is wrong), then run `forktool sync "
           "--continue`; `forktool sync --skip` drops {id}; `forktool sync --abort` puts pin, lock, patches and tree "
-          "back as they were (`--no-review-merged` at the start carries merges without stopping)")
+          "back as they were")
+REMEMBERED = ("check the files above (every conflict block was resolved as you resolved it before), then run "
+              "`forktool sync --continue`; `forktool sync --skip` drops {id}; `forktool sync --abort` puts pin, lock, "
+              "patches and tree back as they were")
 REVIEW_LINES_MAX = 60
 
 
@@ -73,7 +76,13 @@ def _title(st: dict) -> str:
 
 def _next(st: dict) -> str:
     stop = st["stop"]
-    return (REVIEW if stop.get("kind") == "merged" else NEXT).format(id=stop["id"])
+    if stop.get("kind") == "merged":
+        # only `sync --start` takes --no-review-merged: `apply --reanchor` always stops at a merge
+        return REVIEW.format(id=stop["id"]) + ("" if st.get("kind") == "reanchor" else
+                                                " (`--no-review-merged` at the start carries merges without stopping)")
+    if not any(f["blocks"] for f in stop["files"]) and any(f.get("remembered") for f in stop["files"]):
+        return REMEMBERED.format(id=stop["id"])
+    return NEXT.format(id=stop["id"])
 
 
 def _summary(st: dict) -> dict:

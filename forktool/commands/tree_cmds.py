@@ -78,7 +78,9 @@ def unapply(project: Project, to: str | None, force: bool) -> Report:
 
 
 def status(project: Project) -> Report:
-    if (project.state_dir / "sync" / "state.json").is_file():  # a sync in progress: say where it stands
+    from forktool.state import sync_state_path
+
+    if sync_state_path(project.state_dir).is_file():  # a sync in progress: say where it stands
         from forktool.commands import sync_cmds
         rep = sync_cmds.status_report(project)
         if rep is not None:

@@ -21,7 +21,7 @@ from forktool.errors import ConfigError, DirtyTreeError, ForktoolError, UsageErr
 from forktool.project import Component, Project
 from forktool.registry import Registry
 from forktool.series import Patch
-from forktool.state import State, state_bytes
+from forktool.state import State, state_bytes, sync_state_path
 from forktool.sync.accept import _repin_text, accept_journal, comment_out
 from forktool.sync.fetch import fetch_target, resolve_spec
 from forktool.sync.relocate import relocate_registry
@@ -53,11 +53,11 @@ Progress = Callable[[str], None]
 
 def sync_dir(project: Project) -> Path:
     """Beside the apply journal: the loop's state file and its own journal (txn/)."""
-    return project.state_dir / "sync"
+    return sync_state_path(project.state_dir).parent
 
 
 def state_path(project: Project) -> Path:
-    return sync_dir(project) / "state.json"
+    return sync_state_path(project.state_dir)
 
 
 def undo_path(project: Project) -> Path:
