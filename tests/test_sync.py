@@ -374,3 +374,17 @@ def test_an_interrupted_accept_is_rolled_forward_under_the_lock(tmp_path, upstre
     assert "roll" in r.stderr.lower() or "interrupted" in r.stderr.lower(), r.stderr
     assert f"commit: {c2}\n" in project.vendor_yaml.read_text()
     assert not any((project.state_dir / "sync-txn").rglob("plan.json"))  # the journal is done
+
+
+def test_hook_sites_of_a_patch_that_did_not_apply_are_not_checked(project, upstream, tmp_path):
+    """A site looked for in a tree without its patch (conflict, blocked) is `not_checked`, never `vanished`."""
+    _, _, c2 = upstream
+    (project.registry_dir / "UPSTREAM_SYNC.yaml").write_text(
+        "schema: 1\npatches: []\nhooks:\n"
+        "  gone:\n    patch: '0001'\n    sites:\n      - {file: llama.cpp/src/a.c, symbol: nowhere_fn, line: 9}\n"
+        "  d2:\n    patch: '0006'\n    sites:\n      - {file: llama.cpp/src/d.c, symbol: d_new_fn, line: 3}\n")
+    res = fsync.sync(project, c2, build=False, out=tmp_path / "out")
+    sites = {s["hook"]: s for s in res.hooks["sites"]}
+    assert sites["gone"]["status"] == "vanished"  # its patch applied: the symbol really is gone
+    assert sites["d2"]["status"] == "not_checked" and "0006 is blocked" in sites["d2"]["reason"]
+    assert res.needs_human

@@ -57,6 +57,11 @@ def sync(project: Project, spec: str, *, build: bool, out: Path,
     hooks, registry_yaml = relocate_hooks(project, result_read, target.manifest, prefix, final,
                                           {r.patch.id: r.refreshed for r in results if r.refreshed is not None},
                                           {r.patch.id for r in results if r.status == "upstreamed"})
+    # a site whose patch did not apply was looked for in a tree without that patch: not checked, not vanished
+    unapplied = {r.patch.id: r.status for r in results if r.status in ("conflict", "blocked")}
+    for row in hooks.get("sites", []):
+        if row["status"] == "vanished" and row["patch"] in unapplied:
+            row.update(status="not_checked", reason=f"patch {row['patch']} is {unapplied[row['patch']]} here")
     t_hooks = time.monotonic()
     drift = build_file_drift(old_read, new_read, sorted(pinned), sorted(target.manifest), prefix)
     series_text = _series_text(results, project.series_file.read_text(encoding="utf-8"), target.new.spec)
