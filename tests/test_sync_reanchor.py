@@ -80,6 +80,8 @@ def test_a_clash_stops_with_conflict_blocks(proj: Proj, then: str):
     text = (proj.tree / "up/src/b.c").read_text()
     assert "<<<<<<< patch (as written)\n" in text and "||||||| the context it was written against\n" in text
     assert ">>>>>>> the tree now (with 0001)\n" in text
+    _, _, err = proj.run("status")
+    assert "`>>>>>>> the tree now` block: keep what the patch means on the edited patches below it" in err
     proj.run("sync", "--continue", expect=1)  # blocks left: refused
     if then == "--abort":
         proj.run("sync", "--abort")

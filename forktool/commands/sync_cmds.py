@@ -82,6 +82,9 @@ def _next(st: dict) -> str:
                                                 " (`--no-review-merged` at the start carries merges without stopping)")
     if not any(f["blocks"] for f in stop["files"]) and any(f.get("remembered") for f in stop["files"]):
         return REMEMBERED.format(id=stop["id"])
+    if st.get("kind") == "reanchor":
+        return NEXT.format(id=stop["id"]).replace("`>>>>>>> new upstream`", "`>>>>>>> the tree now`").replace(
+            "on the new upstream", "on the edited patches below it")
     return NEXT.format(id=stop["id"])
 
 
