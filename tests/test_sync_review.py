@@ -218,3 +218,18 @@ def test_edits_outside_the_blocks_come_back_at_the_same_stop(moved_plain):
     proj.run("sync", "--continue")
     assert {p.name: p.read_bytes() for p in (proj.root / "patches").iterdir()} == by_hand
     proj.run("verify")
+
+
+@pytest.mark.parametrize("point", ["staging", "committed", "replacing", "state-written"])
+def test_a_killed_undo_is_finished_by_the_next(reg_moved, point):
+    proj, commit, before = reg_moved
+    proj.run("sync", "--to", commit, "--start", expect=1)
+    resolve(proj)
+    proj.run("sync", "--continue")
+    r = proj.sub("sync", "--undo", env={"FORKTOOL_FAULT": point})
+    assert r.returncode == 137, r.stderr
+    r = proj.sub("sync", "--undo")
+    assert r.returncode == 0, r.stderr
+    assert snapshot(proj) == before
+    assert proj.sub("verify").returncode == 0
+    assert "no finished sync to undo" in proj.sub("sync", "--undo").stderr

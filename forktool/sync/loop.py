@@ -522,6 +522,12 @@ def undo(project: Project, progress: Progress = lambda _m: None) -> dict:
                                 details=[f".opencoti/vendor-backups/{rec['backups']['tree']}",
                                          f".opencoti/sync-backups/{rec['backups']['project']}"],
                                 hint="nothing was changed; put the pin, lock, patches and registry back from git")
+        writes = _restore_writes(project, rec)
+        if not writes:  # already as before the start: an undo killed after its transaction; only the record is left
+            undo_path(project).unlink()
+            state_path(project).unlink(missing_ok=True)
+            return {"stage": "undone", "state": rec, "written": 0, "tree_digest": digest(scan(project.tree)),
+                    "backups": rec["backups"]}
         fin = rec["finished"]
         now = {rel: e.sha256 for rel, e in project_manifest(project).items()}
         moved = [rel for rel in sorted(set(now) | set(fin["files"])) if now.get(rel) != fin["files"].get(rel)]
@@ -533,7 +539,6 @@ def undo(project: Project, progress: Progress = lambda _m: None) -> dict:
                                 "it would lose them", where=str(project.root), details=moved,
                                 hint="nothing was changed; put them back as the finish left them (e.g. `forktool "
                                      "apply` for the tree), or restore the start's backups by hand")
-        writes = _restore_writes(project, rec)
         txn.commit(project.root, sync_dir(project), writes, dict(rec, stage="aborted"))
         undo_path(project).unlink()
         state_path(project).unlink(missing_ok=True)
