@@ -235,13 +235,14 @@ def load_for_restore(path: Path, pristine_get, state_schema: str | None = None
 
 def in_use(project: Project) -> set[Path]:
     """The backups an operation may still restore, which prune must keep: those of a sync that is in progress
-    (starting, stopped, finishing) and of the last finished sync, which can still be undone.
+    (starting, stopped, finishing: state.json) and of the last finished sync, which `sync --undo` can still take
+    back (undo.json).
 
     Read from the sync's own state files, each checked against its schema; one that cannot be read is refused
     rather than guessed at, so prune never deletes on a misreading."""
     sync = project.sync_dir
     needed: set[Path] = set()
-    for name in ("state.json", "last.json"):
+    for name in ("state.json", "undo.json"):
         path = sync / name
         try:
             st = schema.load_sync_state(path, project.state_dir)

@@ -157,10 +157,11 @@ def _gates(p: Project, o: Opts) -> Report:
 
 def _sync(p: Project, o: Opts) -> Report:
     from forktool.commands import sync_cmds
-    actions = [a for a in ("start", "continue", "skip", "abort") if o[a.replace("continue", "cont")]]
+    actions = [a for a in ("start", "continue", "skip", "abort", "undo") if o[a.replace("continue", "cont")]]
     from forktool.sync.fetch import spec_with
     to = spec_with(_opt(o, "to"), _opt(o, "subdir"), _opt(o, "sha256"), _opt(o, "upstream_commit"))
-    return sync_cmds.dispatch(p, to, bool(o["accept"]), bool(o["build"]), _str(o, "out"), actions)
+    return sync_cmds.dispatch(p, to, bool(o["accept"]), bool(o["build"]), _str(o, "out"), actions,
+                              bool(o["review_merged"]))
 
 
 def _markers(p: Project, o: Opts) -> Report:
@@ -256,7 +257,7 @@ COMMANDS = [
              Param("gate", "--gate", kind="str", help="Only the gate with this name."),
              Param("list_only", "--list", help="List the gates and what they need."), JSON], _gates, moves=True),
     Command(("sync",), "Trial the whole series on another upstream (report + refreshed patches), or move the fork "
-            "there\n(--start, then --continue / --skip / --abort).",
+            "there\n(--start, then --continue / --skip / --abort; --undo after the finish).",
             [Param("to", "--to", kind="str", help="Another upstream, e.g. llama-cpp-python==0.3.35."),
              Param("accept", "--accept", help="Move the pin and the patches to SPEC when clean."),
              Param("build", "--build", off="--no-build", help="cpu build of the applied result."),
@@ -267,6 +268,10 @@ COMMANDS = [
              Param("cont", "--continue", help="Take the resolved tree for the stopped patch and go on."),
              Param("skip", "--skip", help="Drop the stopped patch (the series comments it out) and go on."),
              Param("abort", "--abort", help="Put pin, lock, patches, series and tree back as before --start."),
+             Param("undo", "--undo", help="Put a finished sync's pin, lock, patches, series, registry and tree back "
+                   "as before its start (until the next sync)."),
+             Param("review_merged", "--review-merged", off="--no-review-merged", default=True, help="With --start: "
+                   "stop at each patch carried by a 3-way merge for review."),
              Param("subdir", "--subdir", kind="str", help="Where the llama.cpp tree sits inside the --to source "
                    "(e.g. llama.cpp); found in it when not given."),
              Param("sha256", "--sha256", kind="str", help="The sha256 of a --to archive URL (required for one)."),

@@ -133,7 +133,7 @@ class Project(Record):
 
     @property
     def sync_dir(self) -> Path:
-        """A sync's own state (state.json, last.json) and journal (txn/)."""
+        """A sync's own state (state.json, undo.json) and journal (txn/)."""
         return self.state_dir / "sync"
 
     @property

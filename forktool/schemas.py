@@ -256,8 +256,14 @@ SYNC_STOP = obj({
             "offset": {"anyOf": [{"type": "null"}, {"type": "integer", "minimum": -100_000_000,
                                                     "maximum": 100_000_000}]}}, ["hunk", "how", "offset"])},
         "blocks": {"type": "array", "maxItems": 100_000, "items": {"type": "integer", "minimum": 1,
-                                                                   "maximum": 100_000_000}}},
-        ["file", "status", "reason", "hunks", "blocks"])}},
+                                                                   "maximum": 100_000_000}},
+        "remembered": COUNT},
+        ["file", "status", "reason", "hunks", "blocks"])},
+    # a stop is a conflict, or a 3-way merge to review (its hunks, and the diff digest that --continue keeps)
+    "kind": {"enum": ["conflict", "merged"]}, "review": {"type": "string", "maxLength": 32 << 20},
+    "merged_diff_sha256": SHA256,
+    # files put back whole as the maintainer left them when the same stop read the same before
+    "remembered_files": {"type": "array", "maxItems": 100_000, "items": REL_PATH}},
     ["id", "name", "title", "files"])
 SYNC_STATE = obj({
     "version": {"const": 1, "type": "integer", "x-error": "unsupported sync state version (expected 1)"},
@@ -273,6 +279,13 @@ SYNC_STATE = obj({
     "done": {"type": "array", "items": SYNC_DONE, "maxItems": 10_000},
     "stop": {"anyOf": [{"type": "null"}, SYNC_STOP]},
     "started": {"type": "string", "maxLength": 100},
+    "review_merged": {"type": "boolean"},
+    # a move onto another upstream, or `apply --reanchor` carrying the series onto its own edited patches
+    "kind": {"enum": ["upstream", "reanchor"]},
+    # undo.json only: what the finish left (every project file's sha256 and the tree digest)
+    "finished": obj({"tree_digest": SHA256, "files": {"type": "object", "propertyNames": REL_PATH,
+                                                      "additionalProperties": SHA256, "maxProperties": 1_000_000}},
+                    ["tree_digest", "files"]),
     "hooks": obj({"registry": {"type": "boolean"}, "error": TEXT,
                   "sites": {"type": "array", "maxItems": 1_000_000, "items": {"type": "object", "maxProperties": 20}}},
                  ["registry", "sites"]),

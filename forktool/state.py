@@ -56,8 +56,18 @@ def load_state(state_dir: Path, pristine_digest: str, tree: Path) -> State:
     return st
 
 
+def sync_state_path(state_dir: Path) -> Path:
+    """Where `forktool sync` (and `apply --reanchor`) records a move in progress, beside the apply journal."""
+    return state_dir / "sync" / "state.json"
+
+
+def state_bytes(state: State) -> bytes:
+    """The bytes save_state writes: a transaction that moves the tree writes the same bytes through its journal."""
+    return json.dumps(state.to_json(), indent=1, sort_keys=True).encode()
+
+
 def save_state(state_dir: Path, state: State) -> None:
-    atomic_write(state_dir / STATE_FILE, json.dumps(state.to_json(), indent=1, sort_keys=True).encode())
+    atomic_write(state_dir / STATE_FILE, state_bytes(state))
 
 
 def applied_stamp(project: Project) -> str:

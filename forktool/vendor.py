@@ -244,8 +244,13 @@ def load_pristine_manifest(path: Path, use_cache: bool = True) -> Manifest:
     return manifest
 
 
+def lock_bytes(lock: dict) -> bytes:
+    """vendor.lock's bytes: written directly here, or through a journal by a transaction that moves the pin."""
+    return (json.dumps(lock, indent=2, sort_keys=True) + "\n").encode()
+
+
 def write_lock(project: Project, lock: dict) -> None:
-    atomic_write(project.vendor_lock, (json.dumps(lock, indent=2, sort_keys=True) + "\n").encode())
+    atomic_write(project.vendor_lock, lock_bytes(lock))
 
 
 def component_lock_key(comp: Component) -> dict:

@@ -317,3 +317,56 @@ def test_build_is_skipped_when_patches_do_not_apply(project, upstream, tmp_path)
     res = fsync.sync(project, c2, build=True, out=tmp_path / "out")
     assert res.build["status"] == "skipped"
     assert not (tmp_path / "out" / "build-project").exists()
+
+
+def test_the_trial_looks_past_a_conflict(project, upstream, tmp_path):
+    """A patch blocked by a conflict is still tried, on the conflicting patch's own side, so the report shows what
+    the move will meet after that conflict is resolved."""
+    _, _, c2 = upstream
+    out = tmp_path / "out"
+    rep = sync_cmds.sync(project, c2, accept=False, build=False, out=str(out))
+    blocked = next(p for p in rep.data["patches"] if p["id"] == "0006")
+    assert blocked["status"] == "blocked" and blocked["blocked_by"] == ["0004"]
+    assert blocked["ahead"]["status"] == "clean" and "0004" in blocked["ahead"]["assumes"]
+    assert "0006 blocked one by 0004 (ahead: clean)" in "\n".join(rep.lines)
+    assert "(ahead: clean)" in (out / "report.md").read_text()
+    assert rep.data["acceptable"] is False and rep.exit_code == 1  # still blocked: nothing is taken from a guess
+
+
+def test_the_own_side_stand_in():
+    merged = (b"a\n<<<<<<< patch\nours 1\nours 2\n||||||| base\nbase\n=======\ntheirs\n>>>>>>> new\nb\n"
+              b"<<<<<<< patch\n=======\nonly theirs\n>>>>>>> new\n")
+    assert fsync.own_side(merged) == b"a\nours 1\nours 2\nb\n"
+
+
+def test_an_interrupted_accept_is_rolled_forward_under_the_lock(tmp_path, upstream):
+    """--accept killed after its journal committed: the next sync (trial or loop) finishes it before anything."""
+    repo, c1, c2 = upstream
+    patches = [p for p in series_for(OLD_FILES) if p.id in ("0001", "0002", "0003", "0005", "0007")]
+    project = write_project(tmp_path / "proj", component_yaml(repo.working_tree_dir, c1), patches)
+    env = dict(os.environ, FORKTOOL_ROOT=str(project.root), FORKTOOL_FAULT="committed")
+    r = subprocess.run([sys.executable, "-m", "forktool", "sync", "--to", c2, "--accept"], env=env,
+                       capture_output=True, text=True)
+    assert r.returncode == 137, r.stderr
+    assert c1 in project.vendor_yaml.read_text()  # killed before the pin moved
+    env.pop("FORKTOOL_FAULT")
+    r = subprocess.run([sys.executable, "-m", "forktool", "sync", "--to", c2, "--out", str(tmp_path / "again")],
+                       env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "roll" in r.stderr.lower() or "interrupted" in r.stderr.lower(), r.stderr
+    assert f"commit: {c2}\n" in project.vendor_yaml.read_text()
+    assert not any((project.state_dir / "sync-txn").rglob("plan.json"))  # the journal is done
+
+
+def test_hook_sites_of_a_patch_that_did_not_apply_are_not_checked(project, upstream, tmp_path):
+    """A site looked for in a tree without its patch (conflict, blocked) is `not_checked`, never `vanished`."""
+    _, _, c2 = upstream
+    (project.registry_dir / "UPSTREAM_SYNC.yaml").write_text(
+        "schema: 1\npatches: []\nhooks:\n"
+        "  gone:\n    patch: '0001'\n    sites:\n      - {file: llama.cpp/src/a.c, symbol: nowhere_fn, line: 9}\n"
+        "  d2:\n    patch: '0006'\n    sites:\n      - {file: llama.cpp/src/d.c, symbol: d_new_fn, line: 3}\n")
+    res = fsync.sync(project, c2, build=False, out=tmp_path / "out")
+    sites = {s["hook"]: s for s in res.hooks["sites"]}
+    assert sites["gone"]["status"] == "vanished"  # its patch applied: the symbol really is gone
+    assert sites["d2"]["status"] == "not_checked" and "0006 is blocked" in sites["d2"]["reason"]
+    assert res.needs_human

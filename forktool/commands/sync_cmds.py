@@ -27,6 +27,9 @@ def sync(project: Project, spec: str, accept: bool, build: bool, out: str) -> Re
             extra = " " + ", ".join(f"{d['file']}#{d['hunk']}{d['offset']:+d}" for d in r.drift)
         elif r.status == "blocked":
             extra = f" by {', '.join(r.blocked_by)}"
+            if r.ahead:
+                blocks = sum(len(f["conflicts"]) for f in r.ahead["files"])
+                extra += f" (ahead: {r.ahead['status']}" + (f", {blocks} block(s)" if blocks else "") + ")"
         elif r.status in ("merged", "conflict", "upstreamed"):
             extra = " " + ", ".join(f"{f.path}: {f.status}" for f in r.files if f.status != "clean")
         lines.append(f"[{colour[r.status]}]{r.status:>10}[/{colour[r.status]}] {r.patch.id} {r.patch.title}{extra}")
@@ -59,6 +62,33 @@ def sync(project: Project, spec: str, accept: bool, build: bool, out: str) -> Re
 NEXT = ("edit the files above (each `<<<<<<< patch` ... `>>>>>>> new upstream` block: keep what the patch means on "
         "the new upstream, delete the markers), then run `forktool sync --continue`; `forktool sync --skip` drops "
         "{id}; `forktool sync --abort` puts pin, lock, patches and tree back as they were")
+REVIEW = ("review the merged hunks above in the tree (edit them if the merge is wrong), then run `forktool sync "
+          "--continue`; `forktool sync --skip` drops {id}; `forktool sync --abort` puts pin, lock, patches and tree "
+          "back as they were")
+REMEMBERED = ("check the files above (every conflict block was resolved as you resolved it before), then run "
+              "`forktool sync --continue`; `forktool sync --skip` drops {id}; `forktool sync --abort` puts pin, lock, "
+              "patches and tree back as they were")
+REVIEW_LINES_MAX = 60
+
+
+def _title(st: dict) -> str:
+    if st.get("kind") == "reanchor":
+        return "re-anchoring the series onto its edited patches (forktool apply --reanchor)"
+    return f"sync {st['from_spec']} -> {st['to_spec']}"
+
+
+def _next(st: dict) -> str:
+    stop = st["stop"]
+    if stop.get("kind") == "merged":
+        # only `sync --start` takes --no-review-merged: `apply --reanchor` always stops at a merge
+        return REVIEW.format(id=stop["id"]) + ("" if st.get("kind") == "reanchor" else
+                                                " (`--no-review-merged` at the start carries merges without stopping)")
+    if not any(f["blocks"] for f in stop["files"]) and any(f.get("remembered") for f in stop["files"]):
+        return REMEMBERED.format(id=stop["id"])
+    if st.get("kind") == "reanchor":
+        return NEXT.format(id=stop["id"]).replace("`>>>>>>> new upstream`", "`>>>>>>> the tree now`").replace(
+            "on the new upstream", "on the edited patches below it")
+    return NEXT.format(id=stop["id"])
 
 
 def _summary(st: dict) -> dict:
@@ -70,7 +100,7 @@ def _summary(st: dict) -> dict:
 
 def loop_lines(st: dict) -> list[str]:
     """Where a sync stands: done patches with their status, the stop with files, hunks and blocks."""
-    lines = [f"sync {st['from_spec']} -> {st['to_spec']}: {st['stage']}"]
+    lines = [f"{_title(st)}: {st['stage']}"]
     colour = {"clean": "green", "offset": "yellow", "merged": "yellow", "resolved": "cyan", "upstreamed": "cyan",
               "skipped": "magenta"}
     for d in st["done"]:
@@ -80,14 +110,29 @@ def loop_lines(st: dict) -> list[str]:
         lines += [f"             [yellow]api drift[/yellow]: {a}" for a in d.get("api", [])]
     stop = st.get("stop")
     if stop and st["stage"] == "stopped":
-        lines.append(f"  [red]{'conflict':>10}[/red] {stop['id']} {stop['title']}")
+        kind = stop.get("kind", "conflict")
+        word = "[red]  conflict[/red]" if kind == "conflict" else "[yellow]    review[/yellow]"
+        lines.append(f"  {word} {stop['id']} {stop['title']}" + (" (a 3-way merge without conflict: look at it "
+                                                                 "before it is carried)" if kind == "merged" else ""))
         lines += [f"             [yellow]api drift[/yellow]: {a}" for a in stop.get("api", [])]
         for f in stop["files"]:
             hunks = ", ".join(f"#{h['hunk']} {h['how']}" for h in f["hunks"])
             blocks = ", ".join(str(n) for n in f["blocks"])
             what = f"{f['status']}" + (f", hunks {hunks}" if hunks else "") + \
                 (f"; conflict block(s) at line {blocks}" if blocks else "")
+            if f.get("remembered"):
+                what += f"; {f['remembered']} block(s) resolved as you resolved them before (check them)"
             lines.append(f"             vendor/llamafile/{f['file']}: {what}")
+        if kind == "merged" and stop.get("review"):
+            review = stop["review"].split("\n")
+            body = review[next((i for i, ln in enumerate(review) if ln.startswith("diff --git")), 0):]
+            lines += [f"    {output.escape(ln)}" for ln in body[:REVIEW_LINES_MAX] if ln]
+            if len(body) > REVIEW_LINES_MAX:
+                lines.append(f"    ... {len(body) - REVIEW_LINES_MAX} more line(s): `git diff --no-index` or the tree")
+    if stop and st["stage"] == "stopped" and stop.get("remembered_files"):
+        shown = ", ".join(stop["remembered_files"][:5]) + (" ..." if len(stop["remembered_files"]) > 5 else "")
+        lines.append(f"  {len(stop['remembered_files'])} file(s) put back as you left them when this stop read "
+                     f"the same before (edits outside the blocks too; check them): {shown}")
     names = [n for n, _ in st["original"]]
     rest = names[st["position"] + (1 if stop and st["stage"] == "stopped" else 0):]
     if rest and st["stage"] == "stopped":
@@ -95,80 +140,118 @@ def loop_lines(st: dict) -> list[str]:
     return lines
 
 
-def sync_loop(project: Project, action: str, spec: str | None) -> Report:
+def _verify_lines(v: dict) -> list[str]:
+    if v.get("ok"):
+        reg = v.get("registry")
+        return ([f"{v['exported']} applied patch(es) re-exported byte for byte", f"tree digest {v['tree_digest'][:12]}"
+                 + (" equals vendor.lock's record for this series" if v["full_series"] else " (series not fully applied)")]
+                + ([f"registry: OK ({reg['patches']} patches, {reg['hooks']} hooks, all markers at their sites)"]
+                   if reg else []) + [f"advisory: {a}" for a in v.get("advisories", [])] + ["verify: OK"])
+    return [f"verify failed: {len(v['problems'])} difference(s)"] + \
+        [f"  {p['where']}: {p['what']}" for p in v["problems"]]
+
+
+def _finish_report(project: Project, st: dict, res: dict) -> tuple[list[str], list[str], Path]:
+    """(short summary for the terminal, every detail for the report file, that file's path)."""
     from forktool.sync import loop
-    fn = {"start": lambda: loop.start(project, spec, output.info), "continue": lambda: loop.continue_(
-        project, output.info), "skip": lambda: loop.skip(project, output.info),
-        "abort": lambda: loop.abort(project, output.info)}[action]
-    res = fn()
-    if res["stage"] == "finished":
-        _verify_and_plan(project, res)
+    counts: dict[str, int] = {}
+    for d in st["done"]:
+        counts[d["status"]] = counts.get(d["status"], 0) + 1
+    hooks = st.get("hooks", {}).get("sites", [])
+    moved: dict[str, int] = {}
+    for h in hooks:
+        moved[h["status"]] = moved.get(h["status"], 0) + 1
+    reg_diff = loop.registry_diff(project, st)
+    v = res.get("verify", {})
+    plan = res.get("build_plan", {})
+    path = loop.report_path(project)
+    short = [f"{_title(st)}: finished; {len(st['done'])} patch(es): "
+             + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))]
+    looked = [d for d in st["done"] if d["status"] in ("resolved", "merged", "skipped", "upstreamed")]
+    for d in looked[:6]:
+        short.append(f"  {d['status']:>10} {d['id']} {d['name']}")
+    if len(looked) > 6:
+        short.append(f"  ... {len(looked) - 6} more in the report")
+    if hooks:
+        short.append("hook sites: " + ", ".join(f"{n} {k}" for k, n in sorted(moved.items()))
+                     + (f"; registry sites rewritten ({len(reg_diff)} diff line(s))" if reg_diff else ""))
+    if v.get("ok"):
+        short.append("[green]verify: OK[/green]" + ("; the series is carried onto its edited patches"
+                                                    if st.get("kind") == "reanchor" else "; moved the pin to "
+                                                    + st["to_spec"]))
+    else:
+        short.append(f"[red]verify failed[/red]: {len(v.get('problems', []))} difference(s); the sync stays in "
+                     "progress")
+        short += [f"  {output.escape(p['where'])}: {output.escape(p['what'])}" for p in v.get("problems", [])[:3]]
+        short.append("fix them and run `forktool sync --continue` to verify again, or `forktool sync --abort`")
+    if plan.get("lines"):
+        short.append(f"build plan (cpu): {plan['lines'][0]}")
+    short.append(f"details: {path.relative_to(project.root)}"
+                 + ("; undo the whole move with `forktool sync --undo` (until the next sync)" if v.get("ok") else ""))
+    detail = [f"# {_title(st)}", "", "## Patches", ""]
+    detail += [f"- {d['status']} {d['id']} {d['name']}" + "".join(f"\n  - {f['file']}: {f['status']}"
+                                                                   for f in d["files"]) for d in st["done"]]
+    detail += ["", "## Hook sites", ""]
+    detail += [f"- {h['hook']}: {h['symbol']} {h['status']} ({h['file']}:{h['line']} -> {h['new_file']}:"
+               f"{h['new_line']})" for h in hooks]
+    detail += ["", "## registry/UPSTREAM_SYNC.yaml (applied)", "", "```diff", *reg_diff, "```", "", "## verify", ""]
+    detail += _verify_lines(v) if v else ["not run"]
+    detail += ["", "## build plan (cpu)", ""] + (plan.get("lines") or [plan.get("error", "not made")])
+    return short, detail, path
+
+
+def sync_loop(project: Project, action: str, spec: str | None, review_merged: bool = True) -> Report:
+    from forktool.sync import loop
+    fn = {"start": lambda: loop.start(project, spec, output.info, review_merged=review_merged),
+          "continue": lambda: loop.continue_(project, output.info), "skip": lambda: loop.skip(project, output.info),
+          "abort": lambda: loop.abort(project, output.info), "undo": lambda: loop.undo(project, output.info)}[action]
+    return loop_report(project, fn())
+
+
+def loop_report(project: Project, res: dict) -> Report:
+    """The report of one step of the loop (a sync, or `apply --reanchor` carried as one)."""
+    from forktool.sync import loop
     st = res["state"]
     data = dict(_summary(st), timings=res.get("timings", {}))
-    if res["stage"] == "aborted":
-        data.update(tree_digest=res["tree_digest"], tree_digest_before=st["tree_digest_before"])
+    if res["stage"] == "undone":
+        data.update(stage="undone", tree_digest=res["tree_digest"], tree_digest_before=st["tree_digest_before"])
         same = res["tree_digest"] == st["tree_digest_before"]
+        return Report(data, [f"undid the sync {st['from_spec']} -> {st['to_spec']}: pin, lock, patches, series, "
+                             f"registry and tree as before its start ({res['written']} file(s) written); tree digest "
+                             f"{res['tree_digest'][:12]}" + (" = before the start" if same else
+                                                             f" (before: {st['tree_digest_before'][:12]})")],
+                      exit_code=0 if same else 1)
+    if res["stage"] == "aborted":
+        data.update(tree_digest=res["tree_digest"], tree_digest_before=st["tree_digest_before"],
+                    remembered=res.get("remembered", {}))
+        same = res["tree_digest"] == st["tree_digest_before"]
+        mem = res.get("remembered", {})
         return Report(data, [f"aborted the sync to {st['to_spec']}: pin, lock, patches, series and tree restored "
                              f"({res['written']} file(s) written); tree digest {res['tree_digest'][:12]}"
                              + (" = before the start" if same else f" (before: {st['tree_digest_before'][:12]})")]
                       + ([f"backups kept: .opencoti/vendor-backups/{st['backups']['tree']}, "
-                          f".opencoti/sync-backups/{st['backups']['project']}"] if st["backups"] else []),
+                          f".opencoti/sync-backups/{st['backups']['project']}"] if st["backups"] else [])
+                      + ([f"kept {mem['total']} remembered resolution(s) in .opencoti/sync/rerere/ ({mem['new']} "
+                          "learnt from this stop): the next sync applies them where the same conflict comes back"]
+                         if mem.get("total") else []),
                       exit_code=0 if same else 1)
-    lines = loop_lines(st)
     if res["stage"] == "stopped":
-        lines.append(NEXT.format(id=st["stop"]["id"]))
+        lines = loop_lines(st)
+        lines.append(_next(st))
         t = data["timings"]
         if "tool_s" in t:
             lines.append(f"time: {t['tool_s']:.1f} s" + (f" (fetch {t['fetch_s']:.1f} s"
                          f"{', cached' if t.get('fetch_from_cache') else ''})" if "fetch_s" in t else ""))
         return Report(data, lines, exit_code=1)
-    hooks = st.get("hooks", {}).get("sites", [])
-    moved = [h for h in hooks if h["status"] != "found"]
-    data["hooks"] = hooks
-    data["registry_diff"] = loop.registry_diff(project, st)
-    for h in moved:
-        lines.append(f"hook {h['hook']}: {h['symbol']} {h['status']} ({h['file']}:{h['line']} -> "
-                     f"{h['new_file']}:{h['new_line']})")
-    if data["registry_diff"]:
-        lines.append("registry/UPSTREAM_SYNC.yaml (applied):")
-        lines += [f"  {ln}" for ln in data["registry_diff"]]
-    lines.append(f"[green]moved the pin to {st['to_spec']}[/green]: vendor.yaml, vendor.lock, patches and series "
-                 "rewritten on the new base")
-    data["verify"] = res.get("verify", {})
-    data["build_plan"] = res.get("build_plan", {})
-    if res.get("verify", {}).get("ok"):
-        lines += res["verify"]["lines"]
-    else:
-        v = res.get("verify", {})
-        lines.append(f"[red]verify failed[/red]: {v.get('error', '')}")
-        lines += [f"  {d}" for d in v.get("details", [])[:30]]
-        lines.append("fix it and run `forktool sync --continue` to verify again, or `forktool sync --abort`")
-    lines += res.get("build_plan", {}).get("lines", [])
+    short, detail, path = _finish_report(project, st, res)
+    loop.write_report(project, "\n".join(detail) + "\n")
+    data.update(hooks=st.get("hooks", {}).get("sites", []), registry_diff=loop.registry_diff(project, st),
+                verify=dict(res.get("verify", {}), lines=_verify_lines(res.get("verify", {}))),
+                build_plan=res.get("build_plan", {}), report=str(path))
     t = data["timings"]
     if "tool_s" in t:
-        lines.append(f"time: {t['tool_s']:.1f} s" + (f" (fetch {t['fetch_s']:.1f} s)" if "fetch_s" in t else ""))
-    return Report(data, lines, exit_code=0 if res.get("verify", {}).get("ok") else 1)
-
-
-def _verify_and_plan(project: Project, res: dict) -> None:
-    """After the finish: verify (tree, re-export, lock, registry) and the cpu build plan; a sync that
-    verifies is done, one that does not stays for --continue (verify again) or --abort."""
-    from forktool.commands import build_cmds, tree_cmds
-    from forktool.errors import ForktoolError
-    from forktool.sync import loop
-    output.info("verifying the moved series")
-    try:
-        rep = tree_cmds.verify(project)
-    except ForktoolError as e:
-        res["verify"] = {"ok": False, "error": str(e), "details": e.details}
-        return
-    res["verify"] = {"ok": True, "lines": rep.lines}
-    try:
-        plan = build_cmds.build(project, "cpu", True, None)
-        res["build_plan"] = {"lines": plan.lines, "plan": plan.data}
-    except ForktoolError as e:
-        res["build_plan"] = {"error": str(e)}
-    loop.done(project)
+        short.append(f"time: {t['tool_s']:.1f} s" + (f" (fetch {t['fetch_s']:.1f} s)" if "fetch_s" in t else ""))
+    return Report(data, short, exit_code=0 if res.get("verify", {}).get("ok") else 1)
 
 
 def status_report(project: Project) -> Report | None:
@@ -181,23 +264,27 @@ def status_report(project: Project) -> Report | None:
     if not loop.has_backups(project, st):
         lines.append("recorded elsewhere: run `forktool sync --start` to reach this stop here")
     elif st["stage"] == "stopped":
-        lines.append(NEXT.format(id=st["stop"]["id"]))
+        lines.append(_next(st))
     else:
         lines.append("run `forktool sync --continue` to go on, or `forktool sync --abort`")
     return Report({"sync": _summary(st)}, lines)
 
 
-def dispatch(project: Project, to: str | None, accept: bool, build: bool, out: str, actions: list[str]) -> Report:
+def dispatch(project: Project, to: str | None, accept: bool, build: bool, out: str, actions: list[str],
+             review_merged: bool = True) -> Report:
     if len(actions) > 1:
         raise UsageError(f"--{' and --'.join(actions)} cannot be combined", where="forktool sync",
-                         hint="give one of --start, --continue, --skip, --abort")
+                         hint="give one of --start, --continue, --skip, --abort, --undo")
     if actions:
         if accept or build:
             raise UsageError("--accept and --build belong to the trial, not to the loop", where="forktool sync",
                              hint="the loop moves the fork itself; build afterwards with `forktool build`")
         if to is not None and actions[0] != "start":
             raise UsageError(f"--to goes with --start, not --{actions[0]}", where="forktool sync")
-        return sync_loop(project, actions[0], to)
+        if not review_merged and actions[0] != "start":
+            raise UsageError("--no-review-merged goes with --start", where="forktool sync",
+                             hint="the choice is made when the sync starts and kept until it finishes")
+        return sync_loop(project, actions[0], to, review_merged)
     if not to:
         raise UsageError("--to SPEC is required", where="forktool sync",
                          hint="e.g. `forktool sync --to llama-cpp-python==0.3.35`")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from forktool import output, vendor
 from forktool.commands import open_workspace
-from forktool.errors import check_id, check_line
+from forktool.errors import ApplyError, check_id, check_line
 from forktool.output import Report
 from forktool.project import Project
 from forktool.workspace import Workspace
@@ -28,6 +28,24 @@ def _moved(ws: Workspace, what: str, res: dict) -> Report:
 
 def apply(project: Project, upto: str | None, force: bool, reanchor: bool = False) -> Report:
     check_id(upto, "--upto")
+    try:
+        return _apply(project, upto, force, reanchor)
+    except ApplyError as e:
+        if not reanchor:
+            # `refresh` of a patch that is not applied is refused: name the way that carries it across instead
+            e.hint = ("a patch below it changed the text it was written against: `forktool apply --reanchor` "
+                      "carries the series onto it, stopping at conflict blocks like a sync (`forktool sync "
+                      "--continue` / `--abort`)")
+            raise
+        if upto is not None or force:
+            raise
+    from forktool.commands import sync_cmds
+    from forktool.sync import loop
+    output.info("a patch does not apply on the patches below it: re-anchoring as a sync onto the changed base")
+    return sync_cmds.loop_report(project, loop.start_reanchor(project, output.info))
+
+
+def _apply(project: Project, upto: str | None, force: bool, reanchor: bool) -> Report:
     with open_workspace(project) as ws:
         end = ws.index(upto) + 1 if upto else len(ws.patches)
         label = f"apply-{ws.patches[end - 1].id}" if end else "apply-none"
@@ -63,7 +81,9 @@ def unapply(project: Project, to: str | None, force: bool) -> Report:
 
 
 def status(project: Project) -> Report:
-    if (project.state_dir / "sync" / "state.json").is_file():  # a sync in progress: say where it stands
+    from forktool.state import sync_state_path
+
+    if sync_state_path(project.state_dir).is_file():  # a sync in progress: say where it stands
         from forktool.commands import sync_cmds
         rep = sync_cmds.status_report(project)
         if rep is not None:

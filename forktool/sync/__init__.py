@@ -19,6 +19,7 @@ from forktool.sync.report import write_outputs as write_outputs
 from forktool.sync.trial import STATUSES as STATUSES
 from forktool.sync.trial import PatchResult as PatchResult
 from forktool.sync.trial import final_state as final_state
+from forktool.sync.trial import own_side as own_side
 from forktool.sync.trial import trial as trial
 
 _final_state = final_state

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import yaml
 
@@ -70,18 +71,26 @@ def _repin_text(text: str, name: str, new: Component) -> str:
     return result
 
 
-def _series_text(results: list[PatchResult], original: str, spec: str) -> str:
-    """patches/series with upstreamed patches commented out (kept on disk, so nothing is lost)."""
-    dropped = {r.patch.name for r in results if r.status == "upstreamed"}
+def comment_out(text: str, why: dict[str, str]) -> str:
+    """patches/series with each named patch's line commented out, its reason after it (the patch file is kept,
+    so nothing is lost): the one series rewriter of the trial, --accept and the loop."""
     out = []
-    for line in original.splitlines():
-        name = line.split("#", 1)[0].strip().split(" ")[0] if line.split("#", 1)[0].strip() else ""
-        if name in dropped:
-            out.append(f"# {line.strip()}  # upstreamed in {spec} (forktool sync)")
-        else:
-            out.append(line)
+    for line in text.splitlines():
+        entry = line.split("#", 1)[0].strip()
+        name = entry.split()[0] if entry else ""
+        out.append(f"# {line.strip()}  # {why[name]}" if name in why else line)
     return "\n".join(out) + "\n"
 
+
+def _series_text(results: list[PatchResult], original: str, spec: str) -> str:
+    """patches/series with upstreamed patches commented out (kept on disk, so nothing is lost)."""
+    return comment_out(original, {r.patch.name: f"upstreamed in {spec} (forktool sync)" for r in results
+                                  if r.status == "upstreamed"})
+
+
+def accept_journal(project: Project) -> Path:
+    """--accept's own journal (its state is not the loop's), recovered with the others by sync.loop.recover."""
+    return project.state_dir / "sync-txn"
 
 
 def accept(project: Project, res: SyncResult) -> dict:
@@ -99,7 +108,7 @@ def accept(project: Project, res: SyncResult) -> dict:
     writes.append(txn.Write("patches/series", res.series_text.encode(), REGULAR))
     writes = [w for w in writes if (root / w.path).read_bytes() != w.data]
     current = {w.path: Entry(sha256_file(root / w.path), REGULAR) for w in writes}
-    txn_state = project.state_dir / "sync-txn"
+    txn_state = accept_journal(project)
     with txn.locked(project.state_dir):
         new = res.target.new
         b = bk.create(project.state_dir / "sync-backups", root, f"accept-{new.version or new.commit[:12] or new.kind}",

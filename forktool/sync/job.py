@@ -23,9 +23,10 @@ def sync(project: Project, spec: str, *, build: bool, out: Path,
     """Fetch SPEC, trial the series on it, relocate hooks, diff the build files, optionally build; write outputs."""
     from forktool.workspace import load_patches
     t_start = time.monotonic()
-    note = txn.recover(project.root, project.state_dir / "sync-txn")
-    if note:
-        progress(f"an interrupted --accept: {note}")
+    from forktool.sync.loop import recover
+    with txn.locked(project.state_dir):  # every journal a sync can leave, in one place, under the lock
+        for note in recover(project):
+            progress(note)
     old, new = resolve_spec(project, spec)
     pinned = pinned_manifest(project, progress)
     target = fetch_target(project, old, new, pinned, progress)
@@ -52,7 +53,15 @@ def sync(project: Project, spec: str, *, build: bool, out: Path,
 
     prefix = f"{old.name}/"
     progress("relocating hook sites")
-    hooks, registry_yaml = relocate_hooks(project, result_read, target.manifest, prefix)
+    # the loop's relocator: the proposal is what a move with these results would write
+    hooks, registry_yaml = relocate_hooks(project, result_read, target.manifest, prefix, final,
+                                          {r.patch.id: r.refreshed for r in results if r.refreshed is not None},
+                                          {r.patch.id for r in results if r.status == "upstreamed"})
+    # a site whose patch did not apply was looked for in a tree without that patch: not checked, not vanished
+    unapplied = {r.patch.id: r.status for r in results if r.status in ("conflict", "blocked")}
+    for row in hooks.get("sites", []):
+        if row["status"] == "vanished" and row["patch"] in unapplied:
+            row.update(status="not_checked", reason=f"patch {row['patch']} is {unapplied[row['patch']]} here")
     t_hooks = time.monotonic()
     progress("naming the upstream API drift the patches use")
     from forktool.cache import caches_root

@@ -1,29 +1,50 @@
-"""Moving the fork to another upstream as a resumable operation: start, stop at a conflict, continue/skip, abort."""
+"""The loop's control flow: start (a sync or `apply --reanchor`), stop, continue, skip, abort, undo."""
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import json
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from forktool import backup as bk
 from forktool import schema, series, txn, vendor
 from forktool.apply import apply_series
 from forktool.authoring import with_derived_trailers
-from forktool.errors import ConfigError, ForktoolError, UsageError
-from forktool.project import Component, Project
+from forktool.errors import DirtyTreeError, ForktoolError, UsageError
+from forktool.project import Project
 from forktool.series import Patch
-from forktool.state import State
-from forktool.sync.accept import _repin_text
+from forktool.sync.accept import comment_out
 from forktool.sync.fetch import fetch_target, resolve_spec
-from forktool.sync.relocate import relocate
-from forktool.sync.trial import OldSide, classify, rebase
+from forktool.sync.finish import conclude, finish
+from forktool.sync.finish import registry_diff as registry_diff  # re-exported: the loop's public face
+from forktool.sync.move import (
+    DROPPED,
+    STATE_VERSION,
+    TREE,
+    Context,
+    Progress,
+    component_json,
+    component_of,
+    context,
+    disk_patch,
+    done_patches,
+    has_backups,
+    memory,
+    preimage_path,
+    project_manifest,
+    read_state,
+    reanchoring,
+    recover,
+    state_path,
+    sync_dir,
+    undo_path,
+)
+from forktool.sync.move import backups_in_use as backups_in_use  # re-exported: the loop's public face
+from forktool.sync.move import report_path as report_path  # re-exported: the loop's public face
+from forktool.sync.move import write_report as write_report  # re-exported: the loop's public face
+from forktool.sync.trial import LABELS, HunkSide, OldSide, _conflict_blocks, classify, rebase
 from forktool.tree import (
     REGULAR,
     SYMLINK,
@@ -38,113 +59,21 @@ from forktool.tree import (
 )
 from forktool.workspace import Workspace
 
-STATE_VERSION = 1
-TREE = "vendor/llamafile"
-# what the loop keeps of the project besides the tree: restored byte for byte by --abort
-PROJECT_FILES = ("vendor/vendor.yaml", "vendor/vendor.lock", ".opencoti/state.json",
-                 "registry/UPSTREAM_SYNC.yaml", "registry/UPSTREAM_SYNC.md")
 CONFLICT_PREFIXES = (b"<<<<<<< ", b"||||||| ", b">>>>>>> ")
-DROPPED = ("skipped", "upstreamed")
-Progress = Callable[[str], None]
-
-
-def sync_dir(project: Project) -> Path:
-    """Beside the apply journal: the loop's state file and its own journal (txn/)."""
-    return project.state_dir / "sync"
-
-
-def state_path(project: Project) -> Path:
-    return sync_dir(project) / "state.json"
-
-
-def read_state(project: Project) -> dict | None:
-    """The recorded sync, checked against its schema (forktool/schemas.py) before anything uses it."""
-    st = schema.load_sync_state(state_path(project), project.state_dir)
-    if st is None or st["stage"] == "aborted":
-        return None
-    if st["component"] not in {c.name for c in project.vendor.components}:
-        raise ConfigError(f"the recorded sync moves component {st['component']!r}, which vendor/vendor.yaml does "
-                          "not name", where=f"{state_path(project)}: component",
-                          hint=schema.sync_state_hint(state_path(project)))
-    return st
-
-
-def has_backups(project: Project, st: dict) -> bool:
-    """False for a stop recorded elsewhere (a CI branch): this checkout has none of its backups."""
-    b = st.get("backups", {})
-    return bool(b) and (project.backups_dir / b.get("tree", "")).is_dir() and \
-        (project.state_dir / "sync-backups" / b.get("project", "")).is_dir()
-
-
-# ---------------------------------------------------------------- the upstreams and the series
-
-
-@dataclass
-class Context:
-    project: Project
-    st: dict
-    new_manifest: Manifest
-    original: list[Patch]  # the series as it was at start, on the pinned upstream
-    new: Component
-
-    def new_read(self, rel: str) -> bytes | None:
-        e = self.new_manifest.get(rel)
-        return None if e is None else vendor.objects(self.project).get(e.sha256)
-
-    def old_read(self, rel: str) -> bytes | None:
-        return vendor.pristine_bytes(self.project, self._old, rel)
-
-    def mode_of(self, rel: str) -> str:
-        e = self.new_manifest.get(rel)
-        return e.mode if e is not None else REGULAR
-
-    def __post_init__(self) -> None:
-        self._old = _pristine(self.project, self.st["old_pristine_digest"])
-
-
-def _pristine(project: Project, d: str) -> Manifest:
-    p = vendor.pristine_path(project, d)
-    if not p.is_file():
-        raise ForktoolError(f"pristine manifest {d[:12]} is not in the cache", where=str(p),
-                            hint="run `forktool sync --abort`, or the start again with the same FORKTOOL_CACHE")
-    return vendor.load_pristine_manifest(p)
-
-
-def _context(project: Project, st: dict) -> Context:
-    original = [series.parse_patch(text.encode(), name) for name, text in st["original"]]
-    return Context(project, st, _pristine(project, st["new_pristine_digest"]), original, _component(st["to"]))
-
-
-def _component(raw: dict[str, Any]) -> Component:
-    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
-    return Component(**fields)
-
-
-def _disk_patch(project: Project, name: str, pending: dict[str, bytes]) -> Patch:
-    data = pending[name] if name in pending else (project.patches_dir / name).read_bytes()
-    return series.parse_patch(data, name)
-
-
-def _done_patches(ctx: Context, pending: dict[str, bytes]) -> list[Patch]:
-    """The patches already carried across, as they now stand in patches/ (dropped ones left out)."""
-    return [_disk_patch(ctx.project, d["name"], pending) for d in ctx.st["done"] if d["status"] not in DROPPED]
 
 
 def _series_text(project: Project, st: dict) -> str:
     """patches/series with the dropped patches commented out (their files are kept)."""
-    why = {d["name"]: d["status"] for d in st["done"] if d["status"] in DROPPED}
-    text = project.series_file.read_text(encoding="utf-8")
-    out = []
-    for line in text.splitlines():
-        name = line.split("#", 1)[0].strip()
-        if name in why:
-            out.append(f"# {name}  # {why[name]} in the sync to {st['to_spec']} (forktool sync)")
+    why = {}
+    for d in st["done"]:
+        if d["status"] not in DROPPED:
+            continue
+        if reanchoring(st):
+            what = "already made by the patches below it" if d["status"] == "upstreamed" else d["status"]
+            why[d["name"]] = f"{what} in the re-anchoring (forktool apply --reanchor)"
         else:
-            out.append(line)
-    return "\n".join(out) + "\n"
-
-
-# ---------------------------------------------------------------- moving the tree
+            why[d["name"]] = f"{d['status']} in the sync to {st['to_spec']} (forktool sync)"
+    return comment_out(project.series_file.read_text(encoding="utf-8"), why)
 
 
 def _tree_writes(project: Project, want: dict[str, tuple[bytes | None, str]], current: Manifest) -> list[txn.Write]:
@@ -178,44 +107,68 @@ def _writes_for(ctx: Context, overlay: dict[str, bytes | None]) -> list[txn.Writ
     return writes
 
 
-# ---------------------------------------------------------------- the run: apply in order until a conflict
-
-
 def _run(project: Project, st: dict, pending: dict[str, bytes], progress: Progress) -> dict:
     """Carry the patches from st['position'] on, stop at the first conflict or finish; one transaction."""
-    ctx = _context(project, st)
-    done = _done_patches(ctx, pending)
+    ctx = context(project, st)
+    done = done_patches(ctx, pending)
     overlay: dict[str, bytes | None] = dict(apply_series(done, ctx.new_read).files)
 
     def cur(rel: str) -> bytes | None:
         return overlay[rel] if rel in overlay else ctx.new_read(rel)
 
-    old = OldSide(ctx.old_read)
+    old: OldSide | HunkSide = HunkSide() if reanchoring(st) else OldSide(ctx.old_read)
     for p in ctx.original[:st["position"]]:
         old.step(p)
+    labels = _labeller(ctx, done)
+    mem = memory(project)
+    shutil.rmtree(sync_dir(project) / "preimage", ignore_errors=True)
     st["stop"] = None
     api = _api_lines(ctx)
     for p in ctx.original[st["position"]:]:
         progress(f"carrying {p.name} across")
         pre, post, err = old.step(p)
-        c = classify(p, pre, post, err, cur)
+        c = classify(p, pre, post, err, cur, labels)
         row = {"id": p.id, "name": p.name, "status": c.status, "drift": c.drift,
                "files": [{"file": f.path, "status": f.status} for f in c.files if f.status != "clean"], "api": api(p)}
-        if c.status == "conflict":
-            for rel, data in c.after.items():
-                overlay[rel] = data
+        again = None
+        if c.status not in ("conflict", "upstreamed"):
+            again = rebase(p, {rel: cur(rel) for rel in c.after}, c.after, ctx.mode_of)
+        if c.status == "conflict" or (c.status == "merged" and st.get("review_merged", True)):
+            overlay.update(c.after)
+            # each file as the stop leaves it before any memory: what the resolutions are learnt against
+            images: dict[str, bytes | None] = {**c.after, **c.conflicted}
+            remembered: dict[str, int] = {}
             for rel, data in c.conflicted.items():
+                data, remembered[rel] = mem.replay(data)
                 overlay[rel] = data
-            st["stop"] = {"id": p.id, "name": p.name, "title": p.title, "api": row["api"],
+            whole = []
+            for rel in mem.file_names(p.id):
+                image = images[rel] if rel in images else cur(rel)
+                again_file = mem.get_file(p.id, rel, image) if image is not None else None
+                if again_file is not None and again_file != cur(rel):
+                    images[rel] = image
+                    overlay[rel] = again_file
+                    whole.append(rel)
+            for rel, image in images.items():
+                if image is not None:
+                    atomic_write(preimage_path(project, rel), image)
+            st["stop"] = {"id": p.id, "name": p.name, "title": p.title, "kind": c.status, "api": row["api"],
                           "files": [{"file": f.path, "status": f.status, "reason": f.reason,
                                      "hunks": [h for h in f.hunks if h["how"] != "exact"],
-                                     "blocks": [b["line"] for b in f.conflicts]} for f in c.files
-                                    if f.status != "clean"]}
+                                     "blocks": [b["line"] for b in _conflict_blocks(overlay[f.path] or b"")]
+                                     if f.path in c.conflicted else [],
+                                     "remembered": remembered.get(f.path, 0)}
+                                    for f in c.files if f.status != "clean"], "remembered_files": sorted(whole)}
+            if again is not None:  # a merge to review: its hunks, and the form that --continue keeps as merged
+                merged = {f.path for f in c.files if f.status == "merged"}
+                st["stop"]["review"] = series.with_files(again, [fd for fd in again.files
+                                                                 if fd.path in merged]).raw.decode("utf-8", "replace")
+                st["stop"]["merged_diff_sha256"] = again.diff_sha256
             break
-        if c.status != "upstreamed":
-            again = rebase(p, {rel: cur(rel) for rel in c.after}, c.after, ctx.mode_of)
-            if again.raw != _disk_patch(project, p.name, pending).raw:
-                pending[p.name] = again.raw
+        if again is not None and again.raw != disk_patch(project, p.name, pending).raw:
+            pending[p.name] = again.raw
+        if again is not None:
+            done.append(series.parse_patch(pending.get(p.name) or again.raw, p.name))
         overlay.update(c.after)
         st["done"].append(row)
         st["position"] += 1
@@ -227,7 +180,27 @@ def _run(project: Project, st: dict, pending: dict[str, bytes], progress: Progre
     txn.commit(project.root, sync_dir(project), writes, st)
     if st["stop"]:
         return {"stage": "stopped", "state": st, "written": len(writes)}
-    return _finish(project, st, progress)
+    return finish(project, st, progress)
+
+
+def _labeller(ctx: Context, done: list[Patch]) -> Callable[[str], tuple[str, str, str]]:
+    """The diff3 labels for one file: which earlier patches each side already holds, and which of them a person
+    resolved, so `new upstream` never names text that is partly the maintainer's own. done grows as the loop
+    carries patches, so the labels always name the patches carried before the one being merged."""
+    how = {d["id"]: d["status"] for d in ctx.st["done"]}
+
+    def labels(rel: str) -> tuple[str, str, str]:
+        if reanchoring(ctx.st):
+            below = [p.id + (" as you resolved it" if how.get(p.id) == "resolved" else "")
+                     for p in done if rel in p.paths]
+            return ("patch (as written)", "the context it was written against",
+                    "the tree now" + (f" (with {', '.join(below)})" if below else ""))
+        old_ids = [p.id for p in ctx.original[:ctx.st["position"]] if rel in p.paths]
+        new_ids = [p.id + (" as you resolved it" if how.get(p.id) == "resolved" else "")
+                   for p in done if rel in p.paths]
+        return (LABELS[0], LABELS[1] + (f" + {', '.join(old_ids)}" if old_ids else ""),
+                LABELS[2] + (f" + {', '.join(new_ids)}" if new_ids else ""))
+    return labels
 
 
 def _api_lines(ctx: Context) -> Callable[[Patch], list[str]]:
@@ -248,127 +221,14 @@ def _same_file(root: Path, w: txn.Write) -> bool:
     return p.is_file() and w.data is not None and p.read_bytes() == w.data
 
 
-# ---------------------------------------------------------------- finish
-
-
-def _finish(project: Project, st: dict, progress: Progress) -> dict:
-    """Move the pin and the lock, record the applied series, relocate the registry's sites: one transaction."""
-    ctx = _context(project, st)
-    active = _done_patches(ctx, {})
-    final = apply_series(active, ctx.new_read)
-    yaml_text = _repin_text(project.vendor_yaml.read_text(encoding="utf-8"), st["component"], ctx.new)
-    comps = [ctx.new if c.name == st["component"] else c for c in project.vendor.components]
-    d = st["new_pristine_digest"]
-    tree_now = scan(project.tree)
-    lock = {"components": {c.name: vendor.component_lock_key(c) for c in comps}, "pristine_digest": d,
-            "pristine_files": len(ctx.new_manifest),
-            "patched": {"series_digest": series.series_digest_of(active), "tree_digest": digest(tree_now),
-                        "top": active[-1].id} if active else {}}
-    files = {rel: (Entry(sha256_bytes(data), ctx.mode_of(rel)) if data is not None else None)
-             for rel, data in final.files.items()}
-    applied = [{"id": p.id, "name": p.name, "sha256": p.sha256, "diff_sha256": p.diff_sha256,
-                "drift": [x.to_json() for x in final.drift.get(p.id, [])]} for p in active]
-    ws_state = State(d, applied, files).to_json()
-    writes = [txn.Write("vendor/vendor.yaml", yaml_text.encode(), REGULAR),
-              txn.Write("vendor/vendor.lock", (json.dumps(lock, indent=2, sort_keys=True) + "\n").encode(), REGULAR),
-              txn.Write(".opencoti/state.json", json.dumps(ws_state, indent=1, sort_keys=True).encode(), REGULAR)]
-    progress("relocating hook sites by symbol")
-    registry = _relocated_registry(project, ctx, final.files, active, st)
-    if registry is not None:
-        writes.append(txn.Write("registry/UPSTREAM_SYNC.yaml", registry[0].encode(), REGULAR))
-        writes.append(txn.Write("registry/UPSTREAM_SYNC.md", registry[1].encode(), REGULAR))
-    st["stage"] = "finished"
-    txn.commit(project.root, sync_dir(project), writes, st)
-    project._vendor = None  # vendor.yaml moved: read it again
-    return {"stage": "finished", "state": st}
-
-
-def _relocated_registry(project: Project, ctx: Context, final: dict[str, bytes | None], active: list[Patch],
-                        st: dict) -> tuple[str, str] | None:
-    """(UPSTREAM_SYNC.yaml, UPSTREAM_SYNC.md) on the new base, None without a registry: each hook's sites are
-    where its markers now stand (found sites keep their place in the list with the symbol's new line, sites
-    whose symbol holds no marker any more go, symbols that gained one are added), dropped patches' entries
-    go, and each kept patch's files and build impact come from its rebased form."""
-    path = project.registry_dir / "UPSTREAM_SYNC.yaml"
-    if not path.is_file():
-        return None
-    from forktool import registry as rg
-    from forktool import symbols
-    from forktool.impact import impacts_for
-    from forktool.markers import scan_file
-    from forktool.regcheck import render_md
-
-    def read(rel: str) -> bytes | None:
-        return final[rel] if rel in final else ctx.new_read(rel)
-
-    hooks, reg = relocate(project, read, ctx.new_manifest, f"{st['component']}/")
-    if reg is None:
-        st["hooks"] = hooks
-        return None
-    held: dict[str, dict[tuple[str, str], int]] = {}  # hook -> (file, symbol) -> advisory line
-    for rel, data in sorted(final.items()):
-        for m in scan_file(rel, data or b""):
-            sym = symbols.site_symbol(data or b"", m.line)
-            line = m.line if sym == symbols.FILE_SCOPE else (symbols.find_symbol(data or b"", sym) or m.line)
-            held.setdefault(m.hook, {}).setdefault((rel, sym), line)
-    for hid, hook in list(reg.hooks.items()):
-        here = held.get(hid)
-        if not here:
-            continue  # no marker left at all: the registry check says so; a human decides
-        sites = [s for s in hook.sites if (s.file, s.symbol) in here]
-        known = {(s.file, s.symbol) for s in sites}
-        for s in hook.sites:
-            if (s.file, s.symbol) not in here:
-                for row in hooks["sites"]:
-                    if (row["hook"], row["file"], row["symbol"]) == (hid, s.file, s.symbol):
-                        row.update(new_file=None, new_line=None, status="dropped")
-        for (f, sym), line in sorted(here.items()):
-            if (f, sym) in known:
-                continue
-            # before the first site of the same file that stands further down, else after that file's last
-            same = [i for i, x in enumerate(sites) if x.file == f]
-            later = [i for i in same if (x := sites[i].line) is not None and x > line]
-            at = later[0] if later else (same[-1] + 1 if same else len(sites))
-            sites.insert(at, rg.Site(f, sym, line))
-            hooks["sites"].append({"hook": hid, "patch": hook.patch, "symbol": sym, "file": None,
-                                   "line": None, "new_file": f, "new_line": line, "status": "added"})
-        reg.hooks[hid] = dataclasses.replace(hook, sites=tuple(sites))
-    st["hooks"] = hooks
-    keep = {p.id: p for p in active}
-    dropped_hooks = {h for e in reg.patches if e.id not in keep for h in e.hooks}
-    reg.patches[:] = [dataclasses.replace(e, files=tuple(keep[e.id].paths),
-                                          build_impact=tuple(impacts_for(project, keep[e.id].paths)))
-                      for e in reg.patches if e.id in keep]
-    for h in dropped_hooks:
-        reg.hooks.pop(h, None)
-    from forktool.regfile import kept, update_text
-
-    # hook lists and entries follow the markers the rebased patches carry (a resolution may add or drop one)
-    reg = kept(project, reg, active, {rel: read(rel) for p in active for rel in p.paths})
-
-    return update_text(path.read_text(encoding="utf-8"), reg, str(path)), render_md(reg)
-
-
-# ---------------------------------------------------------------- the commands
-
-
 def _recover(project: Project, progress: Progress) -> None:
-    for note in (txn.recover(project.tree, project.state_dir), txn.recover(project.root, sync_dir(project), "sync-state")):
-        if note:
-            progress(note)
+    for note in recover(project):
+        progress(note)
 
 
-def _project_manifest(project: Project) -> Manifest:
-    out: Manifest = {}
-    rels = [r for r in PROJECT_FILES if (project.root / r).is_file()]
-    rels += sorted(f"patches/{p.name}" for p in project.patches_dir.iterdir() if p.is_file())
-    for rel in rels:
-        out[rel] = Entry(sha256_bytes((project.root / rel).read_bytes()), REGULAR)
-    return out
-
-
-def start(project: Project, spec: str | None, progress: Progress = lambda _m: None) -> dict:
-    """Back up, materialise SPEC as the vendored tree, carry the series across until a conflict or the end."""
+def start(project: Project, spec: str | None, progress: Progress = lambda _m: None, review_merged: bool = True) -> dict:
+    """Back up, materialise SPEC as the vendored tree, carry the series across until a stop or the end (a
+    conflict, or a 3-way merge to review unless review_merged is False)."""
     with txn.locked(project.state_dir):
         _recover(project, progress)
         recorded = read_state(project)
@@ -394,7 +254,7 @@ def start(project: Project, spec: str | None, progress: Progress = lambda _m: No
         current = ws.current()
         t0 = time.monotonic()
         if recorded is not None:
-            new = _component(recorded["to"])
+            new = component_of(recorded["to"])
             old = next(c for c in project.vendor.components if c.name == recorded["component"])
         else:
             assert spec is not None
@@ -410,11 +270,11 @@ def start(project: Project, spec: str | None, progress: Progress = lambda _m: No
                       new_pristine_digest=new_digest, tree_digest_before=digest(current), stop=None)
         else:
             st = {"version": STATE_VERSION, "stage": "starting", "component": old.name, "from_spec": old.spec,
-                  "to_spec": target.new.spec, "to": _component_json(target.new),
+                  "to_spec": target.new.spec, "to": component_json(target.new),
                   "old_pristine_digest": ws.pristine_digest, "new_pristine_digest": new_digest,
                   "tree_digest_before": digest(current), "backups": {},
                   "original": [[p.name, p.raw.decode("utf-8")] for p in ws.patches],
-                  "position": 0, "done": [], "stop": None,
+                  "position": 0, "done": [], "stop": None, "review_merged": review_merged,
                   "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         atomic_write(state_path(project), json.dumps(st, indent=1, sort_keys=True).encode())
         txn.fault("sync-started")
@@ -425,23 +285,57 @@ def start(project: Project, spec: str | None, progress: Progress = lambda _m: No
     return res
 
 
+def start_reanchor(project: Project, progress: Progress = lambda _m: None) -> dict:
+    """`apply --reanchor` when a patch no longer applies on the edited patches below it: the same loop as a sync,
+    onto the series' changed base (the upstream stays); it stops at conflict blocks and merges to review."""
+    t0 = time.monotonic()
+    with txn.locked(project.state_dir):
+        _recover(project, progress)
+        recorded = read_state(project)
+        if recorded is not None:
+            raise ForktoolError(f"a sync to {recorded['to_spec']} is already in progress ({recorded['stage']})",
+                                where=str(state_path(project)), hint="run `forktool sync --continue`, `--skip` or "
+                                "`--abort` first (`forktool status` shows where it stands)")
+        ws = Workspace(project)
+        current = ws.current()
+        dirty = ws.local_changes()
+        if dirty:
+            raise DirtyTreeError(f"the vendored tree has {len(dirty)} change(s) that no patch explains",
+                                 where=str(project.tree), details=[f"{s}: {p}" for s, p in dirty[:50]],
+                                 hint="keep them with `forktool refresh ID`, or drop them with `forktool apply "
+                                      "--force`, then re-anchor")
+        comp = project.vendor.components[0]
+        d = ws.pristine_digest
+        st = {"version": STATE_VERSION, "kind": "reanchor", "stage": "starting", "component": comp.name,
+              "from_spec": comp.spec, "to_spec": comp.spec, "to": component_json(comp),
+              "old_pristine_digest": d, "new_pristine_digest": d, "tree_digest_before": digest(current),
+              "backups": {}, "original": [[p.name, p.raw.decode("utf-8")] for p in ws.patches], "position": 0,
+              "done": [], "stop": None, "review_merged": True,
+              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        atomic_write(state_path(project), json.dumps(st, indent=1, sort_keys=True).encode())
+        txn.fault("sync-started")
+        _back_up(project, st, ws, current, progress)
+        res = _run(project, st, {}, progress)
+    res["timings"] = {"tool_s": round(time.monotonic() - t0, 3)}
+    return res
+
+
 def _back_up(project: Project, st: dict, ws: Workspace, current: Manifest, progress: Progress) -> None:
     """Back up the tree (vendor-backups) and pin, lock, patches, state and registry (sync-backups)."""
     progress("backing up the tree, pin, lock and patches")
-    label = st["to"]["version"] or st["to"]["commit"][:12] or st["to"]["sha256"][:12] or st["to"]["kind"]
+    label = "sync-start-" + (st["to"]["version"] or st["to"]["commit"][:12] or st["to"]["sha256"][:12]
+                             or st["to"]["kind"])
     why = f"before forktool sync --start to {st['to_spec']}"
-    tb = bk.create(project.backups_dir, project.tree, f"sync-start-{label}", why, current, ws.pristine,
-                   ws.state.to_json())
-    pb = bk.create(project.state_dir / "sync-backups", project.root, f"sync-start-{label}", why,
-                   _project_manifest(project), {}, {"kind": "sync-start", "from": st["from_spec"], "to": st["to_spec"],
+    if reanchoring(st):
+        label, why = "reanchor", "before forktool apply --reanchor carried the series onto its edited patches"
+    tb = bk.create(project.backups_dir, project.tree, label, why, current, ws.pristine, ws.state.to_json())
+    pb = bk.create(project.state_dir / "sync-backups", project.root, label, why,
+                   project_manifest(project), {}, {"kind": "sync-start", "from": st["from_spec"], "to": st["to_spec"],
                                                    "tree": tb.name})
     st["backups"] = {"tree": tb.name, "project": pb.name}
     atomic_write(state_path(project), json.dumps(st, indent=1, sort_keys=True).encode())
+    undo_path(project).unlink(missing_ok=True)  # a new move: the last one can no longer be undone
     txn.fault("sync-backed-up")
-
-
-def _component_json(c: Component) -> dict:
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in c._asdict().items()}
 
 
 def _require(project: Project, what: str) -> dict:
@@ -482,20 +376,14 @@ def continue_(project: Project, progress: Progress = lambda _m: None) -> dict:
                 _back_up(project, st, ws, scan(project.tree), progress)
             res = _run(project, st, {}, progress)
         elif st["stage"] == "finishing":
-            res = _finish(project, st, progress)
-        elif st["stage"] == "finished":
-            res = {"stage": "finished", "state": st}
+            res = finish(project, st, progress)
+        elif st["stage"] == "finished":  # verify failed last time: check again
+            res = conclude(project, st, progress)
         else:
-            ctx = _context(project, st)
+            ctx = context(project, st)
             k = st["position"]
-            patch = _disk_patch(project, ctx.original[k].name, {})
-            before = apply_series(_done_patches(ctx, {}), ctx.new_read).files
-            expected = dict(ctx.new_manifest)
-            for rel, data in before.items():
-                if data is None:
-                    expected.pop(rel, None)
-                else:
-                    expected[rel] = Entry(sha256_bytes(data), ctx.mode_of(rel))
+            patch = disk_patch(project, ctx.original[k].name, {})
+            before, expected = _stop_base(ctx)
             current = scan(project.tree)
             changed = {rel for _, rel in diff_manifests(expected, current)}
             rels = sorted(set(patch.paths) | changed)
@@ -518,8 +406,15 @@ def continue_(project: Project, progress: Progress = lambda _m: None) -> dict:
                 if fd is not None:
                     fds.append(fd)
             resolved, _ = with_derived_trailers(project, patch, fds)
-            st["done"].append({"id": patch.id, "name": patch.name, "status": "resolved", "drift": [],
-                               "files": [{"file": f.path, "status": "resolved"} for f in resolved.files],
+            _harvest(project, st)
+            # a reviewed merge taken as it stood stays `merged`; any edit makes it the maintainer's resolution
+            how = "merged" if st["stop"].get("merged_diff_sha256") == resolved.diff_sha256 else "resolved"
+            if how == "merged":  # the same bytes a sync without review writes (the patch's own trailers kept)
+                order = {rel: n for n, rel in enumerate(patch.paths)}
+                fds = sorted(resolved.files, key=lambda f: order.get(f.path, len(order)))
+                resolved = series.parse_patch(series.with_files(patch, fds).raw, patch.name)
+            st["done"].append({"id": patch.id, "name": patch.name, "status": how, "drift": [],
+                               "files": [{"file": f.path, "status": how} for f in resolved.files],
                                "api": (st.get("stop") or {}).get("api", [])})
             st["position"] = k + 1
             res = _run(project, st, {patch.name: resolved.raw}, progress)
@@ -554,44 +449,106 @@ def abort(project: Project, progress: Progress = lambda _m: None) -> dict:
             st["stage"] = "aborted"
             return {"stage": "aborted", "state": st, "written": 0, "tree_digest": digest(scan(project.tree)),
                     "backups": {}}
-        tree_m, tree_c, _ = bk.load_for_restore(project.backups_dir / st["backups"]["tree"],
-                                               vendor.objects(project).get)
-        proj_m, proj_c, _ = bk.load_for_restore(project.state_dir / "sync-backups" / st["backups"]["project"],
-                                               vendor.objects(project).get)
-        current = scan(project.tree)
-        writes = [txn.Write(w.path, w.data, w.mode) for w in _tree_writes(
-            project, {rel: (tree_c[rel], e.mode) for rel, e in tree_m.items()}, current)]
-        now = _project_manifest(project)
-        # a file the start did not record goes only from patches/ (the loop never adds one elsewhere)
-        for rel in sorted(set(proj_m) | {r for r in now if r.startswith("patches/")}):
-            if proj_m.get(rel) != now.get(rel):
-                writes.append(txn.Write(rel, proj_c.get(rel), REGULAR))
+        kept = _harvest(project, st) if st["stage"] == "stopped" else 0
+        writes = _restore_writes(project, st)
         st["stage"] = "aborted"
         txn.commit(project.root, sync_dir(project), writes, st)
         state_path(project).unlink()
-    return {"stage": "aborted", "state": st, "written": len(writes),
-            "tree_digest": digest(scan(project.tree)), "backups": st["backups"]}
+    return {"stage": "aborted", "state": st, "written": len(writes), "tree_digest": digest(scan(project.tree)),
+            "backups": st["backups"], "remembered": {"new": kept, "total": memory(project).count()}}
 
 
-def done(project: Project) -> None:
-    """A finished sync that verified: its state goes (kept as last.json beside it); the backups stay."""
+def _restore_writes(project: Project, st: dict) -> list[txn.Write]:
+    """Writes that put tree, pin, lock, patches, series, state and registry back as the start's backups hold them."""
+    tree_m, tree_c, _ = bk.load_for_restore(project.backups_dir / st["backups"]["tree"], vendor.objects(project).get)
+    proj_m, proj_c, _ = bk.load_for_restore(project.state_dir / "sync-backups" / st["backups"]["project"],
+                                           vendor.objects(project).get)
+    writes = _tree_writes(project, {rel: (tree_c[rel], e.mode) for rel, e in tree_m.items()}, scan(project.tree))
+    now = project_manifest(project)
+    # a file the start did not record goes only from patches/ (the loop never adds one elsewhere)
+    for rel in sorted(set(proj_m) | {r for r in now if r.startswith("patches/")}):
+        if proj_m.get(rel) != now.get(rel):
+            writes.append(txn.Write(rel, proj_c.get(rel), REGULAR))
+    return writes
+
+
+def _stop_base(ctx: Context) -> tuple[dict[str, bytes | None], Manifest]:
+    """The contents the carried patches give (files they touch) and the whole tree they make, at a stop."""
+    before = apply_series(done_patches(ctx, {}), ctx.new_read).files
+    expected = dict(ctx.new_manifest)
+    for rel, data in before.items():
+        if data is None:
+            expected.pop(rel, None)
+        else:
+            expected[rel] = Entry(sha256_bytes(data), ctx.mode_of(rel))
+    return before, expected
+
+
+def _harvest(project: Project, st: dict) -> int:
+    """Learn the resolutions made so far at the stop: each block whose markers are gone, and each file changed
+    since the stop left it, as a whole (what conflicts no block shows); how many were new."""
+    mem = memory(project)
+    ctx = context(project, st)
+    before, expected = _stop_base(ctx)
+    current = scan(project.tree)
+    rels = {f["file"] for f in (st.get("stop") or {}).get("files", [])}
+    rels |= {rel for _, rel in diff_manifests(expected, current)}
+    kept = 0
+    for rel in sorted(rels):
+        now = project.tree / rel
+        e = current.get(rel)
+        if e is None or e.mode == SYMLINK:
+            continue
+        post = now.read_bytes()
+        pre_path = preimage_path(project, rel)
+        if pre_path.is_file():
+            pre: bytes | None = pre_path.read_bytes()
+            kept += mem.harvest(pre_path.read_bytes(), post, f"{st['stop']['id']} {rel}")
+        else:
+            pre = before[rel] if rel in before else ctx.new_read(rel)
+        if pre is not None and pre != post:
+            kept += mem.put_file(st["stop"]["id"], rel, pre, post)
+    return kept
+
+
+def undo(project: Project, progress: Progress = lambda _m: None) -> dict:
+    """Put a finished sync's pin, lock, patches, series, registry and tree back as they were before its start,
+    while nothing has changed since it finished (the next start replaces the record)."""
     with txn.locked(project.state_dir):
-        p = state_path(project)
-        if p.is_file():
-            shutil.copyfile(p, sync_dir(project) / "last.json")
-            p.unlink()
-
-
-def registry_diff(project: Project, st: dict) -> list[str]:
-    """The registry change the finish applied, as a unified diff against the start's backup."""
-    path = project.state_dir / "sync-backups" / st["backups"]["project"]
-    try:
-        m, c, _ = bk.load_for_restore(path, vendor.objects(project).get)
-    except ForktoolError:
-        return []
-    rel = "registry/UPSTREAM_SYNC.yaml"
-    if rel not in m or not (project.root / rel).is_file():
-        return []
-    a = c[rel].decode("utf-8").splitlines()
-    b = (project.root / rel).read_text(encoding="utf-8").splitlines()
-    return list(difflib.unified_diff(a, b, f"a/{rel}", f"b/{rel}", n=0, lineterm=""))
+        _recover(project, progress)
+        running = read_state(project)
+        if running is not None:
+            raise ForktoolError(f"a sync to {running['to_spec']} is in progress ({running['stage']}); only a "
+                                "finished one can be undone", where=str(state_path(project)),
+                                hint="`forktool sync --abort` goes back from where it stands")
+        rec = schema.load_sync_state(undo_path(project), project.state_dir)
+        if rec is None or "finished" not in rec:
+            raise ForktoolError("no finished sync to undo", where=str(undo_path(project)),
+                                hint="a sync can be undone from its finish until the next `forktool sync --start`")
+        if not has_backups(project, rec):
+            raise ForktoolError(f"the backups of the sync to {rec['to_spec']} are gone", where=str(project.backups_dir),
+                                details=[f".opencoti/vendor-backups/{rec['backups']['tree']}",
+                                         f".opencoti/sync-backups/{rec['backups']['project']}"],
+                                hint="nothing was changed; put the pin, lock, patches and registry back from git")
+        writes = _restore_writes(project, rec)
+        if not writes:  # already as before the start: an undo killed after its transaction; only the record is left
+            undo_path(project).unlink()
+            state_path(project).unlink(missing_ok=True)
+            return {"stage": "undone", "state": rec, "written": 0, "tree_digest": digest(scan(project.tree)),
+                    "backups": rec["backups"]}
+        fin = rec["finished"]
+        now = {rel: e.sha256 for rel, e in project_manifest(project).items()}
+        moved = [rel for rel in sorted(set(now) | set(fin["files"])) if now.get(rel) != fin["files"].get(rel)]
+        tree_now = digest(scan(project.tree))
+        if tree_now != fin["tree_digest"]:
+            moved.insert(0, f"{TREE} (tree digest {tree_now[:12]}, the finish left {fin['tree_digest'][:12]})")
+        if moved:
+            raise ForktoolError(f"{len(moved)} thing(s) changed since the sync to {rec['to_spec']} finished; undoing "
+                                "it would lose them", where=str(project.root), details=moved,
+                                hint="nothing was changed; put them back as the finish left them (e.g. `forktool "
+                                     "apply` for the tree), or restore the start's backups by hand")
+        txn.commit(project.root, sync_dir(project), writes, dict(rec, stage="aborted"))
+        undo_path(project).unlink()
+        state_path(project).unlink(missing_ok=True)
+    return {"stage": "undone", "state": rec, "written": len(writes), "tree_digest": digest(scan(project.tree)),
+            "backups": rec["backups"]}

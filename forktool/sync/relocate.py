@@ -8,6 +8,7 @@ import re
 from forktool.errors import ConfigError
 from forktool.project import Project
 from forktool.registry import Registry
+from forktool.series import Patch
 from forktool.sync.trial import Reader
 from forktool.tree import Manifest
 
@@ -18,12 +19,67 @@ def _component_sources(manifest: Manifest, prefix: str) -> list[str]:
     return sorted(p for p in manifest if p.startswith(prefix) and p.endswith(SOURCE_EXTS))
 
 
-def relocate_hooks(project: Project, read: Reader, manifest: Manifest, prefix: str) -> tuple[dict, str | None]:
-    """Find every registered hook site's symbol again in the new tree (advisory line numbers); also the
-    registry text with the sites that were found moved to their new place (None without a registry)."""
+def relocate_hooks(project: Project, read: Reader, manifest: Manifest, prefix: str,
+                   final: dict[str, bytes | None] | None = None, rebased: dict[str, Patch] | None = None,
+                   dropped: set[str] | None = None) -> tuple[dict, str | None]:
+    """relocate_registry, with the registry as text (registry.dump: a proposal; None without a registry)."""
     from forktool import registry
-    found, reg = relocate(project, read, manifest, prefix)
+    found, reg = relocate_registry(project, read, manifest, prefix, final or {}, rebased or {}, dropped or set())
     return found, registry.dump(reg) if reg is not None else None
+
+
+def relocate_registry(project: Project, read: Reader, manifest: Manifest, prefix: str,
+                      final: dict[str, bytes | None], rebased: dict[str, Patch],
+                      dropped: set[str] | None) -> tuple[dict, Registry | None]:
+    """The registry on the new base, the same for the trial and the loop: each site found again by its symbol
+    (relocate); then, by the markers in final (the files the series touches), sites whose symbol holds no
+    marker any more go (`dropped`), symbols that gained one are added (`added`); the entries of dropped
+    patches (None: every patch not in rebased) go with their hooks; each rebased patch's files and build
+    impact come from its rebased form."""
+    found, reg = relocate(project, read, manifest, prefix)
+    if reg is None:
+        return found, None
+    from forktool import registry as rg
+    from forktool import symbols
+    from forktool.impact import impacts_for
+    from forktool.markers import scan_file
+
+    held: dict[str, dict[tuple[str, str], int]] = {}  # hook -> (file, symbol) -> advisory line
+    for rel, data in sorted(final.items()):
+        for m in scan_file(rel, data or b""):
+            sym = symbols.site_symbol(data or b"", m.line)
+            line = m.line if sym == symbols.FILE_SCOPE else (symbols.find_symbol(data or b"", sym) or m.line)
+            held.setdefault(m.hook, {}).setdefault((rel, sym), line)
+    for hid, hook in list(reg.hooks.items()):
+        here = held.get(hid)
+        if not here:
+            continue  # no marker left at all: the registry check says so; a human decides
+        sites = [s for s in hook.sites if (s.file, s.symbol) in here]
+        known = {(s.file, s.symbol) for s in sites}
+        for s in hook.sites:
+            if (s.file, s.symbol) not in here:
+                for row in found["sites"]:
+                    if (row["hook"], row["file"], row["symbol"]) == (hid, s.file, s.symbol):
+                        row.update(new_file=None, new_line=None, status="dropped")
+        for (f, sym), line in sorted(here.items()):
+            if (f, sym) in known:
+                continue
+            # before the first site of the same file that stands further down, else after that file's last
+            same = [i for i, x in enumerate(sites) if x.file == f]
+            later = [i for i in same if (x := sites[i].line) is not None and x > line]
+            at = later[0] if later else (same[-1] + 1 if same else len(sites))
+            sites.insert(at, rg.Site(f, sym, line))
+            found["sites"].append({"hook": hid, "patch": hook.patch, "symbol": sym, "file": None,
+                                   "line": None, "new_file": f, "new_line": line, "status": "added"})
+        reg.hooks[hid] = dataclasses.replace(hook, sites=tuple(sites))
+    gone = {e.id for e in reg.patches if e.id not in rebased} if dropped is None else dropped
+    dropped_hooks = {h for e in reg.patches if e.id in gone for h in e.hooks}
+    reg.patches[:] = [dataclasses.replace(e, files=tuple(rebased[e.id].paths),
+                                          build_impact=tuple(impacts_for(project, rebased[e.id].paths)))
+                      if e.id in rebased else e for e in reg.patches if e.id not in gone]
+    for h in dropped_hooks:
+        reg.hooks.pop(h, None)
+    return found, reg
 
 
 def _file_scope_marker(data: bytes, hook: str) -> int | None:

@@ -42,6 +42,8 @@ class PatchResult:
     refreshed: Patch | None = None
     note: str = ""
     api: list[dict] = field(default_factory=list)  # upstream declarations it uses that changed (apidrift)
+    # a blocked patch tried anyway, with each earlier conflict taken on the conflicting patch's own side
+    ahead: dict | None = None
 
     @property
     def changed(self) -> bool:
@@ -52,7 +54,7 @@ class PatchResult:
                 "files": [f.to_json() for f in self.files], "blocked_by": self.blocked_by, "drift": self.drift,
                 "refreshed": self.refreshed is not None, "changed": self.changed,
                 "refreshed_sha256": self.refreshed.sha256 if self.refreshed else None, "note": self.note,
-                "api": self.api}
+                "api": self.api, "ahead": self.ahead}
 
 
 Reader = Callable[[str], bytes | None]
@@ -106,6 +108,25 @@ def _conflict_blocks(merged: bytes) -> list[dict]:
     return blocks
 
 
+def own_side(merged: bytes) -> bytes:
+    """A diff3 merge result with every conflict block replaced by its first side (the patch's): a stand-in for
+    the resolution, so the patches after a conflict can still be tried."""
+    out: list[bytes] = []
+    part = None
+    for line in merged.splitlines(keepends=True):
+        if line.startswith(b"<<<<<<< "):
+            part = "ours"
+        elif part == "ours" and line.startswith(b"||||||| "):
+            part = "base"
+        elif part in ("ours", "base") and line.rstrip(b"\r\n") == b"=======":
+            part = "theirs"
+        elif part == "theirs" and line.startswith(b">>>>>>> "):
+            part = None
+        elif part in (None, "ours"):
+            out.append(line)
+    return b"".join(out)
+
+
 def _patch_status(files: list[FileResult]) -> str:
     st = [f.status for f in files]
     if "conflict" in st:
@@ -152,9 +173,24 @@ class OldSide:
         return pre, post, ""
 
 
+class HunkSide:
+    """A patch's own hunks as its pre- and post-images, for a base whose earlier text is not kept (a lower patch
+    of the series was edited): the 3-way merge then takes the patch's change wherever its written context is
+    still recognisable, and leaves a conflict block where the change meets the edit."""
+
+    def step(self, p: Patch) -> tuple[dict[str, bytes | None], dict[str, bytes | None], str]:
+        pre: dict[str, bytes | None] = {}
+        post: dict[str, bytes | None] = {}
+        for fd in p.files:
+            pre[fd.path] = None if fd.is_new else b"".join(t for h in fd.hunks for t in h.old_lines())
+            post[fd.path] = None if fd.is_deleted else b"".join(t for h in fd.hunks for t in h.new_lines())
+        return pre, post, ""
+
+
 def classify(p: Patch, old_pre: dict[str, bytes | None], old_post: dict[str, bytes | None], old_error: str,
-             new_cur: Reader) -> Classified:
-    """Apply p on the new upstream exactly, else reverse-check it, else merge it 3-way from the pinned side."""
+             new_cur: Reader, labels: Callable[[str], tuple[str, str, str]] = lambda _rel: LABELS) -> Classified:
+    """Apply p on the new upstream exactly, else reverse-check it, else merge it 3-way from the pinned side
+    (labels(file) names the three sides of its conflict blocks)."""
     files: list[FileResult] = []
     after: dict[str, bytes | None] = {}
     conflicted: dict[str, bytes] = {}
@@ -181,7 +217,7 @@ def classify(p: Patch, old_pre: dict[str, bytes | None], old_post: dict[str, byt
             files.append(FileResult(fd.path, "conflict", places, reason="the new upstream has no such file "
                                     "(removed or moved); search for its code elsewhere"))
             continue
-        merged, n = fgit.merge_file(old_post[fd.path] or b"", old_pre[fd.path] or b"", cur, LABELS)
+        merged, n = fgit.merge_file(old_post[fd.path] or b"", old_pre[fd.path] or b"", cur, labels(fd.path))
         if n == 0:
             after[fd.path] = merged
             files.append(FileResult(fd.path, "merged", places, reason="3-way merge (git merge-file) without "
@@ -211,11 +247,20 @@ def trial(patches: list[Patch], old_read: Reader, new_read: Reader, mode_of: Cal
     """Apply the series cumulatively on both upstreams; classify each patch on the new one, never stopping."""
     old = OldSide(old_read)
     new_state: dict[str, bytes | None] = {}
+    # new_state with each conflict taken on its patch's own side: what the patches after a conflict are tried on
+    ahead_state: dict[str, bytes | None] = {}
     tainted: dict[str, str] = {}  # path -> the failed patch that left it as it is
     results: list[PatchResult] = []
 
     def new_cur(rel: str) -> bytes | None:
         return new_state[rel] if rel in new_state else new_read(rel)
+
+    def ahead_cur(rel: str) -> bytes | None:
+        return ahead_state[rel] if rel in ahead_state else new_cur(rel)
+
+    def went_ahead(c: Classified) -> None:
+        ahead_state.update(c.after)
+        ahead_state.update({rel: own_side(data) for rel, data in c.conflicted.items()})
 
     for p in patches:
         old_pre, old_post, old_error = old.step(p)
@@ -223,11 +268,17 @@ def trial(patches: list[Patch], old_read: Reader, new_read: Reader, mode_of: Cal
         if blockers:
             for f in p.paths:
                 tainted.setdefault(f, p.id)
-            results.append(PatchResult(p, "blocked", blocked_by=blockers,
-                                       note="touches " + ", ".join(f for f in p.paths if tainted[f] in blockers)
-                                       + " left unpatched by " + ", ".join(blockers)))
+            res = PatchResult(p, "blocked", blocked_by=blockers,
+                              note="touches " + ", ".join(f for f in p.paths if tainted[f] in blockers)
+                              + " left unpatched by " + ", ".join(blockers))
+            c = classify(p, old_pre, old_post, old_error, ahead_cur)
+            went_ahead(c)
+            res.ahead = {"status": c.status, "assumes": f"conflicts of {', '.join(blockers)} taken on the patch's own side",
+                         "files": [f.to_json() for f in c.files if f.status != "clean"]}
+            results.append(res)
             continue
         c = classify(p, old_pre, old_post, old_error, new_cur)
+        went_ahead(c)
         res = PatchResult(p, c.status, c.files, drift=c.drift)
         if c.status == "conflict":
             for f in p.paths:
