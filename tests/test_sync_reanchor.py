@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from tests.conftest import UPSTREAM, Proj
-from tests.test_sync import make_patch
+from tests.helpers.project import UPSTREAM, Proj
+from tests.helpers.sync import sync_patch as make_patch
 
 B = UPSTREAM["src/b.c"]
 LOW = B.replace("line 10\n", "line 10 // lower comment\n")

@@ -9,8 +9,9 @@ import yaml
 
 from forktool.project import Project
 from forktool.sync import loop
-from tests.conftest import UPSTREAM, Proj, git
-from tests.test_sync_loop import NEW, everything, resolve, series
+from tests.helpers.project import UPSTREAM, Proj, git
+from tests.helpers.sync import NEW, everything, resolve
+from tests.helpers.sync import loop_series as series
 
 
 def with_registry(proj: Proj) -> None:
