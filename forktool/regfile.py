@@ -107,7 +107,7 @@ def update_text(text: str, want: rg.Registry, where: str = "registry/UPSTREAM_SY
     have_patches = {p.id: p for p in have.patches}
     pk, pv = top["patches"]
     items = {_pairs(item)["id"][1].value: item for item in pv.value}
-    if pv.flow_style or not pv.value:
+    if pv.flow_style or not pv.value or not want.patches:  # an emptied list is written as []
         if [rg.patch_data(p) for p in want.patches] != [rg.patch_data(p) for p in have.patches]:
             ed.replace_key(pk, pv, [rg.patch_data(p) for p in want.patches])
     else:
@@ -133,7 +133,7 @@ def update_text(text: str, want: rg.Registry, where: str = "registry/UPSTREAM_SY
         for pid in have_patches.keys() - want_patches.keys():
             ed.remove(items[pid].start_mark.line, _last_line(items[pid]))
     hk, hv = top["hooks"]
-    if hv.flow_style or not hv.value:
+    if hv.flow_style or not hv.value or not want.hooks:  # an emptied mapping is written as {}
         if {h.id: rg.hook_data(h) for h in want.hooks.values()} != {h.id: rg.hook_data(h) for h in have.hooks.values()}:
             ed.replace_key(hk, hv, {h.id: rg.hook_data(h) for h in want.hooks.values()})
     else:

@@ -22,7 +22,9 @@ def with_registry(proj: Proj) -> None:
                                     entry("0002", "0002-a.patch", ["up/src/a.c"], ["a-ten"]),
                                     entry("0003", "0003-tail.patch", ["up/src/a.c"], []),
                                     entry("0004", "0004-d.patch", ["up/include/d.h"], [])],
-           "hooks": {"a-ten": {"patch": "0002", "sites": [{"file": "up/src/a.c", "symbol": "a", "line": 1}]}}}
+           # described by a person, so the registry keeps the hook even when a resolution drops its marker
+           "hooks": {"a-ten": {"patch": "0002", "description": "a returns ten",
+                               "sites": [{"file": "up/src/a.c", "symbol": "a", "line": 1}]}}}
     (proj.root / "registry" / "UPSTREAM_SYNC.yaml").write_text("# kept by hand\n" + yaml.safe_dump(reg, sort_keys=False))
     proj.run("registry", "render")
     proj.run("verify")
@@ -62,7 +64,7 @@ def test_a_failed_final_verify_exits_1_and_keeps_the_sync(reg_moved):
     code, out, err = proj.run("sync", "--continue", "--json", expect=1)
     data = json.loads(out)
     assert data["verify"]["ok"] is False and data["stage"] == "finished"
-    assert any("a-ten" in p["what"] for p in data["verify"]["problems"]), data["verify"]["problems"]
+    assert any("a-ten" in p["what"] + p["where"] for p in data["verify"]["problems"]), data["verify"]["problems"]
     _, _, err = proj.run("sync", "--continue", expect=1)  # verifies again, still failing, still in progress
     assert "verify failed" in err and "--abort" in err
     assert (proj.root / ".opencoti" / "sync" / "state.json").is_file()

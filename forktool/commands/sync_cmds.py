@@ -167,9 +167,14 @@ def _finish_report(project: Project, st: dict, res: dict) -> tuple[list[str], li
     path = loop.report_path(project)
     short = [f"{_title(st)}: finished; {len(st['done'])} patch(es): "
              + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))]
-    looked = [d for d in st["done"] if d["status"] in ("resolved", "merged", "skipped", "upstreamed")]
+    # what a person should look at: patches not carried as written, and those using upstream API that changed
+    looked = [d for d in st["done"] if d["status"] in ("resolved", "merged", "skipped", "upstreamed") or d.get("api")]
     for d in looked[:6]:
         short.append(f"  {d['status']:>10} {d['id']} {d['name']}")
+        api = d.get("api", [])
+        short += [f"             [yellow]api drift[/yellow]: {a}" for a in api[:4]]
+        if len(api) > 4:
+            short.append(f"             ... {len(api) - 4} more api drift line(s) in the report")
     if len(looked) > 6:
         short.append(f"  ... {len(looked) - 6} more in the report")
     if hooks:
@@ -190,7 +195,8 @@ def _finish_report(project: Project, st: dict, res: dict) -> tuple[list[str], li
                  + ("; undo the whole move with `forktool sync --undo` (until the next sync)" if v.get("ok") else ""))
     detail = [f"# {_title(st)}", "", "## Patches", ""]
     detail += [f"- {d['status']} {d['id']} {d['name']}" + "".join(f"\n  - {f['file']}: {f['status']}"
-                                                                   for f in d["files"]) for d in st["done"]]
+                                                                   for f in d["files"])
+               + "".join(f"\n  - api drift: {a}" for a in d.get("api", [])) for d in st["done"]]
     detail += ["", "## Hook sites", ""]
     detail += [f"- {h['hook']}: {h['symbol']} {h['status']} ({h['file']}:{h['line']} -> {h['new_file']}:"
                f"{h['new_line']})" for h in hooks]
