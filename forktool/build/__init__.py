@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from forktool import proc, schema
+from forktool.build import cuda, diagnose
 from forktool.errors import ConfigError, ForktoolError, UsageError
 from forktool.index import hash_indexed
 from forktool.project import Project
@@ -305,12 +306,18 @@ def launcher() -> str | None:
     return None
 
 
-def configure_flags(profile: Profile) -> list[str]:
-    """The profile's CMake flags as this machine resolves them (launcher, CUDA architectures); no stamp."""
+def configure_flags(profile: Profile, bdir: Path | None = None) -> list[str]:
+    """The profile's CMake flags as this machine resolves them (launcher, CUDA architectures, where cuBLAS and libcuda
+    are when the toolkit lacks them); no stamp."""
     flags = list(profile.flags)
     if profile.cuda_architectures:
         archs = os.environ.get("FORKTOOL_CUDA_ARCHITECTURES", profile.cuda_architectures)
         flags.append(f"-DCMAKE_CUDA_ARCHITECTURES={archs}")
+    if profile.has_cuda and bdir is not None:
+        try:
+            flags += cuda.find_toolkit().cmake_flags(bdir)
+        except ConfigError:
+            pass  # planning goes on; configuring fails with CMake's own error, quoted with this hint
     lch = launcher()
     if lch:
         langs = ("C", "CXX", "CUDA") if profile.has_cuda else ("C", "CXX")
@@ -372,7 +379,7 @@ def make_plan(project: Project, cfg: BuildConfig, profile: Profile, patches: lis
     bdir = build_dir(project, profile.name)
     comp = project.vendor.components[0]
     stamp_, number = stamp(comp.upstream_commit, [(p.id, p.name, p.sha256) for p in impacts], bool(dirty))
-    flags = configure_flags(profile)
+    flags = configure_flags(profile, bdir)
     src = project.tree / "llama.cpp"
     inputs_key = cmake_inputs_digest(src, manifest)
     reason = _configure_reason(bdir, _flags_key(profile, flags), inputs_key, stamp_)
@@ -772,11 +779,13 @@ def last_error(lines: list[str]) -> str:
     return (real or found or rest or [""])[-1]
 
 
-def _failed(step: str, code: int, log: Path, lines: list[str]) -> ForktoolError:
-    err = last_error(lines)
-    return ForktoolError(f"{step} failed with exit code {code}" + (f": {err}" if err else ""), where=str(log),
-                         details=[f"full log: {log}"],
-                         hint="fix the patch the error points into (`forktool refresh ID`), then build again")
+def _failed(step: str, code: int, log: Path, cause: diagnose.Cause | None, lines: list[str],
+            hint: str) -> ForktoolError:
+    # the first error is the cause; what follows it is often its echo (make's own lines, later cascades)
+    err = cause.text if cause else last_error(lines)
+    return ForktoolError(f"{step} failed with exit code {code}" + (f": {err}" if err else ""),
+                         where=str(log), details=[f"full log: {log}"] + ([f"cause at {cause.where}"] if cause and
+                                                                          cause.where else []), hint=hint)
 
 
 def run_build(project: Project, cfg: BuildConfig, plan: Plan, jobs: int,
@@ -805,6 +814,8 @@ def run_build(project: Project, cfg: BuildConfig, plan: Plan, jobs: int,
             # a flag dropped from the profile would otherwise live on in CMakeCache.txt
             argv.insert(1, "--fresh")
         report(BuildEvent("configure", 0, None, "", f"cmake ({plan.configure_reason})"))
+        if any(cuda.STUB_DIR in f for f in plan.flags):
+            cuda.make_driver_stub(bdir)
         configure = _Background(lambda: _timed(lambda: proc.run(argv, cwd=bdir, env=env, check=False)))
     try:
         before = _hash_outputs(bdir, in_profile)
@@ -820,7 +831,9 @@ def run_build(project: Project, cfg: BuildConfig, plan: Plan, jobs: int,
             text = (res.stdout + res.stderr).decode("utf-8", "replace")
             log.write(f"$ {' '.join(os.fspath(a) for a in res.argv)}\n{text}\n")
             if res.returncode != 0:
-                raise _failed("cmake", res.returncode, log_path, text.splitlines())
+                lines = text.splitlines()
+                raise _failed("cmake", res.returncode, log_path, diagnose.first_error(lines), lines,
+                              diagnose.configure_hint(plan.profile.has_cuda))
             atomic_write(bdir / CONFIGURE_RECORD, json.dumps({
                 "flags_key": _flags_key(plan.profile, plan.flags), "inputs_key": plan.inputs_key or cmake_inputs_digest(src),
                 "stamp": plan.stamp, "flags": plan.flags}, indent=1, sort_keys=True).encode())
@@ -830,9 +843,12 @@ def run_build(project: Project, cfg: BuildConfig, plan: Plan, jobs: int,
         tail: list[str] = []
         report(BuildEvent("start", 0, total, "", f"make -j{jobs} {' '.join(plan.targets)}"))
 
+        first = diagnose.FirstError()
+
         def on_line(line: str) -> None:
             nonlocal total
             log.write(line + "\n")
+            first.feed(line)
             tail.append(line)
             del tail[:-200]
             m = _OBJECT_RE.search(line)
@@ -853,7 +869,8 @@ def run_build(project: Project, cfg: BuildConfig, plan: Plan, jobs: int,
         made = proc.stream(["make", f"-j{jobs}", *plan.targets], cwd=bdir, env=env, on_line=on_line, check=False)
         make_seconds = time.monotonic() - t1
         if made.returncode != 0:
-            raise _failed("make", made.returncode, log_path, tail)
+            raise _failed("make", made.returncode, log_path, first.cause, tail, diagnose.compile_hint(
+                first.cause, str(project.tree), [(p.id, p.files) for p in plan.patches]))
     stats1 = cache_stats(tool) if tool and stats0 else None
     cache = stats1.since(stats0) if stats1 and stats0 else None
     after = _hash_outputs(bdir, in_profile)
