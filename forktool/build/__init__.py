@@ -592,7 +592,7 @@ class BuildResult:
         return dict(sorted(out.items()))
 
 
-def _env(project: Project) -> dict[str, str]:
+def make_env(project: Project) -> dict[str, str]:
     # the vendored tree sits inside the forktool repository: without a ceiling, llama.cpp's CMake would stamp
     # ggml and libllama with *forktool's* git commit and dirty flag, and restamp ggml on every forktool commit
     return {"GIT_CEILING_DIRECTORIES": str(project.tree)}
@@ -788,6 +788,43 @@ def _failed(step: str, code: int, log: Path, cause: diagnose.Cause | None, lines
                                                                           cause.where else []), hint=hint)
 
 
+def cmake_argv(project: Project, plan: Plan) -> list[str | os.PathLike[str]]:
+    """The configure command of a plan (the libcuda stand-in made first where the profile links one)."""
+    bdir = plan.build_dir
+    argv: list[str | os.PathLike[str]] = [
+        "cmake", "-S", project.tree / "llama.cpp", "-B", bdir, "-G", plan.profile.generator, *plan.flags,
+        f"-DLLAMA_BUILD_COMMIT={plan.stamp}", f"-DLLAMA_BUILD_NUMBER={plan.build_number}",
+        # the scoped check reads the translation units from it
+        "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON"]
+    if plan.configure_reason == "profile flags changed":
+        # a flag dropped from the profile would otherwise live on in CMakeCache.txt
+        argv.insert(1, "--fresh")
+    if any(cuda.STUB_DIR in f for f in plan.flags):
+        cuda.make_driver_stub(bdir)
+    return argv
+
+
+def _configured(plan: Plan, res: proc.Result, text: str, log_path: Path, src: Path) -> None:
+    """Raise cmake's first error, else record what it was configured with."""
+    if res.returncode != 0:
+        lines = text.splitlines()
+        raise _failed("cmake", res.returncode, log_path, diagnose.first_error(lines), lines,
+                      diagnose.configure_hint(plan.profile.has_cuda))
+    atomic_write(plan.build_dir / CONFIGURE_RECORD, json.dumps({
+        "flags_key": _flags_key(plan.profile, plan.flags), "inputs_key": plan.inputs_key or cmake_inputs_digest(src),
+        "stamp": plan.stamp, "flags": plan.flags}, indent=1, sort_keys=True).encode())
+
+
+def configure(project: Project, plan: Plan, env: dict[str, str], log: Any) -> float:
+    """Run CMake for the plan now, its output to the open log; the seconds it took."""
+    argv = cmake_argv(project, plan)
+    res, seconds = _timed(lambda: proc.run(argv, cwd=plan.build_dir, env=env, check=False))
+    text = (res.stdout + res.stderr).decode("utf-8", "replace")
+    log.write(f"$ {' '.join(os.fspath(a) for a in res.argv)}\n{text}\n")
+    _configured(plan, res, text, Path(log.name), project.tree / "llama.cpp")
+    return seconds
+
+
 def run_build(project: Project, cfg: BuildConfig, plan: Plan, jobs: int,
               progress: Callable[[BuildEvent], None] | None = None) -> BuildResult:
     """Configure when needed, make the plan's targets, check what kept its bytes; make's output goes to make.log."""
@@ -798,45 +835,32 @@ def run_build(project: Project, cfg: BuildConfig, plan: Plan, jobs: int,
     src = project.tree / "llama.cpp"
     if not (src / "CMakeLists.txt").is_file():
         raise ForktoolError(f"no llama.cpp sources at {src}", where=str(src), hint="run `forktool apply` first")
-    env = _env(project)
+    env = make_env(project)
     in_profile = cfg.artifacts_in(plan.profile)
     tool = launcher()
     log_path = bdir / MAKE_LOG
     # on the other core, while this thread sums the outputs and reads the cache's counters: the record's checker
     # (loaded before make, used after it) and cmake (which touches neither the outputs nor the counters)
     checker = _Background(lambda: schema.prepare("build-record")) if "jsonschema" not in sys.modules else None
-    configure = None
+    configuring = None
     if plan.configure_reason:
-        argv: list[str | os.PathLike[str]] = [
-            "cmake", "-S", src, "-B", bdir, "-G", plan.profile.generator, *plan.flags,
-            f"-DLLAMA_BUILD_COMMIT={plan.stamp}", f"-DLLAMA_BUILD_NUMBER={plan.build_number}"]
-        if plan.configure_reason == "profile flags changed":
-            # a flag dropped from the profile would otherwise live on in CMakeCache.txt
-            argv.insert(1, "--fresh")
+        argv = cmake_argv(project, plan)
         report(BuildEvent("configure", 0, None, "", f"cmake ({plan.configure_reason})"))
-        if any(cuda.STUB_DIR in f for f in plan.flags):
-            cuda.make_driver_stub(bdir)
-        configure = _Background(lambda: _timed(lambda: proc.run(argv, cwd=bdir, env=env, check=False)))
+        configuring = _Background(lambda: _timed(lambda: proc.run(argv, cwd=bdir, env=env, check=False)))
     try:
         before = _hash_outputs(bdir, in_profile)
         stats0 = cache_stats(tool, where=False) if tool else None  # the location comes with the second reading
     except BaseException:
-        if configure is not None:
-            configure.join()  # cmake does not go on writing the build directory after forktool stopped
+        if configuring is not None:
+            configuring.join()  # cmake does not go on writing the build directory after forktool stopped
         raise
     configure_seconds = 0.0
     with open(log_path, "w", encoding="utf-8", buffering=1) as log:  # line by line: `tail -f` follows it
-        if configure is not None:
-            res, configure_seconds = configure.result()
+        if configuring is not None:
+            res, configure_seconds = configuring.result()
             text = (res.stdout + res.stderr).decode("utf-8", "replace")
             log.write(f"$ {' '.join(os.fspath(a) for a in res.argv)}\n{text}\n")
-            if res.returncode != 0:
-                lines = text.splitlines()
-                raise _failed("cmake", res.returncode, log_path, diagnose.first_error(lines), lines,
-                              diagnose.configure_hint(plan.profile.has_cuda))
-            atomic_write(bdir / CONFIGURE_RECORD, json.dumps({
-                "flags_key": _flags_key(plan.profile, plan.flags), "inputs_key": plan.inputs_key or cmake_inputs_digest(src),
-                "stamp": plan.stamp, "flags": plan.flags}, indent=1, sort_keys=True).encode())
+            _configured(plan, res, text, log_path, src)
         total = objects_to_do(bdir, plan.targets, env)
         objects: list[str] = []
         linked: list[str] = []
