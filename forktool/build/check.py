@@ -108,9 +108,9 @@ def units(bdir: Path) -> list[Unit]:
     path = bdir / "compile_commands.json"
     try:
         entries = json.loads(path.read_bytes())
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"cannot read {path.name}: {e}", where=str(path),
-                          hint="configure again (`forktool build --check` runs CMake with compile commands on)") from e
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"cannot read {path.name}: {err}", where=str(path),
+                          hint="configure again (`forktool build --check` runs CMake with compile commands on)") from err
     out = []
     for e in entries if isinstance(entries, list) else []:
         if not isinstance(e, dict):
