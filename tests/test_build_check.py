@@ -28,6 +28,8 @@ target_include_directories(demo PRIVATE include)
 add_executable(demo-cli tools/main.c)
 target_include_directories(demo-cli PRIVATE include)
 target_link_libraries(demo-cli demo)
+add_executable(other tools/other.c)
+target_include_directories(other PRIVATE include)
 """
 
 FILES = {
@@ -37,6 +39,7 @@ FILES = {
     "src/a.c": '#include "common.h"\nint a(void) { return ONE; }\n',
     "src/b.c": "#include <lone.h>\nint b(void) { return LONE; }\n",
     "tools/main.c": "int a(void);\nint b(void);\nint main(void) { return a() + b(); }\n",
+    "tools/other.c": '#include "common.h"\nint main(void) { return ONE; }\n',  # a target the profile does not build
 }
 
 
@@ -59,9 +62,12 @@ def objects_under(bdir: Path) -> set[str]:
 @needs_cmake
 def test_only_the_units_a_header_reaches_are_compiled(project: Project) -> None:
     bdir = project.root / "build" / "tiny"
-    # inner.h reaches a.c through common.h (a quoted include found through the target's -I)
+    # inner.h reaches a.c through common.h (a quoted include found through the target's -I); other.c includes it
+    # too, but the profile does not build `other` (CMake's codemodel says what demo-cli needs)
     res = run_check(project, ["llama.cpp/include/deep/inner.h"])
     assert res.ok and res.units == ["llama.cpp/src/a.c"]
+    assert "other" in b.cmakeapi.targets(bdir) and b.cmakeapi.closure(b.cmakeapi.targets(bdir), ["demo-cli"]) == {
+        "demo-cli", "demo"}
     assert objects_under(bdir) == {"CMakeFiles/demo.dir/src/a.c.o"} and len(res.compiled) == 1
     # an angle include through -I; a source file feeds itself; a file nothing includes feeds nothing
     res = run_check(project, ["llama.cpp/include/lone.h", "llama.cpp/tools/main.c", "llama.cpp/README.md"])

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from forktool import proc, schema
-from forktool.build import cuda, diagnose
+from forktool.build import cmakeapi, cuda, diagnose
 from forktool.errors import ConfigError, ForktoolError, UsageError
 from forktool.index import hash_indexed
 from forktool.project import Project
@@ -801,6 +801,7 @@ def cmake_argv(project: Project, plan: Plan) -> list[str | os.PathLike[str]]:
         argv.insert(1, "--fresh")
     if any(cuda.STUB_DIR in f for f in plan.flags):
         cuda.make_driver_stub(bdir)
+    cmakeapi.request(bdir)  # the targets and their sources, for the scoped check and the drift report
     return argv
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from forktool import proc
-from forktool.build import diagnose
+from forktool.build import cmakeapi, diagnose
 from forktool.errors import ConfigError, ForktoolError
 from forktool.tree import atomic_write
 
@@ -38,6 +38,10 @@ class Unit:
     obj: str  # relative to the build directory
     makefile: str  # the target's build.make, relative to the build directory
     include_dirs: tuple[str, ...]  # absolute, in search order
+
+    @property
+    def target(self) -> str:
+        return self.makefile.removesuffix(".dir/build.make").rpartition("/")[2]
 
 
 @dataclass
@@ -195,11 +199,16 @@ def compile_units(project: Project, cfg: BuildConfig, plan: Plan, paths: list[st
     env = make_env(project)
     res = CheckResult(plan.profile.name, "compiled", log=str(log_path))
     with open(log_path, "w", encoding="utf-8", buffering=1) as log:
-        if plan.configure_reason or not (bdir / "compile_commands.json").is_file():
-            report(BuildEvent("configure", 0, None, "", f"cmake ({plan.configure_reason or 'compile commands'})"))
+        model = cmakeapi.targets(bdir)
+        if plan.configure_reason or model is None or not (bdir / "compile_commands.json").is_file():
+            report(BuildEvent("configure", 0, None, "", f"cmake ({plan.configure_reason or 'the codemodel'})"))
             configure(project, plan, env, log)
+            model = cmakeapi.targets(bdir)
+        # only what this profile builds: its targets, its artifacts' targets, and everything they need
+        wanted = [*plan.profile.targets, *(t for a in cfg.artifacts_in(plan.profile) for t in a.targets)]
+        built = cmakeapi.closure(model, wanted) if model is not None else None
         touched = {os.path.normpath(os.path.join(root, p)) for p in paths}
-        todo = feeding(units(bdir), touched, root + "/")
+        todo = [u for u in feeding(units(bdir), touched, root + "/") if built is None or u.target in built]
         res.units = sorted({os.path.relpath(u.source, root) for u in todo})
         by_make: dict[str, list[Unit]] = {}
         for u in todo:
