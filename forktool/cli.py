@@ -87,6 +87,8 @@ def _refresh(p: Project, o: Opts) -> Report:
 def _build(p: Project, o: Opts) -> Report:
     from forktool.commands import build_cmds
     jobs = _value(o, "--jobs") or _value(o, "-j")
+    if "--check" in o:
+        return build_cmds.check(p, _value(o, "--profile"), "--all" in o, int(jobs) if jobs else None)
     return build_cmds.build(p, _value(o, "--profile") or "cpu", "--plan" in o, int(jobs) if jobs else None)
 
 
@@ -124,7 +126,7 @@ PLAIN: list[tuple[tuple[str, ...], frozenset[str], frozenset[str], tuple[str, ..
     (("apply",), frozenset({"--json", "--force", "--reanchor"}), frozenset({"--upto"}), (), _apply),
     (("unapply",), frozenset({"--json", "--force"}), frozenset({"--to"}), (), _unapply),
     (("refresh",), frozenset({"--json"}), frozenset(), ("ID",), _refresh),
-    (("build",), frozenset({"--json", "--plan"}), frozenset({"--profile", "--jobs", "-j"}), (), _build),
+    (("build",), frozenset({"--json", "--plan", "--check", "--all"}), frozenset({"--profile", "--jobs", "-j"}), (), _build),
     (("markers",), frozenset({"--json"}), frozenset(), (), _markers),
     (("registry", "check"), frozenset({"--json"}), frozenset(), (), _registry_check),
     (("vendor", "status"), frozenset({"--json"}), frozenset(), (), _vendor_status),

@@ -148,13 +148,20 @@ def backup_prune(keep: Annotated[int, typer.Option(help="How many of the newest 
 
 
 @app.command()
-def build(profile: Annotated[str, typer.Option(help="Build profile from registry/build.yaml (cpu, cuda).")] = "cpu",
+def build(profile: Annotated[str | None, typer.Option(
+              help="Build profile from registry/build.yaml (cpu, cuda); default cpu.")] = None,
           plan: Annotated[bool, typer.Option("--plan", help="Only show what would be rebuilt and why.")] = False,
+          check: Annotated[bool, typer.Option(
+              "--check", help="Only compile the translation units the series' files feed, and record it.")] = False,
+          every: Annotated[bool, typer.Option("--all", help="With --check: every profile.")] = False,
           jobs: Annotated[int | None, typer.Option("-j", "--jobs", help="make -jN (default: CPU count).")] = None,
           json: Json = False) -> None:
     """Configure once, then make only the targets the applied patches impact; check the rest kept its bytes."""
     from forktool.commands import build_cmds
-    _run(json, lambda p: build_cmds.build(p, profile, plan, jobs))
+    if check:
+        _run(json, lambda p: build_cmds.check(p, profile, every, jobs))
+        return
+    _run(json, lambda p: build_cmds.build(p, profile or "cpu", plan, jobs))
 
 
 package_app = typer.Typer(invoke_without_command=True, help="Deterministic release directory and archive.")
