@@ -221,7 +221,10 @@ SYNC_COMPONENT = obj({
     "url": {"type": "string", "maxLength": 4096}, "commit": _OPTIONAL_HEX["commit"]},
     ["name", "kind", "include", "exclude", "upstream_commit", "package", "version", "sha256", "subdir", "url",
      "commit"])
-_FILE_STATUS = {"enum": ["clean", "offset", "merged", "conflict", "upstreamed", "resolved"]}
+_FILE_STATUS = {"enum": ["clean", "offset", "merged", "conflict", "upstreamed", "resolved", "compile error"]}
+# a profile's scoped compile check, as the sync keeps it
+SYNC_COMPILE = obj({"profile": NAME, "status": {"enum": ["compiled", "failed", "not compiled"]}, "reason": TEXT,
+                    "units": COUNT}, ["profile", "status", "reason", "units"])
 SYNC_DONE = obj({
     "id": PATCH_ID, "name": PATCH_NAME,
     "status": {"enum": ["clean", "offset", "merged", "conflict", "upstreamed", "resolved", "skipped"]},
@@ -240,7 +243,12 @@ SYNC_STOP = obj({
                                                     "maximum": 100_000_000}]}}, ["hunk", "how", "offset"])},
         "blocks": {"type": "array", "maxItems": 100_000, "items": {"type": "integer", "minimum": 1,
                                                                    "maximum": 100_000_000}}},
-        ["file", "status", "reason", "hunks", "blocks"])}},
+        ["file", "status", "reason", "hunks", "blocks"])},
+    # a compile stop: the tree holds the patches before it and its own change; what failed, where
+    "kind": {"enum": ["conflict", "compile"]},
+    "compile": obj({"profile": NAME, "cause": TEXT, "where": TEXT, "log": TEXT,
+                    "failed": {"type": "array", "maxItems": 100_000, "items": REL_PATH}},
+                   ["profile", "cause", "where", "log", "failed"])},
     ["id", "name", "title", "files"])
 SYNC_STATE = obj({
     "version": {"const": 1, "type": "integer", "x-error": "unsupported sync state version (expected 1)"},
@@ -259,6 +267,7 @@ SYNC_STATE = obj({
     "hooks": obj({"registry": {"type": "boolean"}, "error": TEXT,
                   "sites": {"type": "array", "maxItems": 1_000_000, "items": {"type": "object", "maxProperties": 20}}},
                  ["registry", "sites"]),
+    "compile": {"type": "array", "maxItems": 1000, "items": SYNC_COMPILE},
 }, ["version", "stage", "component", "from_spec", "to_spec", "to", "old_pristine_digest", "new_pristine_digest",
     "tree_digest_before", "backups", "original", "position", "done", "stop", "started"])
 

@@ -250,6 +250,41 @@ def compile_units(project: Project, cfg: BuildConfig, plan: Plan, paths: list[st
     return res
 
 
+def _unavailable(project: Project, profile: Any) -> str:
+    """Why this machine cannot compile the profile ("" when it can)."""
+    from forktool.build import cuda
+
+    if not (project.tree / "llama.cpp" / "CMakeLists.txt").is_file():
+        return "the vendored tree has no llama.cpp/CMakeLists.txt"
+    if profile.has_cuda:
+        try:
+            cuda.find_toolkit()
+        except ConfigError as e:
+            return e.what
+    return ""
+
+
+def compile_series(project: Project, patches: list[Any], jobs: int | None = None,
+                   progress: Callable[[str], None] = lambda _m: None) -> list[CheckResult]:
+    """The scoped check of every profile on the tree as it stands on disk, for the units the patches' files feed
+    (workspace Patch objects, in order); a profile this machine cannot compile is "not compiled"."""
+    from forktool.build import load_config, make_plan
+
+    cfg = load_config(project)
+    out = []
+    for name in sorted(cfg.profiles):
+        prof = cfg.profiles[name]
+        why = _unavailable(project, prof)
+        if why:
+            out.append(CheckResult(name, NOT_COMPILED, reason=why))
+            continue
+        progress(f"compiling what the series feeds ({name} profile)")
+        plan = make_plan(project, cfg, prof, patches, [])
+        paths = sorted({f for p in plan.patches for f in p.files})
+        out.append(compile_units(project, cfg, plan, paths, jobs or os.cpu_count() or 1))
+    return out
+
+
 def check_compile(ws: Workspace, profile: str, paths: list[str] | None = None, jobs: int | None = None,
                   progress: Callable[[BuildEvent], None] | None = None) -> CheckResult:
     """The scoped check of one profile on the workspace's tree: the units the applied series' files (or the
@@ -265,15 +300,18 @@ def check_compile(ws: Workspace, profile: str, paths: list[str] | None = None, j
     applied = ws.patches[:len(ws.state.applied)]
     tree_digest = digest(ws.current())
     sd = series_digest(ws.patches)
-    if prof.has_cuda:
-        try:
-            cuda.find_toolkit()
-        except ConfigError as e:
-            return CheckResult(profile, NOT_COMPILED, reason=e.what, hint=e.hint, series_digest=sd,
-                               tree_digest=tree_digest)
-    if not (project.tree / "llama.cpp" / "CMakeLists.txt").is_file():
-        raise ForktoolError(f"no llama.cpp sources at {project.tree / 'llama.cpp'}", where=str(project.tree),
+    if not project.tree.is_dir():
+        raise ForktoolError(f"no vendored tree at {project.tree}", where=str(project.tree),
                             hint="run `forktool apply` first")
+    why = _unavailable(project, prof)
+    if why:
+        hint = ""
+        if prof.has_cuda:
+            try:
+                cuda.find_toolkit()
+            except ConfigError as e:
+                hint = e.hint
+        return CheckResult(profile, NOT_COMPILED, reason=why, hint=hint, series_digest=sd, tree_digest=tree_digest)
     dirty = sorted({p for _, p in ws.local_changes()})
     plan = make_plan(project, cfg, prof, applied, dirty, ws.current())
     whole = paths is None
@@ -317,3 +355,14 @@ def status_for(project: Project, profiles: list[str], series_digest: str, tree_d
         same = r.get("series_digest") == series_digest and r.get("tree_digest") == tree_digest
         out[name] = str(r.get("status")) if same and r.get("status") in ("compiled", "failed") else NOT_COMPILED
     return out
+
+
+def profile_statuses(project: Project, series_digest: str, tree_digest: str) -> dict[str, str]:
+    """Every profile of registry/build.yaml -> its compile status for this series and tree (none: {})."""
+    from forktool.impact import profile_names
+
+    try:
+        names = profile_names(project)
+    except ForktoolError:
+        return {}  # a project without build profiles (verify reports a broken build.yaml elsewhere)
+    return status_for(project, names, series_digest, tree_digest)

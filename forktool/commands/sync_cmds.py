@@ -58,6 +58,11 @@ NEXT = ("edit the files above (each `<<<<<<< patch` ... `>>>>>>> new upstream` b
         "{id}; `forktool sync --abort` puts pin, lock, patches and tree back as they were")
 
 
+COMPILE_NEXT = ("the tree holds the patches before {id} and {id} itself: fix the compile error above in "
+                "vendor/llamafile (what {id} means on the new upstream), then run `forktool sync --continue`; "
+                "`forktool sync --skip` drops {id}; `forktool sync --abort` puts everything back")
+
+
 def _summary(st: dict) -> dict:
     names = [n for n, _ in st["original"]]
     return {"stage": st["stage"], "from": st["from_spec"], "to": st["to_spec"], "position": st["position"],
@@ -76,7 +81,11 @@ def loop_lines(st: dict) -> list[str]:
         lines.append(f"  [{c}]{d['status']:>10}[/{c}] {d['id']} {d['name']}" + (f" ({extra})" if extra else ""))
     stop = st.get("stop")
     if stop and st["stage"] == "stopped":
-        lines.append(f"  [red]{'conflict':>10}[/red] {stop['id']} {stop['title']}")
+        lines.append(f"  [red]{stop.get('kind', 'conflict'):>10}[/red] {stop['id']} {stop['title']}")
+        if stop.get("kind") == "compile":
+            c = stop["compile"]
+            lines.append(f"             {c['profile']} profile: {output.escape(c['cause'])} (at {c['where']}; "
+                         f"log {c['log']})")
         for f in stop["files"]:
             hunks = ", ".join(f"#{h['hunk']} {h['how']}" for h in f["hunks"])
             blocks = ", ".join(str(n) for n in f["blocks"])
@@ -111,7 +120,7 @@ def sync_loop(project: Project, action: str, spec: str | None) -> Report:
                       exit_code=0 if same else 1)
     lines = loop_lines(st)
     if res["stage"] == "stopped":
-        lines.append(NEXT.format(id=st["stop"]["id"]))
+        lines.append((COMPILE_NEXT if st["stop"].get("kind") == "compile" else NEXT).format(id=st["stop"]["id"]))
         t = data["timings"]
         if "tool_s" in t:
             lines.append(f"time: {t['tool_s']:.1f} s" + (f" (fetch {t['fetch_s']:.1f} s"
@@ -129,6 +138,10 @@ def sync_loop(project: Project, action: str, spec: str | None) -> Report:
         lines += [f"  {ln}" for ln in data["registry_diff"]]
     lines.append(f"[green]moved the pin to {st['to_spec']}[/green]: vendor.yaml, vendor.lock, patches and series "
                  "rewritten on the new base")
+    data["compile"] = st.get("compile", [])
+    lines += [f"compile {c['profile']}: {c['status']}" + (f" ({c['reason']})" if c["reason"] else
+                                                          f" ({c['units']} unit(s) the series feeds)")
+              for c in data["compile"]]
     data["verify"] = res.get("verify", {})
     data["build_plan"] = res.get("build_plan", {})
     if res.get("verify", {}).get("ok"):
@@ -176,7 +189,7 @@ def status_report(project: Project) -> Report | None:
     if not loop.has_backups(project, st):
         lines.append("recorded elsewhere: run `forktool sync --start` to reach this stop here")
     elif st["stage"] == "stopped":
-        lines.append(NEXT.format(id=st["stop"]["id"]))
+        lines.append((COMPILE_NEXT if st["stop"].get("kind") == "compile" else NEXT).format(id=st["stop"]["id"]))
     else:
         lines.append("run `forktool sync --continue` to go on, or `forktool sync --abort`")
     return Report({"sync": _summary(st)}, lines)
