@@ -23,6 +23,7 @@ from forktool.project import Component, Project
 from forktool.registry import Registry
 from forktool.series import Patch
 from forktool.state import State
+from forktool.sync import compilegate
 from forktool.sync.accept import _repin_text
 from forktool.sync.fetch import fetch_target, resolve_spec
 from forktool.sync.relocate import relocate
@@ -244,6 +245,9 @@ def _same_file(root: Path, w: txn.Write) -> bool:
 
 def _finish(project: Project, st: dict, progress: Progress) -> dict:
     """Move the pin and the lock, record the applied series, relocate the registry's sites: one transaction."""
+    stopped = compilegate.gate(project, st, progress)  # or stop at the patch whose units do not compile
+    if stopped is not None:
+        return stopped
     ctx = _context(project, st)
     active = _done_patches(ctx, {})
     final = apply_series(active, ctx.new_read)
