@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
-import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -83,29 +82,6 @@ def _hash_outputs(bdir: Path, arts: list[ArtifactSpec]) -> dict[str, str]:
 
 
 T = TypeVar("T")
-
-
-class _Background(threading.Thread):
-    """fn() on another thread; result() waits for it and returns its value, or raises what it raised."""
-
-    def __init__(self, fn: Callable[[], T]) -> None:
-        super().__init__(daemon=True)
-        self._fn: Callable[[], Any] = fn
-        self._value: Any = None
-        self._error: BaseException | None = None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            self._value = self._fn()
-        except BaseException as e:  # handed to the thread that asks for the result
-            self._error = e
-
-    def result(self) -> Any:
-        self.join()
-        if self._error is not None:
-            raise self._error
-        return self._value
 
 
 def _timed(fn: Callable[[], T]) -> tuple[T, float]:
@@ -184,20 +160,21 @@ def run_build(project: Project, cfg: BuildConfig, plan: Plan, jobs: int,
     in_profile = cfg.artifacts_in(plan.profile)
     tool = launcher()
     log_path = bdir / MAKE_LOG
-    # on the other core, while this thread sums the outputs and reads the cache's counters: the record's checker
-    # (loaded before make, used after it) and cmake (which touches neither the outputs nor the counters)
-    checker = _Background(lambda: schema.prepare("build-record")) if "jsonschema" not in sys.modules else None
-    configuring = None
+    # cmake runs on the other core while this thread sums the outputs and reads the cache's counters (it touches
+    # neither)
+    configuring: Future[tuple[proc.Result, float]] | None = None
+    pool = ThreadPoolExecutor(max_workers=1)
     if plan.configure_reason:
         argv = cmake_argv(project, plan)
         report(BuildEvent("configure", 0, None, "", f"cmake ({plan.configure_reason})"))
-        configuring = _Background(lambda: _timed(lambda: proc.run(argv, cwd=bdir, env=env, check=False)))
+        configuring = pool.submit(_timed, lambda: proc.run(argv, cwd=bdir, env=env, check=False))
+    pool.shutdown(wait=False)
     try:
         before = _hash_outputs(bdir, in_profile)
         stats0 = cache_stats(tool, where=False) if tool else None  # the location comes with the second reading
     except BaseException:
         if configuring is not None:
-            configuring.join()  # cmake does not go on writing the build directory after forktool stopped
+            wait([configuring])  # cmake does not go on writing the build directory after forktool stopped
         raise
     configure_seconds = 0.0
     with open(log_path, "w", encoding="utf-8", buffering=1) as log:  # line by line: `tail -f` follows it
@@ -258,8 +235,6 @@ def run_build(project: Project, cfg: BuildConfig, plan: Plan, jobs: int,
               "outputs": after, "flags": plan.flags, "targets": list(plan.profile.targets),
               "objects": len(objects), "seconds": round(result.seconds, 3), "make_seconds": round(make_seconds, 3),
               "cache": cache.to_json() if cache else None}
-    if checker is not None:
-        checker.result()
     # checked as it is written, so the next build's read finds it known valid and need not load jsonschema
     schema.check(record, "build-record", str(bdir / RECORD))
     atomic_write(bdir / RECORD, json.dumps(record, indent=1, sort_keys=True).encode())
