@@ -106,3 +106,37 @@ def test_abort_after_a_compile_stop_restores_everything(proj: Proj, monkeypatch:
     proj.run("sync", "--to", git(proj.upstream, "rev-parse", "HEAD"), "--start", expect=1)
     proj.run("sync", "--abort")
     assert (digest(scan(proj.tree)), (proj.root / "vendor" / "vendor.lock").read_bytes()) == before
+
+
+def test_check_is_recorded_and_verify_says_which_profiles_compiled(proj: Proj,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FORKTOOL_LAUNCHER", "none")
+    v = proj.json("verify")
+    assert v["ok"] and v["compiled"] == {"cpu": "not compiled"}
+    _, _, err = proj.run("verify")
+    assert "not compiled for this series and tree: cpu" in err and "verify: OK; not compiled: cpu" in err
+    data = proj.json("build", "--check")
+    [res] = data["profiles"]
+    assert data["ok"] and res["status"] == "compiled"
+    assert res["units"] == ["llama.cpp/src/impl.c", "llama.cpp/src/other.c"] and len(res["compiled"]) == 2
+    assert proj.json("verify")["compiled"] == {"cpu": "compiled"}
+    _, _, err = proj.run("verify")
+    assert "compiled for this series and tree: cpu" in err and "not compiled" not in err
+    # usage errors name the option
+    _, _, err = proj.run("build", "--check", "--all", "--profile", "cpu", expect=2)
+    assert "--all" in err
+    _, _, err = proj.run("build", "--check", "--profile", "nosuch", expect=2)
+    assert "no build profile 'nosuch'" in err
+    # a patch that breaks the compile: the check fails at its line, the record of this tree fails verify
+    broken = IMPL_PATCHED + "int broken(void) { return missing_symbol; }\n"
+    patch = make_patch("0004-broken.patch", "impl: broken",
+                       [("llama.cpp/src/impl.c", IMPL_PATCHED.encode(), broken.encode())])
+    proj.write_patch(patch.name, patch.raw.decode())
+    proj.run("apply")
+    code, out, err = proj.run("build", "--check", "--json", expect=1)
+    [res] = json.loads(out)["profiles"]
+    assert res["status"] == "failed" and res["failed"] == ["llama.cpp/src/impl.c"]
+    assert res["cause"]["line"] == 4 and "missing_symbol" in res["cause"]["text"]
+    assert "`forktool refresh 0004`" in res["hint"]  # 0002 and 0004 change impl.c: the later one is named
+    _, _, err = proj.run("verify", expect=1)
+    assert "compile check of this series failed for cpu" in err

@@ -120,8 +120,9 @@ def verify(project: Project, use_cache: bool = True) -> Report:
                          "all markers at their sites)")
         lines += [f"[yellow]advisory:[/yellow] {a}" for a in v.advisories]
         lines += compile_lines
-        lines.append("[green]verify: OK[/green]" + (" (cached verdict: no input changed)" if v.cached else "")
-                     + (f"; not compiled: {', '.join(by['not compiled'])}" if by["not compiled"] else ""))
+        lines.append("[green]verify: OK[/green]" + (f"; not compiled: {', '.join(by['not compiled'])}" if
+                                                     by["not compiled"] else "")
+                     + (" (cached verdict: no input changed)" if v.cached else ""))
         return Report(data, lines)
     data["error"] = f"verify found {len(v.problems)} difference(s)"
     lines = [f"[red]✗[/red] {output.escape(str(p))}" for p in v.problems]
