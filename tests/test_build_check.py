@@ -12,7 +12,7 @@ import pytest
 from test_build_cache import tiny_project
 
 from forktool import build as b
-from forktool.build import check, cuda, diagnose
+from forktool.build import check, cmakeapi, cuda, diagnose
 from forktool.errors import ForktoolError
 from forktool.project import Project
 from forktool.tree import sha256_file
@@ -66,7 +66,7 @@ def test_only_the_units_a_header_reaches_are_compiled(project: Project) -> None:
     # too, but the profile does not build `other` (CMake's codemodel says what demo-cli needs)
     res = run_check(project, ["llama.cpp/include/deep/inner.h"])
     assert res.ok and res.units == ["llama.cpp/src/a.c"]
-    assert "other" in b.cmakeapi.targets(bdir) and b.cmakeapi.closure(b.cmakeapi.targets(bdir), ["demo-cli"]) == {
+    assert "other" in cmakeapi.targets(bdir) and cmakeapi.closure(cmakeapi.targets(bdir), ["demo-cli"]) == {
         "demo-cli", "demo"}
     assert objects_under(bdir) == {"CMakeFiles/demo.dir/src/a.c.o"} and len(res.compiled) == 1
     # an angle include through -I; a source file feeds itself; a file nothing includes feeds nothing

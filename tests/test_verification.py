@@ -13,7 +13,7 @@ from tests.conftest import Proj
 from tests.test_registry import rp  # noqa: F401  (the fixture: a project with a registry)
 
 KEYS = {"ok", "problems", "tree_digest", "series_digest", "applied", "exported", "full_series", "registry",
-        "advisories", "cached"}
+        "advisories", "cached", "compiled"}
 
 
 def verdict(p: Proj, *extra: str) -> dict:
