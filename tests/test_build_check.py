@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_build_cache import tiny_project
+from test_build_cache import sccache, tiny_project  # noqa: F401 (a fixture)
 
 from forktool import build as b
 from forktool.build import check, cmakeapi, cuda, diagnose
@@ -97,6 +97,17 @@ def test_a_compile_error_is_quoted_at_its_cause_and_nothing_else_changes(project
     assert "no patch changes" in res.hint and "refresh" not in res.hint.split(":")[0]
     assert "expected" in Path(res.log).read_text()
     assert sha256_file(a_obj) == before
+
+
+@needs_cmake
+def test_the_check_goes_through_the_compiler_cache(tmp_path: Path, sccache: str) -> None:  # noqa: F811
+    project = tiny_project(tmp_path, CMAKE, FILES)
+    cold = run_check(project, ["llama.cpp/include/lone.h"])
+    assert cold.ok and cold.units == ["llama.cpp/src/b.c"] and "1 miss(es)" in cold.cache
+    (project.root / "build" / "tiny" / "CMakeFiles" / "demo.dir" / "src" / "b.c.o").unlink()
+    warm = run_check(project, ["llama.cpp/include/lone.h"])
+    assert warm.ok and len(warm.compiled) == 1 and "1 hit(s), 0 miss(es)" in warm.cache
+    assert warm.cache in warm.describe()
 
 
 def test_first_error_is_the_cause_in_each_tool_s_format() -> None:

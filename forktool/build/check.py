@@ -55,6 +55,7 @@ class CheckResult:
     cause: diagnose.Cause | None = None
     hint: str = ""
     seconds: float = 0.0
+    cache: str = ""  # the compiler cache's counters over the check ("" without a readable launcher)
     log: str = ""
     series_digest: str = ""
     tree_digest: str = ""
@@ -69,7 +70,8 @@ class CheckResult:
         n = len(self.units)
         if self.ok:
             return (f"{self.profile}: compiled {n} translation unit(s) the series feeds ({len(self.compiled)} "
-                    f"recompiled, {n - len(self.compiled)} up to date) in {self.seconds:.1f} s")
+                    f"recompiled, {n - len(self.compiled)} up to date) in {self.seconds:.1f} s"
+                    + (f"; {self.cache}" if self.cache else ""))
         return (f"{self.profile}: {len(self.failed) or 'some'} of {n} translation unit(s) failed to compile: "
                 f"{self.cause.text if self.cause else 'see ' + self.log}")
 
@@ -77,7 +79,7 @@ class CheckResult:
         return {"profile": self.profile, "status": self.status, "reason": self.reason, "units": self.units,
                 "compiled": self.compiled, "failed": self.failed,
                 "cause": {"text": self.cause.text, "file": self.cause.file, "line": self.cause.line} if self.cause
-                else None, "hint": self.hint, "seconds": round(self.seconds, 3), "log": self.log,
+                else None, "hint": self.hint, "seconds": round(self.seconds, 3), "cache": self.cache, "log": self.log,
                 "series_digest": self.series_digest, "tree_digest": self.tree_digest}
 
 
@@ -188,7 +190,7 @@ def compile_units(project: Project, cfg: BuildConfig, plan: Plan, paths: list[st
                   progress: Callable[[BuildEvent], None] | None = None) -> CheckResult:
     """Configure when needed, then make exactly the objects of the units paths (relative to the vendored tree)
     feed, with the profile's compiler cache; make's output goes to the build directory's check.log."""
-    from forktool.build import BuildEvent, configure, make_env
+    from forktool.build import BuildEvent, cache_stats, configure, launcher, make_env
 
     t0 = time.monotonic()
     report = progress or (lambda _e: None)
@@ -213,6 +215,8 @@ def compile_units(project: Project, cfg: BuildConfig, plan: Plan, paths: list[st
         by_make: dict[str, list[Unit]] = {}
         for u in todo:
             by_make.setdefault(u.makefile, []).append(u)
+        tool = launcher()
+        stats0 = cache_stats(tool, where=False) if tool else None
         first = diagnose.FirstError()
         failed_objs: set[str] = set()
         report(BuildEvent("start", 0, len(todo), "", f"compile {len(todo)} unit(s)"))
@@ -241,6 +245,9 @@ def compile_units(project: Project, cfg: BuildConfig, plan: Plan, paths: list[st
             made = proc.stream(argv, cwd=bdir, env=env, on_line=on_line, check=False)
             if made.returncode != 0:
                 res.status = "failed"
+    stats1 = cache_stats(tool) if tool and stats0 else None
+    if stats0 and stats1:
+        res.cache = stats1.since(stats0).describe()
     if res.status == "failed":
         by_obj = {u.obj: u for u in todo}
         res.failed = sorted({os.path.relpath(by_obj[o].source, root) for o in failed_objs if o in by_obj})
