@@ -96,6 +96,8 @@ def test_a_patch_that_no_longer_compiles_stops_the_sync_there(proj: Proj, monkey
     assert data["compile"] == [{"profile": "cpu", "status": "compiled", "reason": "", "units": 2}]
     assert data["verify"]["ok"] is True
     assert "config_t c = {7}" in (proj.root / "patches" / "0002-impl.patch").read_text()
+    # what the gate compiled is recorded for the moved series: verify says so
+    assert proj.json("verify")["compiled"] == {"cpu": "compiled"}
 
 
 def test_abort_after_a_compile_stop_restores_everything(proj: Proj, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,8 +9,8 @@ from forktool import txn
 from forktool.apply import apply_series
 from forktool.build import check
 from forktool.project import Project
-from forktool.series import Patch
-from forktool.tree import REGULAR
+from forktool.series import Patch, series_digest_of
+from forktool.tree import REGULAR, digest, scan
 
 
 def _culprit(failed: check.CheckResult, patches: list[Patch], tree: str) -> Patch:
@@ -41,6 +41,12 @@ def gate(project: Project, st: dict, progress: Any) -> dict | None:
                      for r in results]
     failed = next((r for r in results if r.status == "failed"), None)
     if failed is None:
+        # the carried tree is what the finish locks: verify reads these records for the moved series
+        sd, td = series_digest_of(active), digest(scan(project.tree))
+        for r in results:
+            if r.status == "compiled":
+                r.series_digest, r.tree_digest = sd, td
+                check.record(project, r, len(active))
         return None
     culprit = _culprit(failed, active, str(project.tree))
     order = [p.name for p in ctx.original]
