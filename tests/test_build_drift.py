@@ -12,8 +12,12 @@ from forktool.sync import buildfiles
 pytestmark = pytest.mark.skipif(not shutil.which("cmake") or not shutil.which("cc"), reason="needs cmake and cc")
 
 OLD = {
+    # a source generated into the build directory (another path per tree) is the same source in both
     "CMakeLists.txt": "cmake_minimum_required(VERSION 3.16)\nproject(demo C)\ninclude(cmake/sources.cmake)\n"
-                      "add_library(llama SHARED src/a.c ${EXTRA_SOURCES})\nadd_library(gone STATIC src/g.c)\n",
+                      "configure_file(src/a.c ${CMAKE_BINARY_DIR}/gen.c COPYONLY)\n"
+                      "set_source_files_properties(${CMAKE_BINARY_DIR}/gen.c PROPERTIES GENERATED TRUE)\n"
+                      "add_library(llama SHARED src/a.c ${EXTRA_SOURCES} ${CMAKE_BINARY_DIR}/gen.c)\n"
+                      "add_library(gone STATIC src/g.c)\n",
     "cmake/sources.cmake": "set(EXTRA_SOURCES src/b.c)\n",
     "src/a.c": "int a(void) { return 1; }\n", "src/b.c": "int b(void) { return 2; }\n",
     "src/g.c": "int g(void) { return 3; }\n",
@@ -63,5 +67,5 @@ def test_configured_sources_of_one_tree(tmp_path: Path) -> None:
         (tmp_path / "src" / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "src" / rel).write_text(text)
     got = buildfiles.configured_sources(tmp_path / "src", tmp_path / "b", [])
-    assert got == {"llama": {"src/a.c", "src/b.c"}, "gone": {"src/g.c"}}
+    assert got == {"llama": {"src/a.c", "src/b.c", "<build>/gen.c"}, "gone": {"src/g.c"}}
     assert buildfiles.configured_sources(tmp_path, tmp_path / "b2", []) == "no top-level CMakeLists.txt"

@@ -9,13 +9,14 @@ from pathlib import Path
 
 QUERY = Path(".cmake", "api", "v1", "query", "codemodel-v2")
 REPLY = Path(".cmake", "api", "v1", "reply")
+BUILD = "<build>"  # how a source written into the build directory is named
 
 
 @dataclass(frozen=True)
 class Target:
     name: str
     type: str  # EXECUTABLE, SHARED_LIBRARY, STATIC_LIBRARY, OBJECT_LIBRARY, MODULE_LIBRARY, UTILITY, ...
-    sources: tuple[str, ...]  # relative to the top source directory (absolute when outside it)
+    sources: tuple[str, ...]  # relative to the top source directory; BUILD/... in the build directory
     depends: tuple[str, ...]  # names of the targets it needs first
 
 
@@ -37,6 +38,7 @@ def targets(bdir: Path) -> dict[str, Target] | None:
         model = json.loads((reply / model_file).read_bytes())
         config = model["configurations"][0]
         source_root = model["paths"]["source"]
+        build_root = model["paths"]["build"]
     except (OSError, ValueError, KeyError, IndexError, TypeError):
         return None
     ids: dict[str, str] = {}
@@ -55,6 +57,9 @@ def targets(bdir: Path) -> dict[str, Target] | None:
             p = s["path"]
             if os.path.isabs(p) and p.startswith(source_root.rstrip("/") + "/"):
                 p = os.path.relpath(p, source_root)
+            elif os.path.isabs(p) and p.startswith(build_root.rstrip("/") + "/"):
+                # written into the build directory (unity files, build-info.cpp): named where it is in any build
+                p = BUILD + "/" + os.path.relpath(p, build_root)
             srcs.append(p)
         deps = tuple(ids[d["id"]] for d in body.get("dependencies", []) if d.get("id") in ids)
         out[body["name"]] = Target(body["name"], body.get("type", ""), tuple(srcs), deps)
