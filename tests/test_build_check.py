@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -176,7 +177,7 @@ KERNEL = """\
 #include <cuda.h>
 #include "k.h"
 __global__ void scale(float *x, float k) { x[threadIdx.x] *= k; }
-int use_blas(void) { cublasHandle_t h; CUdeviceptr p; (void)p; return (int)cublasCreate(&h) + K; }
+int use_blas(void) { cublasHandle_t h; return (int)cublasCreate(&h) + (int)cuInit(0) + K; }
 """
 
 
@@ -196,8 +197,16 @@ def test_a_cuda_tree_configures_and_compiles_without_a_gpu(tmp_path: Path, monke
     res = run_check(project, ["llama.cpp/src/k.h"], "gpu")
     assert res.ok, res.describe()
     assert res.units == ["llama.cpp/src/k.cu"] and res.compiled == ["CMakeFiles/kern.dir/src/k.cu.o"]
-    if tk.driver is None:  # no driver on this machine: the stand-in was made and linked against
-        assert (project.root / "build" / "gpu" / cuda.STUB_DIR / "libcuda.so").is_file()
+    if tk.driver is None:  # no driver on this machine: the stand-in was made, with the driver's soname
+        stub = project.root / "build" / "gpu" / cuda.STUB_DIR / "libcuda.so"
+        assert b"libcuda.so.1" in stub.read_bytes()
+        # the library linked here asks for the driver by soname, not for the stand-in's path
+        bdir = project.root / "build" / "gpu"
+        subprocess.run(["make", "kern"], cwd=bdir, check=True, capture_output=True)
+        needed = subprocess.run(["readelf", "-d", str(bdir / "libkern.so")], check=True, capture_output=True,
+                                text=True).stdout
+        needed = "\n".join(ln for ln in needed.splitlines() if "(NEEDED)" in ln)
+        assert "[libcuda.so.1]" in needed and cuda.STUB_DIR not in needed
     # an error in device code is quoted at nvcc's FILE(LINE)
     (project.tree / "llama.cpp" / "src" / "k.h").write_text("#define K undeclared_thing\n")
     bad = run_check(project, ["llama.cpp/src/k.h"], "gpu")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 from dataclasses import dataclass
@@ -47,6 +48,14 @@ def find_nvcc() -> str | None:
     return None
 
 
+def toolkit_root(nvcc: str) -> Path:
+    """The toolkit directory of nvcc (its bin/..); where nvcc is a wrapper script elsewhere, the first of
+    $CUDA_PATH, $CUDA_HOME and /usr/local/cuda that holds the runtime's headers."""
+    cands = [Path(nvcc).resolve().parent.parent, *(Path(os.environ[v]) for v in ("CUDA_PATH", "CUDA_HOME")
+                                                     if os.environ.get(v)), Path("/usr/local/cuda")]
+    return next((c for c in cands if (c / "include" / "cuda_runtime.h").is_file()), cands[0])
+
+
 def _first(patterns: list[Path]) -> Path | None:
     for pattern in patterns:
         found = sorted(pattern.parent.glob(pattern.name)) if pattern.parent.is_dir() else []
@@ -65,7 +74,7 @@ def find_toolkit() -> Toolkit:
     if nvcc is None:
         raise ConfigError("nvcc not found ($CUDACXX, PATH, /usr/local/cuda/bin)", where="cuda profile",
                           hint="install the CUDA toolkit (nvcc) to compile the cuda profile")
-    root = Path(nvcc).resolve().parent.parent
+    root = toolkit_root(nvcc)
     libs = _lib_dirs(root)
     cublas = cublas_lt = include = None
     if _first([d / "libcublas.so*" for d in libs]) is None:
@@ -89,8 +98,13 @@ def find_toolkit() -> Toolkit:
     return Toolkit(nvcc, root, cublas, cublas_lt, include, driver)
 
 
-def make_driver_stub(bdir: Path) -> None:
-    """An empty shared library named libcuda.so for the link (compiled here, no download)."""
+_DRIVER_FN_RE = re.compile(rb"\b(cu[A-Z][A-Za-z0-9_]*)\s*\(")
+
+
+def make_driver_stub(bdir: Path, nvcc: str | None = None) -> None:
+    """A stand-in libcuda.so for the link, as the toolkit's own stubs/libcuda.so is: every driver function cuda.h
+    declares (names as the preprocessor leaves them, e.g. cuMemAlloc_v2) defined empty, under the driver's soname,
+    so what links against it records libcuda.so.1 and loads the real driver on a GPU machine. Compiled here."""
     out = bdir / STUB_DIR / "libcuda.so"
     if out.is_file():
         return
@@ -98,4 +112,11 @@ def make_driver_stub(bdir: Path) -> None:
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         raise ConfigError("no C compiler to make the libcuda stand-in", where=str(out), hint="install gcc")
-    proc.run([cc, "-shared", "-o", out, "-x", "c", "/dev/null"])
+    root = toolkit_root(nvcc or find_nvcc() or "/usr/local/cuda/bin/nvcc")
+    header = bdir / STUB_DIR / "driver.h"
+    header.write_bytes(b"#include <cuda.h>\n")
+    pre = proc.run([cc, "-E", "-I", root / "include", "-x", "c", header], check=False)
+    names = sorted(set(_DRIVER_FN_RE.findall(pre.stdout)))
+    src = bdir / STUB_DIR / "libcuda.c"
+    src.write_bytes(b"".join(b"int %s(void) { return 999; }\n" % n for n in names))  # CUDA_ERROR_UNKNOWN
+    proc.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", out, src])
