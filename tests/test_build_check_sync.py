@@ -129,6 +129,8 @@ def test_check_is_recorded_and_verify_says_which_profiles_compiled(proj: Proj,
     assert "--all" in err
     _, _, err = proj.run("build", "--check", "--profile", "nosuch", expect=2)
     assert "no build profile 'nosuch'" in err
+    _, _, err = proj.run("build", "--all", expect=2)
+    assert "--all goes with --check" in err
     # a patch that breaks the compile: the check fails at its line, the record of this tree fails verify
     broken = IMPL_PATCHED + "int broken(void) { return missing_symbol; }\n"
     patch = make_patch("0004-broken.patch", "impl: broken",

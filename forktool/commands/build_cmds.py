@@ -110,3 +110,16 @@ def check(project: Project, profile: str | None, every: bool, jobs: int | None) 
         lines.append(f"recorded for series {results[0].series_digest[:12]}, tree {results[0].tree_digest[:12]} "
                      "(`forktool verify` reports it)")
     return Report({"profiles": [r.to_json() for r in results], "ok": code == 0}, lines, exit_code=code)
+
+
+def dispatch(project: Project, profile: str | None, plan: bool, check_only: bool, every: bool,
+             jobs: int | None) -> Report:
+    """`forktool build`: the scoped check with --check, else the build (or its plan)."""
+    if check_only:
+        if plan:
+            raise UsageError("--plan and --check are two different runs", where="--check", hint="give one of them")
+        return check(project, profile, every, jobs)
+    if every:
+        raise UsageError("--all goes with --check", where="--all",
+                         hint="`forktool build --check --all` checks every profile; a build takes one --profile")
+    return build(project, profile or "cpu", plan, jobs)
