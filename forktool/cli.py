@@ -87,9 +87,8 @@ def _refresh(p: Project, o: Opts) -> Report:
 def _build(p: Project, o: Opts) -> Report:
     from forktool.commands import build_cmds
     jobs = _value(o, "--jobs") or _value(o, "-j")
-    if "--check" in o:
-        return build_cmds.check(p, _value(o, "--profile"), "--all" in o, int(jobs) if jobs else None)
-    return build_cmds.build(p, _value(o, "--profile") or "cpu", "--plan" in o, int(jobs) if jobs else None)
+    return build_cmds.dispatch(p, _value(o, "--profile"), "--plan" in o, "--check" in o, "--all" in o,
+                               int(jobs) if jobs else None)
 
 
 def _markers(p: Project, o: Opts) -> Report:

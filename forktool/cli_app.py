@@ -158,10 +158,7 @@ def build(profile: Annotated[str | None, typer.Option(
           json: Json = False) -> None:
     """Configure once, then make only the targets the applied patches impact; check the rest kept its bytes."""
     from forktool.commands import build_cmds
-    if check:
-        _run(json, lambda p: build_cmds.check(p, profile, every, jobs))
-        return
-    _run(json, lambda p: build_cmds.build(p, profile or "cpu", plan, jobs))
+    _run(json, lambda p: build_cmds.dispatch(p, profile, plan, check, every, jobs))
 
 
 package_app = typer.Typer(invoke_without_command=True, help="Deterministic release directory and archive.")
