@@ -213,3 +213,28 @@ def test_a_cuda_tree_configures_and_compiles_without_a_gpu(tmp_path: Path, monke
     assert bad.status == "failed" and bad.cause is not None
     assert bad.cause.file.endswith("k.cu") and bad.cause.line == 5 and "undeclared_thing" in bad.cause.text
     assert os.path.isfile(bad.log)
+
+
+GEN_CMAKE = """\
+cmake_minimum_required(VERSION 3.16)
+project(demo C)
+add_custom_target(gen-header COMMAND ${CMAKE_COMMAND} -E copy ${CMAKE_SOURCE_DIR}/include/gen.h.in
+                  ${CMAKE_BINARY_DIR}/gen/gen.h)
+add_library(demo SHARED src/a.c)
+add_dependencies(demo gen-header)
+target_include_directories(demo PRIVATE ${CMAKE_BINARY_DIR}/gen include)
+add_executable(demo-cli tools/main.c)
+target_link_libraries(demo-cli demo)
+"""
+
+
+@needs_cmake
+def test_headers_a_custom_target_writes_are_made_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FORKTOOL_LAUNCHER", "none")
+    project = tiny_project(tmp_path, GEN_CMAKE, {
+        "include/gen.h.in": "#define GEN 5\n", "include/lone.h": "#define LONE 2\n",
+        "src/a.c": '#include "gen.h"\n#include "lone.h"\nint a(void) { return GEN + LONE; }\n',
+        "tools/main.c": "int a(void);\nint main(void) { return a(); }\n"})
+    res = run_check(project, ["llama.cpp/include/lone.h"])
+    assert res.ok, res.describe()
+    assert res.units == ["llama.cpp/src/a.c"] and (project.root / "build" / "tiny" / "gen" / "gen.h").is_file()

@@ -232,6 +232,16 @@ def compile_units(project: Project, cfg: BuildConfig, plan: Plan, paths: list[st
             if m:
                 failed_objs.add(m.group(1))
 
+        # files the fed units may include that custom targets write into the build tree (the web UI's ui.h):
+        # their commands run first, as make's target order would run them
+        if model is not None:
+            for name in cmakeapi.in_order(model, sorted({u.target for u in todo})):
+                if model[name].type == "UTILITY":
+                    mk = model[name].makefile
+                    gen = ["make", "-f", mk, mk.removesuffix("build.make") + "build"]
+                    log.write(f"$ {' '.join(gen)}\n")
+                    if proc.stream(gen, cwd=bdir, env=env, on_line=on_line, check=False).returncode != 0:
+                        res.status = "failed"
         for makefile, group in sorted(by_make.items()):
             # as CMake's own target rule does: first merge the compilers' depfiles into the target's
             # compiler_depend.make, else make would not see that a header changed under an object

@@ -18,6 +18,12 @@ class Target:
     type: str  # EXECUTABLE, SHARED_LIBRARY, STATIC_LIBRARY, OBJECT_LIBRARY, MODULE_LIBRARY, UTILITY, ...
     sources: tuple[str, ...]  # relative to the top source directory; BUILD/... in the build directory
     depends: tuple[str, ...]  # names of the targets it needs first
+    build_dir: str = "."  # its directory in the build tree, relative to the top
+
+    @property
+    def makefile(self) -> str:
+        """Its rules (Makefile generator), relative to the top of the build tree."""
+        return os.path.normpath(f"{self.build_dir}/CMakeFiles/{self.name}.dir/build.make")
 
 
 def request(bdir: Path) -> None:
@@ -62,7 +68,8 @@ def targets(bdir: Path) -> dict[str, Target] | None:
                 p = BUILD + "/" + os.path.relpath(p, build_root)
             srcs.append(p)
         deps = tuple(ids[d["id"]] for d in body.get("dependencies", []) if d.get("id") in ids)
-        out[body["name"]] = Target(body["name"], body.get("type", ""), tuple(srcs), deps)
+        out[body["name"]] = Target(body["name"], body.get("type", ""), tuple(srcs), deps,
+                                   str(body.get("paths", {}).get("build", ".")))
     return out
 
 
@@ -76,3 +83,21 @@ def closure(model: dict[str, Target], names: list[str]) -> set[str]:
             seen.add(n)
             todo.extend(model[n].depends)
     return seen
+
+
+def in_order(model: dict[str, Target], names: list[str]) -> list[str]:
+    """closure(names), each target after the targets it needs."""
+    out: list[str] = []
+    seen: set[str] = set()
+
+    def visit(n: str) -> None:
+        if n in seen or n not in model:
+            return
+        seen.add(n)
+        for d in model[n].depends:
+            visit(d)
+        out.append(n)
+
+    for n in names:
+        visit(n)
+    return out
