@@ -183,6 +183,8 @@ def run_build(project: Project, cfg: BuildConfig, plan: Plan, jobs: int,
             text = (res.stdout + res.stderr).decode("utf-8", "replace")
             log.write(f"$ {' '.join(os.fspath(a) for a in res.argv)}\n{text}\n")
             _configured(plan, res, text, log_path, src)
+        if any(cuda.STUB_DIR in f for f in plan.flags):
+            cuda.make_driver_stub(bdir)  # the link needs it, also when CMake did not run this time
         total = objects_to_do(bdir, plan.targets, env)
         objects: list[str] = []
         linked: list[str] = []
