@@ -74,10 +74,10 @@ def check(project: Project, profile: str | None, every: bool, jobs: int | None) 
 
     if jobs is not None and not 1 <= jobs <= 1024:
         raise UsageError(f"-j {jobs}: the number of make jobs must be between 1 and 1024", where="--jobs")
-    if every and profile:
+    if every and profile is not None:
         raise UsageError("--all and --profile name the profiles twice", where="--all", hint="give one of them")
     cfg = b.load_config(project)
-    names = sorted(cfg.profiles) if every else [cfg.profile(profile or "cpu").name]
+    names = sorted(cfg.profiles) if every else [cfg.profile("cpu" if profile is None else profile).name]
     results = []
     with open_workspace(project) as ws:
         stale = ws.applied_stale()
@@ -122,4 +122,4 @@ def dispatch(project: Project, profile: str | None, plan: bool, check_only: bool
     if every:
         raise UsageError("--all goes with --check", where="--all",
                          hint="`forktool build --check --all` checks every profile; a build takes one --profile")
-    return build(project, profile or "cpu", plan, jobs)
+    return build(project, "cpu" if profile is None else profile, plan, jobs)
