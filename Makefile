@@ -13,8 +13,10 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
+# where nvcc is installed, the cuda extra brings cuBLAS (about 420 MB, cached by pip) so the cuda profile configures
 setup: $(PY)
 	$(PY) -m pip install -q -e '.[test,dev,cache]'
+	@if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then $(PY) -m pip install -q -e '.[cuda]'; fi
 
 # fetch -> backup -> apply -> verify -> host-only build (cpu profile) -> the fixed binary runs
 main: setup

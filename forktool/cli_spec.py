@@ -137,7 +137,8 @@ def _recover(p: Project, o: Opts) -> Report:
 def _build(p: Project, o: Opts) -> Report:
     from forktool.commands import build_cmds
     jobs = o["jobs"]
-    return build_cmds.build(p, _str(o, "profile"), bool(o["plan"]), None if jobs is None else int(jobs))
+    return build_cmds.dispatch(p, _opt(o, "profile"), bool(o["plan"]), bool(o["check"]), bool(o["every"]),
+                               None if jobs is None else int(jobs))
 
 
 def _package(p: Project, o: Opts) -> Report:
@@ -240,9 +241,12 @@ COMMANDS = [
     # build, package, gates, sync
     Command(("build",), "Configure once, then make only the targets the applied patches impact; check the rest kept "
             "its bytes.",
-            [Param("profile", "--profile", kind="str", default="cpu", help="Build profile from registry/build.yaml "
-                   "(cpu, cuda)."),
+            [Param("profile", "--profile", kind="str", help="Build profile from registry/build.yaml (cpu, cuda); "
+                   "default cpu."),
              Param("plan", "--plan", help="Only show what would be rebuilt and why."),
+             Param("check", "--check", help="Only compile the translation units the series' files feed, and record "
+                   "it."),
+             Param("every", "--all", help="With --check: every profile."),
              Param("jobs", "-j", "--jobs", kind="int", help="make -jN (default: CPU count)."), JSON], _build,
             moves=True),
     Command(("package",), "Deterministic release directory and archive.",

@@ -36,3 +36,7 @@ def impacts_for(project: Project, paths: list[str]) -> list[str]:
 
 def impact_label(project: Project, paths: list[str]) -> str:
     return ", ".join(impacts_for(project, paths)) or "none"
+
+
+def profile_names(project: Project) -> list[str]:
+    return sorted(_config(project).profiles)

@@ -236,9 +236,12 @@ SYNC_COMPONENT = obj({
     "path": {"type": "string", "maxLength": 4096}},
     ["name", "kind", "include", "exclude", "upstream_commit", "package", "version", "sha256", "subdir", "url",
      "commit"])
-_FILE_STATUS = {"enum": ["clean", "offset", "merged", "conflict", "upstreamed", "resolved"]}
+_FILE_STATUS = {"enum": ["clean", "offset", "merged", "conflict", "upstreamed", "resolved", "compile error"]}
 # the API drift lines of a patch (forktool/sync/apidrift.py), as shown at a stop and in the summary
 API_LINES = {"type": "array", "maxItems": 100_000, "items": {"type": "string", "maxLength": 100_000}}
+# a profile's scoped compile check, as the sync keeps it
+SYNC_COMPILE = obj({"profile": NAME, "status": {"enum": ["compiled", "failed", "not compiled"]}, "reason": TEXT,
+                    "units": COUNT}, ["profile", "status", "reason", "units"])
 SYNC_DONE = obj({
     "id": PATCH_ID, "name": PATCH_NAME, "api": API_LINES,
     "status": {"enum": ["clean", "offset", "merged", "conflict", "upstreamed", "resolved", "skipped"]},
@@ -259,11 +262,15 @@ SYNC_STOP = obj({
                                                                    "maximum": 100_000_000}},
         "remembered": COUNT},
         ["file", "status", "reason", "hunks", "blocks"])},
-    # a stop is a conflict, or a 3-way merge to review (its hunks, and the diff digest that --continue keeps)
-    "kind": {"enum": ["conflict", "merged"]}, "review": {"type": "string", "maxLength": 32 << 20},
+    # a stop is a conflict, a 3-way merge to review (its hunks, and the diff digest that --continue keeps), or a
+    # compile error (the tree holds the patches before it and its own change; what failed, where)
+    "kind": {"enum": ["conflict", "merged", "compile"]}, "review": {"type": "string", "maxLength": 32 << 20},
     "merged_diff_sha256": SHA256,
     # files put back whole as the maintainer left them when the same stop read the same before
-    "remembered_files": {"type": "array", "maxItems": 100_000, "items": REL_PATH}},
+    "remembered_files": {"type": "array", "maxItems": 100_000, "items": REL_PATH},
+    "compile": obj({"profile": NAME, "cause": TEXT, "where": TEXT, "log": TEXT,
+                    "failed": {"type": "array", "maxItems": 100_000, "items": REL_PATH}},
+                   ["profile", "cause", "where", "log", "failed"])},
     ["id", "name", "title", "files"])
 SYNC_STATE = obj({
     "version": {"const": 1, "type": "integer", "x-error": "unsupported sync state version (expected 1)"},
@@ -289,6 +296,7 @@ SYNC_STATE = obj({
     "hooks": obj({"registry": {"type": "boolean"}, "error": TEXT,
                   "sites": {"type": "array", "maxItems": 1_000_000, "items": {"type": "object", "maxProperties": 20}}},
                  ["registry", "sites"]),
+    "compile": {"type": "array", "maxItems": 1000, "items": SYNC_COMPILE},
 }, ["version", "stage", "component", "from_spec", "to_spec", "to", "old_pristine_digest", "new_pristine_digest",
     "tree_digest_before", "backups", "original", "position", "done", "stop", "started"])
 

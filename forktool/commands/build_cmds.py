@@ -63,3 +63,57 @@ def build(project: Project, profile: str, plan: bool, jobs: int | None) -> Repor
                 cuda_dso_rebuilt=prof.has_cuda and "ggml-cuda" not in res.kept, log=str(res.log),
                 launcher=res.launcher, cache=res.cache.to_json() if res.cache else None)
     return Report(data, lines, exit_code=code)
+
+
+def check(project: Project, profile: str | None, every: bool, jobs: int | None) -> Report:
+    """The scoped compile check of one profile (or every profile): only the units the applied series feeds."""
+    from forktool.build import check as bcheck
+
+    if jobs is not None and not 1 <= jobs <= 1024:
+        raise UsageError(f"-j {jobs}: the number of make jobs must be between 1 and 1024", where="--jobs")
+    if every and profile is not None:
+        raise UsageError("--all and --profile name the profiles twice", where="--all", hint="give one of them")
+    cfg = b.load_config(project)
+    names = sorted(cfg.profiles) if every else [cfg.profile("cpu" if profile is None else profile).name]
+    results = []
+    with open_workspace(project) as ws:
+        ws.refuse_unexplained(stale_hint="run `forktool apply` first, so the tree holds what you check")
+        for name in names:
+            with output.progress(f"check {name}") as bar:
+                def show(e: b.BuildEvent) -> None:
+                    bar.update(e.done, e.total, {"configure": e.text, "start": "make"}.get(e.kind, e.target), e.text)
+
+                results.append(bcheck.check_compile(ws, name, jobs=jobs, progress=show))
+    lines = []
+    code = 0
+    for r in results:
+        if r.ok:
+            lines.append(f"[green]{output.escape(r.describe())}[/green]")
+        elif r.status == bcheck.NOT_COMPILED:
+            lines.append(f"[yellow]{output.escape(r.describe())}[/yellow]")
+            if r.hint:
+                lines.append(f"  next: {output.escape(r.hint)}")
+            code = code or (0 if every else 1)  # asked by name: what was asked went unchecked
+        else:
+            lines.append(f"[red]{output.escape(r.describe())}[/red]")
+            if r.cause and r.cause.where:
+                lines.append(f"  at {output.escape(r.cause.where)}; full log: {r.log}")
+            lines.append(f"  next: {output.escape(r.hint)}")
+            code = 1
+    if any(r.status != bcheck.NOT_COMPILED for r in results):
+        lines.append(f"recorded for series {results[0].series_digest[:12]}, tree {results[0].tree_digest[:12]} "
+                     "(`forktool verify` reports it)")
+    return Report({"profiles": [r.to_json() for r in results], "ok": code == 0}, lines, exit_code=code)
+
+
+def dispatch(project: Project, profile: str | None, plan: bool, check_only: bool, every: bool,
+             jobs: int | None) -> Report:
+    """`forktool build`: the scoped check with --check, else the build (or its plan)."""
+    if check_only:
+        if plan:
+            raise UsageError("--plan and --check are two different runs", where="--check", hint="give one of them")
+        return check(project, profile, every, jobs)
+    if every:
+        raise UsageError("--all goes with --check", where="--all",
+                         hint="`forktool build --check --all` checks every profile; a build takes one --profile")
+    return build(project, "cpu" if profile is None else profile, plan, jobs)

@@ -79,6 +79,8 @@ def _title(st: dict) -> str:
 
 def _next(st: dict) -> str:
     stop = st["stop"]
+    if stop.get("kind") == "compile":
+        return COMPILE_NEXT.format(id=stop["id"])
     if stop.get("kind") == "merged":
         # only `sync --start` takes --no-review-merged: `apply --reanchor` always stops at a merge
         return REVIEW.format(id=stop["id"]) + ("" if st.get("kind") == "reanchor" else
@@ -89,6 +91,11 @@ def _next(st: dict) -> str:
         return NEXT.format(id=stop["id"]).replace("`>>>>>>> new upstream`", "`>>>>>>> the tree now`").replace(
             "on the new upstream", "on the edited patches below it")
     return NEXT.format(id=stop["id"])
+
+
+COMPILE_NEXT = ("the tree holds the patches before {id} and {id} itself: fix the compile error above in "
+                "vendor/llamafile (what {id} means on the new upstream), then run `forktool sync --continue`; "
+                "`forktool sync --skip` drops {id}; `forktool sync --abort` puts everything back")
 
 
 def _summary(st: dict) -> dict:
@@ -111,9 +118,14 @@ def loop_lines(st: dict) -> list[str]:
     stop = st.get("stop")
     if stop and st["stage"] == "stopped":
         kind = stop.get("kind", "conflict")
-        word = "[red]  conflict[/red]" if kind == "conflict" else "[yellow]    review[/yellow]"
+        word = {"conflict": "[red]  conflict[/red]", "compile": "[red]   compile[/red]"}.get(kind,
+                                                                                        "[yellow]    review[/yellow]")
         lines.append(f"  {word} {stop['id']} {stop['title']}" + (" (a 3-way merge without conflict: look at it "
                                                                  "before it is carried)" if kind == "merged" else ""))
+        if kind == "compile":
+            c = stop["compile"]
+            lines.append(f"             {c['profile']} profile: {output.escape(c['cause'])} (at {c['where']}; "
+                         f"log {c['log']})")
         lines += [f"             [yellow]api drift[/yellow]: {a}" for a in stop.get("api", [])]
         for f in stop["files"]:
             hunks = ", ".join(f"#{h['hunk']} {h['how']}" for h in f["hunks"])

@@ -115,12 +115,24 @@ def status(project: Project) -> Report:
 
 
 def verify(project: Project, use_cache: bool = True) -> Report:
+    from forktool.build.check import profile_statuses
+    from forktool.regcheck import Problem
     from forktool.verification import verify as run_verify
 
     with open_workspace(project, use_cache) as ws:
         v = run_verify(ws)
     data = v.to_json()
     full = v.full_series
+    compiled = data["compiled"] = profile_statuses(project, v.series_digest, v.tree_digest)
+    by = {st: [n for n, s in compiled.items() if s == st] for st in ("compiled", "failed", "not compiled")}
+    compile_lines = [f"[green]compiled for this series and tree: {', '.join(by['compiled'])}[/green]"] * bool(
+        by["compiled"]) + [f"[yellow]not compiled for this series and tree: {', '.join(by['not compiled'])}[/yellow]"
+                           " (`forktool build --check --all`)"] * bool(by["not compiled"])
+    if v.ok and by["failed"]:
+        v.ok, data["ok"] = False, False  # the last scoped check of this very tree failed to compile
+        v.problems.append(Problem(".opencoti/compile-checks.json", f"the last compile check of this series failed "
+                                  f"for {', '.join(by['failed'])} (`forktool build --check --all` shows the cause)"))
+        data["problems"] = [{"where": p.where, "what": p.what} for p in v.problems]
     if v.ok:
         lines = [f"pristine cache matches vendor.lock ({ws.pristine_digest[:12]})",
                  f"{v.exported} applied patch(es) re-exported byte for byte",
@@ -130,11 +142,14 @@ def verify(project: Project, use_cache: bool = True) -> Report:
             lines.append(f"registry: OK ({v.registry['patches']} patches, {v.registry['hooks']} hooks, "
                          "all markers at their sites)")
         lines += [f"[yellow]advisory:[/yellow] {a}" for a in v.advisories]
-        lines.append("[green]verify: OK[/green]" + (" (cached verdict: no input changed)" if v.cached else ""))
+        lines += compile_lines
+        lines.append("[green]verify: OK[/green]" + (f"; not compiled: {', '.join(by['not compiled'])}" if
+                                                     by["not compiled"] else "")
+                     + (" (cached verdict: no input changed)" if v.cached else ""))
         return Report(data, lines)
     data["error"] = f"verify found {len(v.problems)} difference(s)"
     lines = [f"[red]✗[/red] {output.escape(str(p))}" for p in v.problems]
-    lines += [f"[yellow]advisory:[/yellow] {a}" for a in v.advisories]
+    lines += [f"[yellow]advisory:[/yellow] {a}" for a in v.advisories] + compile_lines
     lines.append(f"[red]error:[/red] verify found {len(v.problems)} difference(s) "
                  f"(tree digest {v.tree_digest[:12]})")
     lines.append("  next: fix each item, then run `forktool verify` again")

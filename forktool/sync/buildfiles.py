@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import fnmatch
+import os
 import re
+import tempfile
+from pathlib import Path
 
+from forktool import proc
+from forktool.build import cmakeapi, diagnose
 from forktool.sync.trial import Reader
 
 # the CMake targets the profiles build: (target, CMakeLists path in the component, add_library name or None
@@ -90,3 +95,90 @@ def build_file_drift(old_read: Reader, new_read: Reader, old_files: list[str], n
         out.append(row)
     return out
 
+
+
+# ---------------------------------------------------------------- from CMake itself
+
+
+def configured_sources(src: Path, bdir: Path, flags: list[str]) -> dict[str, set[str]] | str:
+    """target -> its sources (relative to src), as CMake configures src with flags; a string: why it did not.
+    Sources reached through include(), variables, globs and generator logic all count: CMake evaluated them."""
+    if not (src / "CMakeLists.txt").is_file():
+        return "no top-level CMakeLists.txt"
+    cmakeapi.request(bdir)
+    res = proc.run(["cmake", "-S", src, "-B", bdir, *flags], check=False)
+    if res.returncode != 0:
+        cause = diagnose.first_error((res.stdout + res.stderr).decode("utf-8", "replace").splitlines())
+        return f"cmake failed: {cause.text if cause else 'exit code ' + str(res.returncode)}"
+    model = cmakeapi.targets(bdir)
+    if model is None:
+        return "cmake wrote no codemodel (CMake 3.14 or newer is needed)"
+    return {name: set(t.sources) for name, t in model.items() if t.sources}
+
+
+def cmake_drift(old: dict[str, set[str]], new: dict[str, set[str]]) -> list[dict]:
+    """One row per target whose sources differ between two configured trees (sources relative to the top)."""
+    out = []
+    for target in sorted(set(old) | set(new)):
+        a, b = old.get(target), new.get(target)
+        row = {"target": target, "cmake": "", "relative_to": "", "added": [], "removed": [], "note": "",
+               "from": "CMake (both trees configured)"}
+        if a is None:
+            row["note"] = "a new target in the new upstream"
+            row["added"] = sorted(b or ())
+        elif b is None:
+            row["note"] = "the target is gone in the new upstream"
+            row["removed"] = sorted(a)
+        else:
+            row["added"], row["removed"] = sorted(b - a), sorted(a - b)
+        if row["added"] or row["removed"] or row["note"]:
+            out.append(row)
+    return out
+
+
+def _materialise(read: Reader, files: list[str], prefix: str, dest: Path) -> None:
+    for rel in files:
+        if not rel.startswith(prefix):
+            continue
+        data = read(rel)
+        if data is None:
+            continue
+        out = dest / rel[len(prefix):]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(data)
+
+
+def drift_from_cmake(old_read: Reader, new_read: Reader, old_files: list[str], new_files: list[str], prefix: str,
+                     flags: list[str]) -> list[dict] | str:
+    """Configure both trees (written to a temporary directory) with flags and compare every target's sources;
+    a string says why CMake could not tell (the caller falls back to reading the CMake text)."""
+    with tempfile.TemporaryDirectory(prefix="forktool-drift-") as tmp:
+        got = []
+        for side, read, files in (("old", old_read, old_files), ("new", new_read, new_files)):
+            src = Path(tmp, side, "src")
+            _materialise(read, files, prefix, src)
+            r = configured_sources(src, Path(tmp, side, "build"), flags)
+            if isinstance(r, str):
+                return f"the {side} upstream does not configure: {r}"
+            got.append(r)
+    return cmake_drift(got[0], got[1])
+
+
+def drift(project_flags: list[str] | None, old_read: Reader, new_read: Reader, old_files: list[str],
+          new_files: list[str], prefix: str) -> list[dict]:
+    """The drift report's rows: from CMake when both trees configure with the profile's flags, else from the CMake
+    text of the profiles' targets, each row saying which."""
+    why = "cmake is not installed" if not _cmake() else ""
+    if project_flags is not None and not why:
+        rows = drift_from_cmake(old_read, new_read, old_files, new_files, prefix, project_flags)
+        if not isinstance(rows, str):
+            return rows
+        why = rows
+    rows = build_file_drift(old_read, new_read, old_files, new_files, prefix)
+    for r in rows:
+        r["from"] = f"the CMake text ({why or 'no build profile'})"
+    return rows
+
+
+def _cmake() -> bool:
+    return any(os.access(os.path.join(d, "cmake"), os.X_OK) for d in os.environ.get("PATH", "").split(os.pathsep))

@@ -37,7 +37,13 @@ from forktool.workspace import Workspace
 
 
 def finish(project: Project, st: dict, progress: Progress) -> dict:
-    """Move the pin and the lock, record the applied series, relocate the registry's sites: one transaction."""
+    """Move the pin and the lock, record the applied series, relocate the registry's sites: one transaction;
+    first every profile compiles what the carried series feeds, or the sync stops at the patch that fails."""
+    from forktool.sync import compilegate
+
+    stopped = compilegate.gate(project, st, progress)
+    if stopped is not None:
+        return stopped
     ctx = context(project, st)
     active = done_patches(ctx, {})
     final = apply_series(active, ctx.new_read)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from forktool import series, txn, vendor
 from forktool.project import Project
+from forktool.sync import buildfiles
 from forktool.sync.accept import _repin_text, _series_text
-from forktool.sync.buildfiles import build_file_drift
 from forktool.sync.fetch import fetch_target, pinned_manifest, resolve_spec
 from forktool.sync.relocate import relocate_hooks
 from forktool.sync.report import SyncResult, write_outputs
@@ -66,7 +66,9 @@ def sync(project: Project, spec: str, *, build: bool, out: Path,
     progress("naming the upstream API drift the patches use")
     from forktool.cache import caches_root
     name_api_drift(results, pinned, old_read, target.manifest, new_read, caches_root(project.state_dir))
-    drift = build_file_drift(old_read, new_read, sorted(pinned), sorted(target.manifest), prefix)
+    progress("configuring both trees for the build-file drift")
+    drift = buildfiles.drift(_drift_flags(project), old_read, new_read, sorted(pinned), sorted(target.manifest),
+                             prefix)
     series_text = _series_text(results, project.series_file.read_text(encoding="utf-8"), target.new.spec)
     yaml_text = _repin_text(project.vendor_yaml.read_text(encoding="utf-8"), old.name, target.new)
     t_analysis = time.monotonic()
@@ -84,3 +86,16 @@ def sync(project: Project, spec: str, *, build: bool, out: Path,
     res.timings["total_s"] = round(time.monotonic() - t_start, 3)
     return res
 
+
+
+def _drift_flags(project: Project) -> list[str] | None:
+    """The cpu profile's CMake flags (the first profile's without one), None when the project has no profiles."""
+    from forktool.build import load_config
+    from forktool.errors import ForktoolError
+
+    try:
+        cfg = load_config(project)
+    except ForktoolError:
+        return None
+    prof = cfg.profiles.get("cpu") or next(iter(cfg.profiles.values()), None)
+    return list(prof.flags) if prof else None

@@ -1,0 +1,385 @@
+"""The scoped compile check: per profile, only the translation units the series' files feed, and its record."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from forktool import proc
+from forktool.build import cmakeapi, diagnose
+from forktool.errors import ConfigError, ForktoolError
+from forktool.tree import atomic_write
+
+if TYPE_CHECKING:
+    from forktool.build import BuildConfig, BuildEvent, Plan
+    from forktool.project import Project
+    from forktool.workspace import Workspace
+
+RECORD = "compile-checks.json"  # in .opencoti/: the last check of each profile
+CHECK_LOG = "check.log"  # in the build directory
+NOT_COMPILED = "not compiled"
+_INCLUDE_RE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"\n]+)[>"]', re.M)
+_MAKE_FAILED_RE = re.compile(r"\*\*\* \[[^\]]*?:\d+: (\S+)\] Error")
+_BUILDING_RE = re.compile(r"Building (?:C|CXX|CUDA|ASM) object (\S+)")
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One translation unit of a configured build directory."""
+
+    source: str  # absolute
+    obj: str  # relative to the build directory
+    makefile: str  # the target's build.make, relative to the build directory
+    include_dirs: tuple[str, ...]  # absolute, in search order
+
+    @property
+    def target(self) -> str:
+        return self.makefile.removesuffix(".dir/build.make").rpartition("/")[2]
+
+
+@dataclass
+class CheckResult:
+    profile: str
+    status: str  # "compiled", "failed" or "not compiled"
+    reason: str = ""  # why not compiled
+    units: list[str] = field(default_factory=list)  # sources checked, relative to the vendored tree
+    compiled: list[str] = field(default_factory=list)  # objects make compiled now (the others were up to date)
+    failed: list[str] = field(default_factory=list)  # sources that did not compile, relative to the vendored tree
+    cause: diagnose.Cause | None = None
+    hint: str = ""
+    seconds: float = 0.0
+    cache: str = ""  # the compiler cache's counters over the check ("" without a readable launcher)
+    log: str = ""
+    series_digest: str = ""
+    tree_digest: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "compiled"
+
+    def describe(self) -> str:
+        if self.status == NOT_COMPILED:
+            return f"{self.profile}: not compiled ({self.reason})"
+        n = len(self.units)
+        if self.ok:
+            return (f"{self.profile}: compiled {n} translation unit(s) the series feeds ({len(self.compiled)} "
+                    f"recompiled, {n - len(self.compiled)} up to date) in {self.seconds:.1f} s"
+                    + (f"; {self.cache}" if self.cache else ""))
+        return (f"{self.profile}: {len(self.failed) or 'some'} of {n} translation unit(s) failed to compile: "
+                f"{self.cause.text if self.cause else 'see ' + self.log}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"profile": self.profile, "status": self.status, "reason": self.reason, "units": self.units,
+                "compiled": self.compiled, "failed": self.failed,
+                "cause": {"text": self.cause.text, "file": self.cause.file, "line": self.cause.line} if self.cause
+                else None, "hint": self.hint, "seconds": round(self.seconds, 3), "cache": self.cache, "log": self.log,
+                "series_digest": self.series_digest, "tree_digest": self.tree_digest}
+
+
+# ---------------------------------------------------------------- what the configured build compiles
+
+
+def _include_dirs(args: list[str], cwd: str) -> tuple[str, ...]:
+    out: list[str] = []
+    it = iter(range(len(args)))
+    for i in it:
+        a = args[i]
+        if a in ("-I", "-isystem", "-iquote", "-idirafter") and i + 1 < len(args):
+            out.append(args[i + 1])
+            next(it, None)
+        elif a.startswith("-I") and len(a) > 2:
+            out.append(a[2:])
+        elif a.startswith("-isystem") and len(a) > 8:
+            out.append(a[8:])
+        elif a == "--options-file" and i + 1 < len(args):
+            # nvcc reads its include flags from a response file CMake writes beside the target
+            try:
+                text = Path(cwd, args[i + 1]).read_text()
+            except OSError:
+                text = ""
+            out += _include_dirs(shlex.split(text), cwd)
+            next(it, None)
+    return tuple(os.path.normpath(os.path.join(cwd, d)) for d in out)
+
+
+def units(bdir: Path) -> list[Unit]:
+    """The translation units of bdir's compile_commands.json (CMake writes it when it configures)."""
+    path = bdir / "compile_commands.json"
+    try:
+        entries = json.loads(path.read_bytes())
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"cannot read {path.name}: {err}", where=str(path),
+                          hint="configure again (`forktool build --check` runs CMake with compile commands on)") from err
+    out = []
+    for e in entries if isinstance(entries, list) else []:
+        if not isinstance(e, dict):
+            continue
+        cwd = str(e.get("directory") or bdir)
+        args = e.get("arguments") or shlex.split(str(e.get("command") or ""))
+        obj = e.get("output") or next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "-o"), None)
+        if not isinstance(obj, str) or ".dir/" not in obj:
+            continue
+        rel = os.path.relpath(os.path.normpath(os.path.join(cwd, obj)), bdir)
+        makefile = rel.split(".dir/", 1)[0] + ".dir/build.make"
+        source = os.path.normpath(os.path.join(cwd, str(e.get("file"))))
+        out.append(Unit(source, rel, makefile, _include_dirs(args, cwd)))
+    return out
+
+
+def feeding(all_units: list[Unit], touched: set[str], root: str) -> list[Unit]:
+    """The units whose source is touched or includes a touched file, following #include lines through the files
+    under root (every branch of #if taken: a unit is checked rather than missed)."""
+    direct: dict[str, list[tuple[bool, str]]] = {}
+
+    def includes(path: str) -> list[tuple[bool, str]]:
+        if path not in direct:
+            try:
+                data = Path(path).read_bytes()
+            except OSError:
+                data = b""
+            direct[path] = [(q == b'"', os.fsdecode(name).strip()) for q, name in _INCLUDE_RE.findall(data)]
+        return direct[path]
+
+    resolved: dict[tuple[str, str, bool, tuple[str, ...]], str | None] = {}
+
+    def resolve(frm: str, name: str, quoted: bool, dirs: tuple[str, ...]) -> str | None:
+        key = (os.path.dirname(frm) if quoted else "", name, quoted, dirs)
+        if key not in resolved:
+            resolved[key] = None
+            for d in ((os.path.dirname(frm),) if quoted else ()) + dirs:
+                cand = os.path.normpath(os.path.join(d, name))
+                if cand.startswith(root) and os.path.isfile(cand):
+                    resolved[key] = cand
+                    break
+        return resolved[key]
+
+    fed = []
+    for u in all_units:
+        if u.source in touched:
+            fed.append(u)
+            continue
+        seen = {u.source}
+        todo = [u.source]
+        hit = False
+        while todo and not hit:
+            cur = todo.pop()
+            for quoted, name in includes(cur):
+                found = resolve(cur, name, quoted, u.include_dirs)
+                if found is not None and found not in seen:
+                    if found in touched:
+                        hit = True
+                        break
+                    seen.add(found)
+                    todo.append(found)
+        if hit:
+            fed.append(u)
+    return fed
+
+
+# ---------------------------------------------------------------- the check
+
+
+def compile_units(project: Project, cfg: BuildConfig, plan: Plan, paths: list[str], jobs: int,
+                  progress: Callable[[BuildEvent], None] | None = None) -> CheckResult:
+    """Configure when needed, then make exactly the objects of the units paths (relative to the vendored tree)
+    feed, with the profile's compiler cache; make's output goes to the build directory's check.log."""
+    from forktool.build import BuildEvent, cache_stats, configure, launcher, make_env
+
+    t0 = time.monotonic()
+    report = progress or (lambda _e: None)
+    bdir = plan.build_dir
+    bdir.mkdir(parents=True, exist_ok=True)
+    log_path = bdir / CHECK_LOG
+    root = str(project.tree)
+    env = make_env(project)
+    res = CheckResult(plan.profile.name, "compiled", log=str(log_path))
+    with open(log_path, "w", encoding="utf-8", buffering=1) as log:
+        model = cmakeapi.targets(bdir)
+        if plan.configure_reason or model is None or not (bdir / "compile_commands.json").is_file():
+            report(BuildEvent("configure", 0, None, "", f"cmake ({plan.configure_reason or 'the codemodel'})"))
+            configure(project, plan, env, log)
+            model = cmakeapi.targets(bdir)
+        # only what this profile builds: its targets, its artifacts' targets, and everything they need
+        wanted = [*plan.profile.targets, *(t for a in cfg.artifacts_in(plan.profile) for t in a.targets)]
+        built = cmakeapi.closure(model, wanted) if model is not None else None
+        touched = {os.path.normpath(os.path.join(root, p)) for p in paths}
+        todo = [u for u in feeding(units(bdir), touched, root + "/") if built is None or u.target in built]
+        res.units = sorted({os.path.relpath(u.source, root) for u in todo})
+        by_make: dict[str, list[Unit]] = {}
+        for u in todo:
+            by_make.setdefault(u.makefile, []).append(u)
+        tool = launcher()
+        stats0 = cache_stats(tool, where=False) if tool else None
+        first = diagnose.FirstError()
+        failed_objs: set[str] = set()
+        report(BuildEvent("start", 0, len(todo), "", f"compile {len(todo)} unit(s)"))
+
+        def on_line(line: str) -> None:
+            log.write(line + "\n")
+            first.feed(line)
+            m = _BUILDING_RE.search(line)
+            if m:
+                res.compiled.append(m.group(1))
+                report(BuildEvent("object", len(res.compiled), len(todo), "", line.strip()))
+            m = _MAKE_FAILED_RE.search(line)
+            if m:
+                failed_objs.add(m.group(1))
+
+        # files the fed units may include that custom targets write into the build tree (the web UI's ui.h):
+        # their commands run first, as make's target order would run them
+        if model is not None:
+            for name in cmakeapi.in_order(model, sorted({u.target for u in todo})):
+                if model[name].type == "UTILITY":
+                    mk = model[name].makefile
+                    gen = ["make", "-f", mk, mk.removesuffix("build.make") + "build"]
+                    log.write(f"$ {' '.join(gen)}\n")
+                    if proc.stream(gen, cwd=bdir, env=env, on_line=on_line, check=False).returncode != 0:
+                        res.status = "failed"
+        for makefile, group in sorted(by_make.items()):
+            # as CMake's own target rule does: first merge the compilers' depfiles into the target's
+            # compiler_depend.make, else make would not see that a header changed under an object
+            depend = ["make", "-f", makefile, makefile.removesuffix("build.make") + "depend"]
+            log.write(f"$ {' '.join(depend)}\n")
+            if proc.stream(depend, cwd=bdir, env=env, on_line=on_line, check=False).returncode != 0:
+                res.status = "failed"
+            argv = ["make", "-k", f"-j{jobs}", "-f", makefile, *sorted(u.obj for u in group)]
+            log.write(f"$ {' '.join(argv)}\n")
+            # -k: every unit that fails is named, not only the first
+            made = proc.stream(argv, cwd=bdir, env=env, on_line=on_line, check=False)
+            if made.returncode != 0:
+                res.status = "failed"
+    stats1 = cache_stats(tool) if tool and stats0 else None
+    if stats0 and stats1:
+        res.cache = stats1.since(stats0).describe()
+    if res.status == "failed":
+        by_obj = {u.obj: u for u in todo}
+        res.failed = sorted({os.path.relpath(by_obj[o].source, root) for o in failed_objs if o in by_obj})
+        res.cause = first.cause
+        res.hint = diagnose.compile_hint(first.cause, root, [(p.id, p.files) for p in plan.patches])
+    res.seconds = time.monotonic() - t0
+    return res
+
+
+def _unavailable(project: Project, profile: Any) -> str:
+    """Why this machine cannot compile the profile ("" when it can)."""
+    from forktool.build import cuda
+
+    if not (project.tree / "llama.cpp" / "CMakeLists.txt").is_file():
+        return "the vendored tree has no llama.cpp/CMakeLists.txt"
+    if profile.has_cuda:
+        try:
+            cuda.find_toolkit()
+        except ConfigError as e:
+            return e.what
+    return ""
+
+
+def compile_series(project: Project, patches: list[Any], jobs: int | None = None,
+                   progress: Callable[[str], None] = lambda _m: None) -> list[CheckResult]:
+    """The scoped check of every profile on the tree as it stands on disk, for the units the patches' files feed
+    (workspace Patch objects, in order); a profile this machine cannot compile is "not compiled"."""
+    from forktool.build import load_config, make_plan
+
+    cfg = load_config(project)
+    out = []
+    for name in sorted(cfg.profiles):
+        prof = cfg.profiles[name]
+        why = _unavailable(project, prof)
+        if why:
+            out.append(CheckResult(name, NOT_COMPILED, reason=why))
+            continue
+        progress(f"compiling what the series feeds ({name} profile)")
+        plan = make_plan(project, cfg, prof, patches, [])
+        paths = sorted({f for p in plan.patches for f in p.files})
+        out.append(compile_units(project, cfg, plan, paths, jobs or os.cpu_count() or 1))
+    return out
+
+
+def check_compile(ws: Workspace, profile: str, paths: list[str] | None = None, jobs: int | None = None,
+                  progress: Callable[[BuildEvent], None] | None = None) -> CheckResult:
+    """The scoped check of one profile on the workspace's tree: the units the applied series' files (or the
+    given paths, relative to the vendored tree) feed. A profile needing a toolkit this machine lacks is
+    "not compiled", never passed. A check of the whole applied series is recorded in .opencoti/."""
+    from forktool.build import cuda, load_config, make_plan
+    from forktool.tree import digest
+    from forktool.workspace import series_digest
+
+    project = ws.project
+    cfg = load_config(project)
+    prof = cfg.profile(profile)
+    applied = ws.patches[:len(ws.state.applied)]
+    tree_digest = digest(ws.current())
+    sd = series_digest(ws.patches)
+    if not project.tree.is_dir():
+        raise ForktoolError(f"no vendored tree at {project.tree}", where=str(project.tree),
+                            hint="run `forktool apply` first")
+    why = _unavailable(project, prof)
+    if why:
+        hint = ""
+        if prof.has_cuda:
+            try:
+                cuda.find_toolkit()
+            except ConfigError as e:
+                hint = e.hint
+        return CheckResult(profile, NOT_COMPILED, reason=why, hint=hint, series_digest=sd, tree_digest=tree_digest)
+    dirty = sorted({p for _, p in ws.local_changes()})
+    plan = make_plan(project, cfg, prof, applied, dirty, ws.current())
+    whole = paths is None
+    if paths is None:
+        paths = sorted({f for p in plan.patches for f in p.files} | set(dirty))
+    res = compile_units(project, cfg, plan, paths, jobs or os.cpu_count() or 1, progress)
+    res.series_digest, res.tree_digest = sd, tree_digest
+    if whole:
+        record(project, res, len(applied))
+    return res
+
+
+# ---------------------------------------------------------------- the record
+
+
+def read_records(project: Project) -> dict[str, dict[str, Any]]:
+    """profile -> its last whole-series check ({} when none was run, or the file is unreadable)."""
+    try:
+        raw = json.loads((project.state_dir / RECORD).read_bytes())
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in raw.items() if isinstance(v, dict)} if isinstance(raw, dict) else {}
+
+
+def record(project: Project, res: CheckResult, applied: int) -> None:
+    recs = read_records(project)
+    recs[res.profile] = {"status": res.status, "series_digest": res.series_digest, "tree_digest": res.tree_digest,
+                         "applied": applied, "units": len(res.units), "compiled": len(res.compiled),
+                         "failed": res.failed, "cause": res.cause.text if res.cause else "",
+                         "seconds": round(res.seconds, 3), "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    project.state_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write(project.state_dir / RECORD, json.dumps(recs, indent=1, sort_keys=True).encode())
+
+
+def status_for(project: Project, profiles: list[str], series_digest: str, tree_digest: str) -> dict[str, str]:
+    """profile -> "compiled", "failed" or "not compiled", for this series digest and tree digest only."""
+    recs = read_records(project)
+    out = {}
+    for name in profiles:
+        r = recs.get(name, {})
+        same = r.get("series_digest") == series_digest and r.get("tree_digest") == tree_digest
+        out[name] = str(r.get("status")) if same and r.get("status") in ("compiled", "failed") else NOT_COMPILED
+    return out
+
+
+def profile_statuses(project: Project, series_digest: str, tree_digest: str) -> dict[str, str]:
+    """Every profile of registry/build.yaml -> its compile status for this series and tree (none: {})."""
+    from forktool.impact import profile_names
+
+    try:
+        names = profile_names(project)
+    except ForktoolError:
+        return {}  # a project without build profiles (verify reports a broken build.yaml elsewhere)
+    return status_for(project, names, series_digest, tree_digest)

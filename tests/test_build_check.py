@@ -1,0 +1,240 @@
+"""The scoped compile check on small real CMake trees: which units a touched file feeds, errors quoted at their
+cause, and the cuda plumbing (nvcc, the cuBLAS wheel, the libcuda stand-in) on a machine without a GPU."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from test_build_cache import sccache, tiny_project  # noqa: F401 (a fixture)
+
+from forktool import build as b
+from forktool.build import check, cmakeapi, cuda, diagnose
+from forktool.errors import ForktoolError
+from forktool.project import Project
+from forktool.tree import sha256_file
+
+needs_cmake = pytest.mark.skipif(not (shutil.which("cmake") and shutil.which("make") and shutil.which("cc")),
+                                 reason="needs cmake, make and a C compiler")
+
+CMAKE = """\
+cmake_minimum_required(VERSION 3.16)
+project(demo C)
+add_library(demo SHARED src/a.c src/b.c)
+target_include_directories(demo PRIVATE include)
+add_executable(demo-cli tools/main.c)
+target_include_directories(demo-cli PRIVATE include)
+target_link_libraries(demo-cli demo)
+add_executable(other tools/other.c)
+target_include_directories(other PRIVATE include)
+"""
+
+FILES = {
+    "include/common.h": '#include "deep/inner.h"\n#define ONE INNER\n',
+    "include/deep/inner.h": "#define INNER 1\n",
+    "include/lone.h": "#define LONE 2\n",
+    "src/a.c": '#include "common.h"\nint a(void) { return ONE; }\n',
+    "src/b.c": "#include <lone.h>\nint b(void) { return LONE; }\n",
+    "tools/main.c": "int a(void);\nint b(void);\nint main(void) { return a() + b(); }\n",
+    "tools/other.c": '#include "common.h"\nint main(void) { return ONE; }\n',  # a target the profile does not build
+}
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Project:
+    monkeypatch.setenv("FORKTOOL_LAUNCHER", "none")
+    return tiny_project(tmp_path, CMAKE, FILES)
+
+
+def run_check(project: Project, paths: list[str], profile: str = "tiny") -> check.CheckResult:
+    cfg = b.load_config(project)
+    plan = b.make_plan(project, cfg, cfg.profile(profile), [], [])
+    return check.compile_units(project, cfg, plan, paths, 2)
+
+
+def objects_under(bdir: Path) -> set[str]:
+    return {p.relative_to(bdir).as_posix() for p in bdir.rglob("*.o")}
+
+
+@needs_cmake
+def test_only_the_units_a_header_reaches_are_compiled(project: Project) -> None:
+    bdir = project.root / "build" / "tiny"
+    # inner.h reaches a.c through common.h (a quoted include found through the target's -I); other.c includes it
+    # too, but the profile does not build `other` (CMake's codemodel says what demo-cli needs)
+    res = run_check(project, ["llama.cpp/include/deep/inner.h"])
+    assert res.ok and res.units == ["llama.cpp/src/a.c"]
+    assert "other" in cmakeapi.targets(bdir) and cmakeapi.closure(cmakeapi.targets(bdir), ["demo-cli"]) == {
+        "demo-cli", "demo"}
+    assert objects_under(bdir) == {"CMakeFiles/demo.dir/src/a.c.o"} and len(res.compiled) == 1
+    # an angle include through -I; a source file feeds itself; a file nothing includes feeds nothing
+    res = run_check(project, ["llama.cpp/include/lone.h", "llama.cpp/tools/main.c", "llama.cpp/README.md"])
+    assert res.units == ["llama.cpp/src/b.c", "llama.cpp/tools/main.c"]
+    assert len(res.compiled) == 2
+    # make's own up-to-date check: the same units again compile nothing
+    again = run_check(project, ["llama.cpp/include/lone.h", "llama.cpp/tools/main.c"])
+    assert again.ok and again.compiled == [] and len(again.units) == 2
+    assert "2 translation unit(s)" in again.describe() and "0 recompiled" in again.describe()
+
+
+@needs_cmake
+def test_a_compile_error_is_quoted_at_its_cause_and_nothing_else_changes(project: Project) -> None:
+    src = project.tree / "llama.cpp"
+    ok = run_check(project, ["llama.cpp/src/a.c", "llama.cpp/src/b.c"])
+    bdir = project.root / "build" / "tiny"
+    a_obj = bdir / "CMakeFiles/demo.dir/src/a.c.o"
+    before = sha256_file(a_obj)
+    assert ok.ok
+    time.sleep(0.01)
+    (src / "include" / "lone.h").write_text("#define LONE 2 +\n")  # b.c breaks, at b.c's line 2
+    res = run_check(project, ["llama.cpp/include/lone.h"])
+    assert res.status == "failed" and res.failed == ["llama.cpp/src/b.c"]
+    assert res.cause is not None and res.cause.file == str(src / "src" / "b.c") and res.cause.line == 2
+    assert "error" in res.cause.text and res.cause.text in res.describe()
+    # an upstream file no patch changes: the hint does not send the maintainer to refresh a patch
+    assert "no patch changes" in res.hint and "refresh" not in res.hint.split(":")[0]
+    assert "expected" in Path(res.log).read_text()
+    assert sha256_file(a_obj) == before
+
+
+@needs_cmake
+def test_the_check_goes_through_the_compiler_cache(tmp_path: Path, sccache: str) -> None:  # noqa: F811
+    project = tiny_project(tmp_path, CMAKE, FILES)
+    cold = run_check(project, ["llama.cpp/include/lone.h"])
+    assert cold.ok and cold.units == ["llama.cpp/src/b.c"] and "1 miss(es)" in cold.cache
+    (project.root / "build" / "tiny" / "CMakeFiles" / "demo.dir" / "src" / "b.c.o").unlink()
+    warm = run_check(project, ["llama.cpp/include/lone.h"])
+    assert warm.ok and len(warm.compiled) == 1 and "1 hit(s), 0 miss(es)" in warm.cache
+    assert warm.cache in warm.describe()
+
+
+def test_first_error_is_the_cause_in_each_tool_s_format() -> None:
+    log = ["[ 10%] Building CUDA object ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir/ggml-cuda.cu.o",
+           "/v/llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu(4321): error: identifier \"ggml_cuda_x\" is undefined",
+           "/v/llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu(4400): error: too few arguments",
+           "2 errors detected in the compilation of \"ggml-cuda.cu\".",
+           "make[2]: *** [ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir/build.make:90: x.o] Error 2",
+           "make: *** [Makefile:137: all] Error 2"]
+    cause = diagnose.first_error(log)
+    assert cause is not None and cause.line == 4321 and cause.file.endswith("ggml-cuda.cu")
+    assert cause.where == "/v/llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu:4321"
+    gcc = ["In file included from /v/a.cpp:3:", "/v/a.h:12:5: error: invalid conversion from 'size_t (*)()'",
+           "/v/a.cpp:40:1: error: later cascade"]
+    assert diagnose.first_error(gcc) == diagnose.Cause(gcc[1], "/v/a.h", 12)
+    cmake = ["-- Found CUDAToolkit", "CMake Error at ggml/src/ggml-cuda/CMakeLists.txt:178 (target_link_libraries):",
+             "  Target \"ggml-cuda\" links to:", "", "    CUDA::cublas", "", "  but the target was not found.  "
+             "Possible reasons include:", "", "-- Configuring incomplete, errors occurred!"]
+    cause = diagnose.first_error(cmake)
+    assert cause is not None and (cause.file, cause.line) == ("ggml/src/ggml-cuda/CMakeLists.txt", 178)
+    assert "CUDA::cublas" in cause.text and "Configuring incomplete" not in cause.text
+    assert diagnose.first_error(["make: *** [all] Error 2"]) is None and diagnose.first_error([]) is None
+    # the patch that changes the failing file is the one to fix
+    hint = diagnose.compile_hint(diagnose.Cause("x", "/v/llama.cpp/a.h", 1), "/v",
+                                 [("0070", ["llama.cpp/b.h"]), ("0073", ["llama.cpp/a.h"])])
+    assert "`forktool refresh 0073`" in hint
+
+
+def test_the_record_answers_only_for_the_same_series_and_tree(tmp_path: Path) -> None:
+    project = Project(tmp_path)
+    assert check.status_for(project, ["cpu", "cuda"], "s1", "t1") == {"cpu": "not compiled", "cuda": "not compiled"}
+    check.record(project, check.CheckResult("cpu", "compiled", series_digest="s1", tree_digest="t1"), 5)
+    check.record(project, check.CheckResult("cuda", "failed", series_digest="s1", tree_digest="t1"), 5)
+    assert check.status_for(project, ["cpu", "cuda"], "s1", "t1") == {"cpu": "compiled", "cuda": "failed"}
+    assert check.status_for(project, ["cpu", "cuda"], "s2", "t1") == {"cpu": "not compiled", "cuda": "not compiled"}
+    assert check.status_for(project, ["cpu"], "s1", "t2") == {"cpu": "not compiled"}
+    (project.state_dir / check.RECORD).write_text("{broken")
+    assert check.status_for(project, ["cpu"], "s1", "t1") == {"cpu": "not compiled"}
+
+
+CUDA_CMAKE = """\
+cmake_minimum_required(VERSION 3.18)
+project(demo C CXX)
+find_package(CUDAToolkit REQUIRED)
+enable_language(CUDA)
+add_library(kern SHARED src/k.cu)
+target_link_libraries(kern PRIVATE CUDA::cudart CUDA::cublas CUDA::cuda_driver)
+"""
+
+CUDA_BUILD_YAML = """\
+artifacts:
+  - name: kern
+    impact: cuda-dso
+    paths: ["llama.cpp/src"]
+    targets: [kern]
+    outputs: [libkern.so]
+profiles:
+  gpu:
+    flags: [-DCMAKE_BUILD_TYPE=Release]
+    targets: [kern]
+    cuda_architectures: "90"
+"""
+
+KERNEL = """\
+#include <cublas_v2.h>
+#include <cuda.h>
+#include "k.h"
+__global__ void scale(float *x, float k) { x[threadIdx.x] *= k; }
+int use_blas(void) { cublasHandle_t h; return (int)cublasCreate(&h) + (int)cuInit(0) + K; }
+"""
+
+
+@needs_cmake
+@pytest.mark.skipif(cuda.find_nvcc() is None, reason="needs nvcc")
+def test_a_cuda_tree_configures_and_compiles_without_a_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    try:
+        tk = cuda.find_toolkit()
+    except ForktoolError as e:
+        pytest.skip(f"no cuBLAS: {e.what}")
+    monkeypatch.setenv("FORKTOOL_LAUNCHER", "none")
+    project = tiny_project(tmp_path, CUDA_CMAKE, {"src/k.cu": KERNEL, "src/k.h": "#define K 1\n"})
+    (project.registry_dir / "build.yaml").write_text(CUDA_BUILD_YAML)
+    flags = b.configure_flags(b.load_config(project).profile("gpu"), project.root / "build" / "gpu")
+    if tk.cublas is not None:  # the toolkit lacks cuBLAS: the wheel's is named, headers included
+        assert f"-DCUDA_cublas_LIBRARY={tk.cublas}" in flags and any("STANDARD_INCLUDE" in f for f in flags)
+    res = run_check(project, ["llama.cpp/src/k.h"], "gpu")
+    assert res.ok, res.describe()
+    assert res.units == ["llama.cpp/src/k.cu"] and res.compiled == ["CMakeFiles/kern.dir/src/k.cu.o"]
+    if tk.driver is None:  # no driver on this machine: the stand-in was made, with the driver's soname
+        stub = project.root / "build" / "gpu" / cuda.STUB_DIR / "libcuda.so"
+        assert b"libcuda.so.1" in stub.read_bytes()
+        # the library linked here asks for the driver by soname, not for the stand-in's path
+        bdir = project.root / "build" / "gpu"
+        subprocess.run(["make", "kern"], cwd=bdir, check=True, capture_output=True)
+        needed = subprocess.run(["readelf", "-d", str(bdir / "libkern.so")], check=True, capture_output=True,
+                                text=True).stdout
+        needed = "\n".join(ln for ln in needed.splitlines() if "(NEEDED)" in ln)
+        assert "[libcuda.so.1]" in needed and cuda.STUB_DIR not in needed
+    # an error in device code is quoted at nvcc's FILE(LINE)
+    (project.tree / "llama.cpp" / "src" / "k.h").write_text("#define K undeclared_thing\n")
+    bad = run_check(project, ["llama.cpp/src/k.h"], "gpu")
+    assert bad.status == "failed" and bad.cause is not None
+    assert bad.cause.file.endswith("k.cu") and bad.cause.line == 5 and "undeclared_thing" in bad.cause.text
+    assert os.path.isfile(bad.log)
+
+
+GEN_CMAKE = """\
+cmake_minimum_required(VERSION 3.16)
+project(demo C)
+add_custom_target(gen-header COMMAND ${CMAKE_COMMAND} -E copy ${CMAKE_SOURCE_DIR}/include/gen.h.in
+                  ${CMAKE_BINARY_DIR}/gen/gen.h)
+add_library(demo SHARED src/a.c)
+add_dependencies(demo gen-header)
+target_include_directories(demo PRIVATE ${CMAKE_BINARY_DIR}/gen include)
+add_executable(demo-cli tools/main.c)
+target_link_libraries(demo-cli demo)
+"""
+
+
+@needs_cmake
+def test_headers_a_custom_target_writes_are_made_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FORKTOOL_LAUNCHER", "none")
+    project = tiny_project(tmp_path, GEN_CMAKE, {
+        "include/gen.h.in": "#define GEN 5\n", "include/lone.h": "#define LONE 2\n",
+        "src/a.c": '#include "gen.h"\n#include "lone.h"\nint a(void) { return GEN + LONE; }\n',
+        "tools/main.c": "int a(void);\nint main(void) { return a(); }\n"})
+    res = run_check(project, ["llama.cpp/include/lone.h"])
+    assert res.ok, res.describe()
+    assert res.units == ["llama.cpp/src/a.c"] and (project.root / "build" / "tiny" / "gen" / "gen.h").is_file()
