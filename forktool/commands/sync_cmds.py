@@ -192,6 +192,11 @@ def _finish_report(project: Project, st: dict, res: dict) -> tuple[list[str], li
     if hooks:
         short.append("hook sites: " + ", ".join(f"{n} {k}" for k, n in sorted(moved.items()))
                      + (f"; registry sites rewritten ({len(reg_diff)} diff line(s))" if reg_diff else ""))
+    compiled = st.get("compile", [])
+    if compiled:  # what the compile gate compiled for the moved series; a profile it could not is said so
+        short.append("compile: " + "; ".join(
+            f"{c['profile']} {c['status']}" + (f" ({c['reason']})" if c["reason"] else f" ({c['units']} unit(s))")
+            for c in compiled))
     if v.get("ok"):
         short.append("[green]verify: OK[/green]" + ("; the series is carried onto its edited patches"
                                                     if st.get("kind") == "reanchor" else "; moved the pin to "
@@ -212,6 +217,9 @@ def _finish_report(project: Project, st: dict, res: dict) -> tuple[list[str], li
     detail += ["", "## Hook sites", ""]
     detail += [f"- {h['hook']}: {h['symbol']} {h['status']} ({h['file']}:{h['line']} -> {h['new_file']}:"
                f"{h['new_line']})" for h in hooks]
+    detail += ["", "## compile", ""] + ([f"- {c['profile']}: {c['status']}" + (f" ({c['reason']})" if c["reason"]
+                                                                               else f" ({c['units']} unit(s))")
+                                         for c in compiled] or ["not run"])
     detail += ["", "## registry/UPSTREAM_SYNC.yaml (applied)", "", "```diff", *reg_diff, "```", "", "## verify", ""]
     detail += _verify_lines(v) if v else ["not run"]
     detail += ["", "## build plan (cpu)", ""] + (plan.get("lines") or [plan.get("error", "not made")])
@@ -265,7 +273,7 @@ def loop_report(project: Project, res: dict) -> Report:
     loop.write_report(project, "\n".join(detail) + "\n")
     data.update(hooks=st.get("hooks", {}).get("sites", []), registry_diff=loop.registry_diff(project, st),
                 verify=dict(res.get("verify", {}), lines=_verify_lines(res.get("verify", {}))),
-                build_plan=res.get("build_plan", {}), report=str(path))
+                build_plan=res.get("build_plan", {}), report=str(path), compile=st.get("compile", []))
     t = data["timings"]
     if "tool_s" in t:
         short.append(f"time: {t['tool_s']:.1f} s" + (f" (fetch {t['fetch_s']:.1f} s)" if "fetch_s" in t else ""))
