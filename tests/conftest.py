@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.build import private_sccache
 from tests.helpers.project import UPSTREAM, Proj, make_project
 from tests.helpers.registry import registry_project
 
@@ -52,3 +53,9 @@ def proj(tmp_path: Path, cache: Path) -> Proj:
 def rp(tmp_path: Path, cache: Path) -> Proj:
     """A project with one patch applied and a registry that agrees with it (tests.helpers.registry)."""
     return registry_project(tmp_path)
+
+
+@pytest.fixture
+def sccache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A private sccache server (own port, own empty local cache), stopped afterwards."""
+    yield from private_sccache(tmp_path, monkeypatch)

