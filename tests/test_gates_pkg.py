@@ -291,3 +291,16 @@ def test_gate_g_measures_every_configuration_at_every_budget(tmp_path: Path):
     meta = json.loads((out / "budget_curve.json").read_text())
     assert meta["contexts"]["131072"]["prompt_tokens"] == 35131
     assert {g["budget_mib"] for g in res["goals"]} == {2000, 3000}
+
+
+def test_gpu_run_reads_the_cache_pass_two_built_when_it_is_fully_resident(tmp_path: Path):
+    from gates.gpu import run
+
+    tool = fake_tool(tmp_path / "llama-completion", "\n".join([
+        "llama_kv_cache: position window = 256 / 131072 cells resident + host tail 130816 cells (562.00 MiB host) "
+        "[CUDA0, measure pass, budget 0.00 MiB]",
+        "llama_context: two-pass compute reserve: measured 443 MiB, pass 2 sizes the KV window with a 699 MiB reserve",
+        "llama_kv_cache: position window = FULLY RESIDENT (131072 / 131072 cells on CUDA0, 576.00 MiB, auto, "
+        "budget 2000.00 MiB)"]))
+    r = run("t", [str(tool)], tmp_path)
+    assert r.get("window") is None and r["fully_resident"]
