@@ -304,3 +304,32 @@ def test_gpu_run_reads_the_cache_pass_two_built_when_it_is_fully_resident(tmp_pa
         "budget 2000.00 MiB)"]))
     r = run("t", [str(tool)], tmp_path)
     assert r.get("window") is None and r["fully_resident"]
+
+
+def test_gate_c_compares_each_quantized_cache_with_resident_of_the_same_type(tmp_path: Path):
+    from gates.gpu import gate_c, parse_args
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    # a stand-in llama-perplexity: records its cache type and base file, logs a window when one is forced
+    fake_tool(bin_dir / "llama-perplexity", "\n".join([
+        f'echo "$*" >> {tmp_path}/calls.txt',
+        'if [ -n "$OPENCOTI_KV_WINDOW_CELLS" ]; then echo "llama_kv_cache: position window = $OPENCOTI_KV_WINDOW_CELLS'
+        ' / 16384 cells resident + host tail 1 cells (1.00 MiB host) [CUDA0, forced, budget 0.00 MiB]"; fi',
+        'echo "Maximum KLD:   0.000034"', 'echo "Same top p: 100.000 ± 0.000 %"']), script=True)
+    a = parse_args(["--full-bin", str(bin_dir), "--pre-bin", str(bin_dir), "--upstream-bin", str(bin_dir),
+                    "--windows", "256", "--windows-4k", "512", "--windows-16k", "8192"])
+    res = gate_c(a, tmp_path / "m.gguf", tmp_path)
+    assert res["pass"]
+    got = [(w["cache"], w["window"], w["ubatch"], w["ctx"]) for w in res["windows"]]
+    assert got == [("f16", 256, 512, 2048), ("f16", 256, 1, 2048), ("f16", 512, 512, 4096),
+                   ("q8_0", 8192, 512, 16384), ("q8_0", 6144, 1, 8192),
+                   ("q4_0", 8192, 512, 16384), ("q4_0", 6144, 1, 8192)]
+    calls = (tmp_path / "calls.txt").read_text().splitlines()
+    # each quantized window reads the base its own type's resident run wrote
+    q4 = [c for c in calls if "-ctk q4_0 -ctv q4_0" in c]
+    assert len(q4) == 4 and all("resident-ub512-c16384-q4_0.kld" in c or "resident-ub1-c8192-q4_0.kld" in c for c in q4)
+    # a KLD over the bound fails the gate
+    fake_tool(bin_dir / "llama-perplexity", 'echo "position window = 1 / 2 cells resident + host tail 1 cells (1.00 MiB '
+              'host)"; echo "Maximum KLD:   0.043567"; echo "Same top p: 92.479 ± 0.1 %"', script=True)
+    assert not gate_c(a, tmp_path / "m.gguf", tmp_path)["pass"]
