@@ -31,7 +31,7 @@ OOM_LINES = ("failed to allocate compute pp buffers", "graph_reserve: failed to 
 MIB = 1 << 20
 MODEL_ARGS = ["--arch", "llama", "--layers", "8", "--n-embd", "2048", "--n-head", "16", "--n-head-kv", "4",
               "--head-dim", "128", "--n-ff", "8192", "--ctx", "1048576", "--vocab", "512"]
-COPY_TAIL_ENV = {"OPENCOTI_KV_TAIL": "copy"}  # 0073 off: the full build on 0072's copying tail path
+COPY_TAIL_ENV = {"OPENCOTI_KV_DEBUG": "copy-tail"}  # 0073 off: the full build on 0072's copying tail path
 KV_BYTES_PER_CELL = 8 * 2 * 4 * 128 * 2  # layers * (K+V) * kv heads * head dim * f16
 
 
@@ -684,7 +684,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="gate c windows of the quantized caches at a 16,384-cell context")
     ap.add_argument("--before-copy", action="store_true",
                     help="without --before-bin: compare against the full build's copying tail path "
-                         "(OPENCOTI_KV_TAIL=copy) as 'before'")
+                         "(OPENCOTI_KV_DEBUG=copy-tail) as 'before'")
     ap.add_argument("--curve-ctx", type=int, default=131072)
     ap.add_argument("--curve-words", type=int, default=30000)
     ap.add_argument("--curve-n", type=int, default=64)
@@ -708,7 +708,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.before_label = f"the build in {a.before_bin}" if a.before_bin else None
     if a.before_copy and a.before_bin is None:
         a.before_bin, a.before_env = a.full_bin, dict(COPY_TAIL_ENV)
-        a.before_label = "this build on the copying tail path (OPENCOTI_KV_TAIL=copy)"
+        a.before_label = "this build on the copying tail path (OPENCOTI_KV_DEBUG=copy-tail)"
     return a
 
 

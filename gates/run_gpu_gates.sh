@@ -7,7 +7,7 @@
 #                     runs, carried to a GPU machine without it); unset: they are made here
 #   GPU_GATES_ARGS    more arguments for `python -m gates.gpu` (e.g. --budget-ctxs 1048576)
 #   a before.tar.gz placed in the bundle beforehand is built too and compared as "before"; without one,
-#   "before" is the full build on its copying tail path (OPENCOTI_KV_TAIL=copy)
+#   "before" is the full build on its copying tail path (OPENCOTI_KV_DEBUG=copy-tail)
 set -euo pipefail
 py=${PYTHON:-python3}
 bundle=${GPU_GATES_BUNDLE:-build/device-bundle}

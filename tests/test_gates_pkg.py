@@ -174,12 +174,12 @@ def test_gpu_before_copy_runs_the_full_build_on_the_copying_path(tmp_path: Path)
     bin_dir = tmp_path / "full"
     bin_dir.mkdir()
     tool = bin_dir / "llama-completion"
-    tool.write_text('#!/bin/sh\nif [ "$OPENCOTI_KV_TAIL" = copy ]; then mib=4096.01; else mib=1084.01; fi\n'
+    tool.write_text('#!/bin/sh\nif [ "$OPENCOTI_KV_DEBUG" = copy-tail ]; then mib=4096.01; else mib=1084.01; fi\n'
                     'echo "sched_reserve:      CUDA0 compute buffer size =  $mib MiB"\n')
     tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
     a = parse_args(["--full-bin", str(bin_dir), "--pre-bin", str(bin_dir), "--upstream-bin", str(bin_dir),
                     "--before-copy", "--buffer-ctxs", "1048576"])
-    assert a.before_bin == bin_dir and a.before_env == {"OPENCOTI_KV_TAIL": "copy"}
+    assert a.before_bin == bin_dir and a.before_env == {"OPENCOTI_KV_DEBUG": "copy-tail"}
     res = gate_e(a, tmp_path / "m.gguf", tmp_path)
     assert res["pass"]
     assert res["rows"] == [{"ctx": 1048576, "upstream_mib": 1084.01, "upstream_rc": 0, "window_mib": 1084.01,
