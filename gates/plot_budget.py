@@ -37,8 +37,8 @@ def main(argv: list[str] | None = None) -> int:
         configs = sorted({r["config"] for r in at})
         for ax, key, label in ((ax_pp, "prefill_tps", "prefill tokens/s"), (ax_tg, "decode_tps", "decode tokens/s")):
             for config in configs:
-                pts = sorted(((int(r["budget_mib"]), num(r[key])) for r in at
-                              if r["config"] == config and r["fits_budget"] == "True" and num(r[key])))
+                pts = sorted((int(r["budget_mib"]), num(r[key])) for r in at
+                              if r["config"] == config and r["fits_budget"] == "True" and num(r[key]))
                 if not pts:
                     continue
                 cache = next((c for c in STYLE if f" {c}" in config), "f16")
