@@ -333,3 +333,33 @@ def test_gate_c_compares_each_quantized_cache_with_resident_of_the_same_type(tmp
     fake_tool(bin_dir / "llama-perplexity", 'echo "position window = 1 / 2 cells resident + host tail 1 cells (1.00 MiB '
               'host)"; echo "Maximum KLD:   0.043567"; echo "Same top p: 92.479 ± 0.1 %"', script=True)
     assert not gate_c(a, tmp_path / "m.gguf", tmp_path)["pass"]
+
+
+def test_cpu_gate_d_wants_the_fallback_line_no_window_and_head_modes_bytes(tmp_path: Path):
+    from gates.cpu import Ctx, gate_d, parse_args
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+
+    def tool(warn: bool, window_bytes: str) -> None:
+        # a stand-in llama-perplexity: writes its --kl-divergence-base file; in window mode it may warn
+        fake_tool(bin_dir / "llama-perplexity", "\n".join([
+            'out=""; mode=head; prev=""',
+            'for x in "$@"; do [ "$prev" = --kl-divergence-base ] && out=$x; [ "$x" = window ] && mode=window; prev=$x; done',
+            'if [ "$mode" = window ]; then printf %s "' + window_bytes + '" > "$out"; else printf same > "$out"; fi',
+            ('[ "$mode" = window ] && echo "create_memory: kv-residency-mode window not possible, falling back to head '
+             'mode: the recurrent memory (llama_memory_recurrent) keeps one state per sequence"') if warn else "true",
+            "exit 0"]), script=True)
+
+    a = parse_args(["--patched-bin", str(bin_dir), "--upstream-bin", str(bin_dir)])
+    assert a.required == {"a", "b", "c", "d"} and a.fallback_archs == "mamba"
+    c = Ctx(a, tmp_path)
+    text = tmp_path / "t.txt"
+    text.write_text("x")
+    tool(warn=True, window_bytes="same")
+    d = gate_d(c, "mamba", tmp_path / "m.gguf", text)
+    assert d["ok"] and d["bytes_identical_to_head"] and "llama_memory_recurrent" in d["fallback_line"]
+    tool(warn=False, window_bytes="same")  # silent fallback: fails
+    assert not gate_d(c, "mamba", tmp_path / "m.gguf", text)["ok"]
+    tool(warn=True, window_bytes="other")  # other logits: fails
+    assert not gate_d(c, "mamba", tmp_path / "m.gguf", text)["ok"]
