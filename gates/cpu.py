@@ -1,4 +1,5 @@
-"""CPU gates for rolling KV: head mode is byte-identical to upstream, forced windows match resident, log lines show."""
+"""CPU gates for rolling KV: head mode is byte-identical to upstream, forced windows match resident, log lines show,
+and a memory window mode does not reach says so and runs as head mode."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -336,6 +338,28 @@ class ArchGates:
         return b_res, c_res
 
 
+RE_FALLBACK = re.compile(r"kv-residency-mode window not possible, falling back to head mode: (.*)")
+
+
+def gate_d(c: Ctx, name: str, model: Path, text: Path) -> dict:
+    """(d) a memory window mode does not reach (a recurrent model's): window mode, with a window forced, says at
+    load that it falls back to head mode naming the memory, logs no position window, and gives head mode's bytes."""
+    a = c.args
+    ppl = need_tool(a.patched_bin, "llama-perplexity")
+    common = [str(ppl), "-m", str(model), "-f", str(text), "-c", str(a.ctx), "-b", str(a.ctx), "-ub", str(a.ubatch),
+              "--chunks", str(a.chunks), "-t", str(a.threads), "--seed", "1", "-ngl", "0", "-lv", "4"]
+    head, win = c.work / f"{name}.d.head.kld", c.work / f"{name}.d.window.kld"
+    c.run(f"{name}.d.head", [*common, "--kl-divergence-base", str(head)])
+    log = c.run(f"{name}.d.window", [*common, "--kv-residency-mode", "window", "--kl-divergence-base", str(win)],
+                {WINDOW_ENV: str(min(a.windows))})
+    m = RE_FALLBACK.search(log)
+    same = head.read_bytes() == win.read_bytes()
+    logged = bool(RE_WINDOW.search(log))
+    return {"ok": bool(m) and "recurrent" in m.group(1) and not logged and same,
+            "fallback_line": m.group(1).strip() if m else None, "position_window_logged": logged,
+            "bytes_identical_to_head": same}
+
+
 def summarize(result: dict) -> None:
     p = lambda s="": print(s, file=sys.stderr)  # noqa: E731
     nan = float("nan")
@@ -376,6 +400,12 @@ def summarize(result: dict) -> None:
         p(f"   (b) {'PASS' if b['ok'] else 'FAIL'}   (c) unforced FULLY RESIDENT={c['unforced_fully_resident']},"
           f" unforced bytes == head={c['unforced_identical_to_head']}, forced windows logged with tail="
           f"{all(v['ok'] for v in c['forced'].values())} -> {'PASS' if c['ok'] else 'FAIL'}")
+    for arch, d in result.get("fallback", {}).items():
+        if "error" in d:
+            p(f"== {arch}: (d) ERROR: {d['error']}")
+            continue
+        p(f"== {arch}: (d) window mode falls back: {d['fallback_line']!r}, position window logged="
+          f"{d['position_window_logged']}, bytes == head={d['bytes_identical_to_head']} -> {'PASS' if d['ok'] else 'FAIL'}")
     p(f"overall: {'PASS' if result['ok'] else 'FAIL'} ({result['seconds']:.0f}s, work dir {result['work_dir']})")
 
 
@@ -402,15 +432,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"force the window with ${WINDOW_ENV} or --kv-window-cells")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--timeout", type=int, default=300, help="seconds per tool run")
-    p.add_argument("--gates", default="a,b,c", help="subset to require for exit 0, e.g. 'a' before the patch exists")
+    p.add_argument("--fallback-archs", default="mamba",
+                   help="gate d: archs to generate whose memory window mode does not reach ('' = none)")
+    p.add_argument("--gates", default="a,b,c,d", help="subset to require for exit 0, e.g. 'a' before the patch exists")
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args(argv)
     a.windows = [int(x) for x in a.windows.split(",") if x]
     a.decode_windows = [int(x) for x in a.decode_windows.split(",") if x]
     a.tool_kld_windows = [int(x) for x in a.tool_kld_windows.split(",") if x]
     a.required = set(a.gates.split(","))
-    if not a.required <= {"a", "b", "c"}:
-        p.error("--gates takes a comma list of a, b, c")
+    if not a.required <= {"a", "b", "c", "d"}:
+        p.error("--gates takes a comma list of a, b, c, d")
     return a
 
 
@@ -452,11 +484,22 @@ def main(argv: list[str] | None = None) -> int:
             g["a"] = ag.gate_a()
             g["b"], g["c"] = ag.gate_bc() if ({"b", "c"} & a.required) else (
                 {"ok": True, "skipped": "not requested"}, {"ok": True, "skipped": "not requested"})
-            ok = ok and all(g[k]["ok"] for k in a.required)
+            ok = ok and all(g[k]["ok"] for k in a.required - {"d"})  # d runs on its own models below
         except GateError as e:
             g["error"] = str(e)
             ok = False
         result["archs"][name] = g
+    if "d" in a.required:
+        result["fallback"] = {}
+        for arch in [x for x in a.fallback_archs.split(",") if x]:
+            out = work / f"synthetic-{arch}.gguf"
+            make_model.main(["-o", str(out), "--arch", arch, "--layers", "2"])
+            try:
+                result["fallback"][arch] = d = gate_d(c, arch, out, text)
+                ok = ok and d["ok"]
+            except GateError as e:
+                result["fallback"][arch] = {"error": str(e), "ok": False}
+                ok = False
     result.update(ok=bool(ok), seconds=round(time.monotonic() - t0, 1), work_dir=str(work), runs=c.runs)
     print(json.dumps(result, indent=2))
     summarize(result)

@@ -1,5 +1,6 @@
 """GPU gates on a CUDA machine: (a) boot repro under a ballast, (b) resident unchanged, (c) window = resident,
-(d) the tail-share curve, plus the measurements behind the figures: (e) compute buffers, (f) per-token breakdown."""
+(d) the tail-share curve, plus the measurements behind the figures: (e) compute buffers, (f) per-token breakdown,
+(g) the budget curve at a declared context."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ OOM_LINES = ("failed to allocate compute pp buffers", "graph_reserve: failed to 
 MIB = 1 << 20
 MODEL_ARGS = ["--arch", "llama", "--layers", "8", "--n-embd", "2048", "--n-head", "16", "--n-head-kv", "4",
               "--head-dim", "128", "--n-ff", "8192", "--ctx", "1048576", "--vocab", "512"]
-COPY_TAIL_ENV = {"OPENCOTI_KV_TAIL": "copy"}  # 0073 off: the full build on 0072's copying tail path
+COPY_TAIL_ENV = {"OPENCOTI_KV_DEBUG": "copy-tail"}  # 0073 off: the full build on 0072's copying tail path
 KV_BYTES_PER_CELL = 8 * 2 * 4 * 128 * 2  # layers * (K+V) * kv heads * head dim * f16
 
 
@@ -114,12 +115,15 @@ def run(tag: str, argv: list[str], work: Path, env: dict | None = None, measure:
     if m:
         res["decode_tps"] = float(m.group(3))
         res["decode_ms_per_token"] = float(m.group(1)) / max(1, int(m.group(2)))
-    found = list(RE_WINDOW.finditer(text))
-    w = found[-1] if found else None  # with two passes, the last line is the window the context runs with
+    # with two passes, the lines after the measurement are the cache the context runs with (a window or fully resident)
+    last = text.rfind("two-pass compute reserve: measured")
+    final = text[last:] if last >= 0 else text
+    found = list(RE_WINDOW.finditer(final))
+    w = found[-1] if found else None
     if w:
         res["window"] = {"resident": int(w.group(1)), "kv_size": int(w.group(2)), "tail": int(w.group(3)),
                          "tail_mib": float(w.group(4))}
-    res["fully_resident"] = "FULLY RESIDENT" in text and not found
+    res["fully_resident"] = "FULLY RESIDENT" in final and not found
     res["measure_pass"] = [ln.strip() for ln in text.splitlines() if "two-pass" in ln or "measure pass" in ln]
     res["window_lines"] = [ln.strip() for ln in text.splitlines() if "position window" in ln]
     res["oom_lines"] = [ln.strip() for ln in text.splitlines() if any(k in ln for k in OOM_LINES)]
@@ -132,9 +136,10 @@ def run(tag: str, argv: list[str], work: Path, env: dict | None = None, measure:
     return res
 
 
-def completion(bin_dir: Path, model: Path, ctx: int, prompt_file: Path, n: int, extra: list[str]) -> list[str]:
+def completion(bin_dir: Path, model: Path, ctx: int, prompt_file: Path, n: int, extra: list[str],
+               cache: str = "f16") -> list[str]:
     return [str(bin_dir / "llama-completion"), "-m", str(model), "-f", str(prompt_file), "-n", str(n), "-c", str(ctx),
-            "-ngl", "99", "-fa", "on", "-ctk", "f16", "-ctv", "f16", "--temp", "0", "--seed", "1", "-no-cnv",
+            "-ngl", "99", "-fa", "on", "-ctk", cache, "-ctv", cache, "--temp", "0", "--seed", "1", "-no-cnv",
             "--ignore-eos", "-t", "8", "-lv", "4", *extra]
 
 
@@ -274,29 +279,42 @@ def gate_c(a: argparse.Namespace, model: Path, work: Path) -> dict:
     text.write_text(make_text(12000, 3))  # llama-perplexity needs two contexts' worth of tokens (4096-cell rows)
     ppl = str(a.full_bin / "llama-perplexity")
 
-    def common(ub: int, ctx: int) -> list[str]:
-        return ["-m", str(model), "-f", str(text), "-c", str(ctx), "-b", "512", "-ub", str(ub), "-ngl", "99", "-fa", "on",
-                "--chunks", "4" if ub > 1 and ctx <= 2048 else "1", "-t", "8", "-lv", "4"]
+    long_text = work / "ppl-long.txt"
+    long_text.write_text(make_text(48000, 3))  # two 16,384-cell contexts' worth of tokens
+
+    def common(ub: int, ctx: int, cache: str = "f16") -> list[str]:
+        return ["-m", str(model), "-f", str(text if ctx <= 4096 else long_text), "-c", str(ctx), "-b", "512",
+                "-ub", str(ub), "-ngl", "99", "-fa", "on", "--chunks", "4" if ub > 1 and ctx <= 2048 else "1",
+                "-t", "8", "-lv", "4", "-ctk", cache, "-ctv", cache]
 
     out: dict = {"windows": []}
     ok = True
     # 2048-cell contexts (tensors of 2 MiB: a mapped tail lies wholly in host memory) and, at 4096, windows whose
     # device part ends inside a tensor (the 2 MiB mapping granularity is 2048 cells of this model's 1 KiB rows)
-    for ub, ctx, windows in ((512, 2048, a.windows), (1, 2048, a.windows), (512, 4096, a.windows_4k)):
-        base = work / f"resident-ub{ub}-c{ctx}.kld"
-        r0 = run(f"c-resident-ub{ub}-c{ctx}", [ppl, *common(ub, ctx), "--kl-divergence-base", str(base)], work)
+    # quantized caches against resident of the same type: a q8_0 row is 544 bytes and a q4_0 row 288, so at 16,384
+    # cells the 2 MiB granularity puts the device/host boundary inside the tensors of W 12,288 and 8,192, and W 512
+    # lies wholly in host memory; at -ub 1 (the vector kernel's shape) W 6,144 of 8,192 cells has a device part for
+    # q8_0 and none for q4_0, so decode reads the quantized tail in place with both kernels' choices
+    configs = [("f16", 512, 2048, a.windows), ("f16", 1, 2048, a.windows), ("f16", 512, 4096, a.windows_4k)]
+    for cache in a.quant_caches:
+        configs += [(cache, 512, 16384, a.windows_16k), (cache, 1, 8192, [6144])]
+    for cache, ub, ctx, windows in configs:
+        tag = f"ub{ub}-c{ctx}" + ("" if cache == "f16" else f"-{cache}")
+        base = work / f"resident-{tag}.kld"
+        r0 = run(f"c-resident-{tag}", [ppl, *common(ub, ctx, cache), "--kl-divergence-base", str(base)], work)
         ok = ok and r0["rc"] == 0
         for w in windows:
             stats: dict = {}
             r: dict = {}
             for _attempt in range(3):  # llama-perplexity can lose its last log lines at exit: retry
-                r = run(f"c-window-{w}-ub{ub}-c{ctx}", [ppl, *common(ub, ctx), "--kv-residency-mode", "window",
-                                                 "--kl-divergence-base", str(base), "--kl-divergence"],
+                r = run(f"c-window-{w}-{tag}", [ppl, *common(ub, ctx, cache), "--kv-residency-mode", "window",
+                                                "--kl-divergence-base", str(base), "--kl-divergence"],
                         work, env={WINDOW_ENV: str(w)})
                 stats = parse_stats(r["text"])
                 if "max_kld" in stats and "same_top_pct" in stats:
                     break
-            row = {"window": w, "ubatch": ub, "ctx": ctx, "rc": r["rc"], "window_line": r["window_lines"][:1],
+            row = {"cache": cache, "window": w, "ubatch": ub, "ctx": ctx, "rc": r["rc"],
+                   "window_line": r["window_lines"][:1],
                    "mapped_line": [ln.strip() for ln in r["text"].splitlines() if "host tail mapped" in ln][:1], **stats}
             ok = ok and r["rc"] == 0 and bool(r["window"]) and stats.get("max_kld", 1) <= TOL_TOOL_MAX_KLD \
                 and stats.get("same_top_pct", 0) >= TOL_SAME_TOP_PCT
@@ -473,6 +491,158 @@ def gate_f(a: argparse.Namespace, model: Path, work: Path) -> dict:
     return {"pass": True, **out}
 
 
+# (g) ---------------------------------------------------------------------------------------------------------
+BUDGET_FIELDS = ["ctx", "budget_mib", "config", "device_mib_peak", "prefill_tps", "decode_tps", "fits_budget",
+                 "vram_target_mib", "resident_cells", "kv_ctx", "prompt_tokens", "rc", "note"]
+
+
+def budget_rows(ctx: int, budgets: list[int], config: str, r: dict, kv_ctx: int, target: int | None = None) -> list[dict]:
+    """One measured run as budget-curve rows. An upstream run has one footprint, so it gets a row at every budget:
+    with its figures where its device peak fits the budget, 'does not fit' where it does not. A window run was
+    sized for one budget (target is its --vram-target) and gets that budget's row."""
+    win = r.get("window") or {}
+    peak = r.get("device_mib_peak")
+    if "-nkvo" in config:
+        cells = 0
+    elif config.startswith("upstream") or r.get("fully_resident"):
+        cells = kv_ctx
+    else:
+        cells = win.get("resident", "")
+    base = {"ctx": ctx, "config": config, "device_mib_peak": peak, "vram_target_mib": target if target else "",
+            "resident_cells": cells, "kv_ctx": kv_ctx, "prompt_tokens": r.get("prompt_tokens"), "rc": r.get("rc")}
+    booted = r.get("rc") == 0 and bool(r.get("decode_tps"))
+    out = []
+    for b in budgets if target is None else [budgets[0]]:
+        fits = booted and peak is not None and peak <= b
+        note = "" if fits else ("did not boot" if not booted else "does not fit")
+        out.append(base | {"budget_mib": b, "fits_budget": fits, "prefill_tps": r.get("prefill_tps") if fits else "",
+                           "decode_tps": r.get("decode_tps") if fits else "", "note": note})
+    return out
+
+
+def budget_goals(rows: list[dict], share: float = 0.95, nkvo_factor: float = 10.0) -> list[dict]:
+    """The goal at every (ctx, budget): where an upstream configuration that declares the whole context fits, the
+    best window configuration that fits reaches `share` of its decode and prefill; where only upstream -nkvo fits,
+    the window decodes `nkvo_factor` times faster. Upstream sized to the prompt is a reference, not a goal."""
+    goals = []
+    for ctx, b in sorted({(r["ctx"], r["budget_mib"]) for r in rows}):
+        at = [r for r in rows if r["ctx"] == ctx and r["budget_mib"] == b and r["fits_budget"]]
+        ups = [r for r in at if r["config"].startswith("upstream") and "-nkvo" not in r["config"]
+               and r["kv_ctx"] == ctx]
+        nkvo = [r for r in at if r["config"].startswith("upstream") and "-nkvo" in r["config"]]
+        wins = [r for r in at if r["config"].startswith("window")]
+        g: dict = {"ctx": ctx, "budget_mib": b}
+        if ups:
+            ref = max(ups, key=lambda r: float(r["decode_tps"]))
+            g["reference"] = ref["config"]
+            best = max(wins, key=lambda r: min(float(r["decode_tps"]) / float(ref["decode_tps"]),
+                                               float(r["prefill_tps"]) / float(ref["prefill_tps"])), default=None)
+            if best:
+                g |= {"best_window": best["config"],
+                      "decode_ratio": round(float(best["decode_tps"]) / float(ref["decode_tps"]), 3),
+                      "prefill_ratio": round(float(best["prefill_tps"]) / float(ref["prefill_tps"]), 3)}
+                g["met"] = g["decode_ratio"] >= share and g["prefill_ratio"] >= share
+            else:
+                g |= {"best_window": None, "met": False}
+            g["goal"] = f"best window >= {share} x {ref['config']} in decode and prefill"
+        elif nkvo:
+            ref = nkvo[0]
+            g["reference"] = ref["config"]
+            best = max(wins, key=lambda r: float(r["decode_tps"]), default=None)
+            g["goal"] = f"best window >= {nkvo_factor:g} x {ref['config']} decode"
+            if best:
+                g |= {"best_window": best["config"],
+                      "decode_ratio": round(float(best["decode_tps"]) / float(ref["decode_tps"]), 2)}
+                g["met"] = g["decode_ratio"] >= nkvo_factor
+            else:
+                g |= {"best_window": None, "met": False}
+        else:
+            best = max(wins, key=lambda r: float(r["decode_tps"]), default=None)
+            g |= {"goal": "none (no upstream configuration fits)", "met": None,
+                  "best_window": best["config"] if best else None}
+        goals.append(g)
+    return goals
+
+
+def write_budget_csv(path: Path, rows: list[dict], ctxs: list[int]) -> list[dict]:
+    """Write the rows, keeping the rows of other contexts an earlier call wrote there (one context per call)."""
+    kept: list[dict] = []
+    if path.is_file():
+        with open(path, newline="") as f:
+            for r in csv.DictReader(f):
+                if int(r["ctx"]) not in ctxs:
+                    kept.append(r | {"ctx": int(r["ctx"]), "budget_mib": int(r["budget_mib"]),
+                                     "kv_ctx": int(r["kv_ctx"]) if r["kv_ctx"] else r["kv_ctx"],
+                                     "fits_budget": r["fits_budget"] == "True"})
+    allrows = sorted(kept + rows, key=lambda r: (r["ctx"], r["budget_mib"], r["config"]))
+    with open(path, "w", newline="") as f:
+        wr = csv.DictWriter(f, fieldnames=BUDGET_FIELDS)
+        wr.writeheader()
+        wr.writerows(allrows)
+    return allrows
+
+
+def gate_g(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict:
+    """The budget curve at a declared context: every configuration a user could run, at device-memory budgets
+    from the smallest a window boots in to fully resident. A budget is the device memory the process may use, as
+    nvidia-smi reports it (CUDA context included); window runs get --vram-target = budget - the overhead outside the
+    sizer's view (CUDA context, pools), measured by a first run; each row records the peak it really reached."""
+    prompt = work / "prompt-d.txt"
+    prompt.write_text(make_text(a.curve_words, 5))
+    n = a.curve_n
+    rows: list[dict] = []
+    refs: dict = {}
+    for ctx in a.budget_ctxs:
+        budgets = sorted(a.budgets_1m if ctx > 131072 else a.budgets_128k)
+        ups = {}
+        for cache in ("f16", "q8_0", "q4_0"):
+            ups[cache] = run(f"g-upstream-{cache}-{ctx}", completion(a.upstream_bin, model, ctx, prompt, n, [], cache),
+                             work, measure=True)
+            rows += budget_rows(ctx, budgets, f"upstream {cache}", ups[cache], ctx)
+        r = run(f"g-upstream-nkvo-{ctx}", completion(a.upstream_bin, model, ctx, prompt, n, ["-nkvo"]), work,
+                measure=True)
+        rows += budget_rows(ctx, budgets, "upstream f16 -nkvo", r, ctx)
+        n_prompt = next((u["prompt_tokens"] for u in [*ups.values(), r] if u.get("prompt_tokens")), 0)
+        # the overhead outside the sizer's view, from a window run at a target in the middle of the range
+        t0 = budgets[len(budgets) // 2] - 600
+        cal = run(f"g-calibrate-{ctx}", completion(a.full_bin, model, ctx, prompt, n,
+                  ["--kv-residency-mode", "window", "-fit", "off", "--vram-target", str(t0)]), work, measure=True)
+        overhead = (cal.get("device_mib_peak") or 0) - t0 if cal.get("device_mib_peak") else 600
+        refs[ctx] = {"calibration_target_mib": t0, "calibration_peak_mib": cal.get("device_mib_peak"),
+                     "overhead_mib": overhead, "prompt_tokens": n_prompt}
+        log(f"budget curve: ctx {ctx}, overhead outside the sizer {overhead} MiB")
+        for b in budgets:
+            for cache in ("f16", "q8_0", "q4_0"):
+                t = b - overhead - a.budget_margin  # the overhead moves by a few tens of MiB between runs
+                r = run(f"g-window-{cache}-{ctx}-{b}", completion(a.full_bin, model, ctx, prompt, n,
+                        ["--kv-residency-mode", "window", "-fit", "off", "--vram-target", str(t)], cache), work,
+                        measure=True)
+                row = budget_rows(ctx, [b], f"window {cache}", r, ctx, target=t)
+                rows += row
+                log(f"budget curve: {row[0]}")
+    # references: upstream with ctx sized to the prompt (the context a user would declare for this prompt alone)
+    n_prompt = max((v["prompt_tokens"] or 0) for v in refs.values()) if refs else 0
+    if n_prompt:
+        sized = (n_prompt + n + 1023) // 1024 * 1024
+        for cache in ("f16", "q8_0", "q4_0"):
+            r = run(f"g-sized-{cache}", completion(a.upstream_bin, model, sized, prompt, n, [], cache), work,
+                    measure=True)
+            for ctx in a.budget_ctxs:
+                budgets = sorted(a.budgets_1m if ctx > 131072 else a.budgets_128k)
+                rows += budget_rows(ctx, budgets, f"upstream {cache} ctx sized to the prompt", r, sized)
+    csv_path = outdir / "budget_curve.csv"
+    allrows = write_budget_csv(csv_path, rows, a.budget_ctxs)
+    goals = budget_goals(allrows)
+    meta_path = outdir / "budget_curve.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    meta.setdefault("contexts", {}).update({str(k): v for k, v in refs.items()})
+    meta |= {"decode_n": n, "goals": goals}
+    meta_path.write_text(json.dumps(meta, indent=2))
+    # the gate passes when every upstream run booted (the card holds each of them); the goal is reported, not gated
+    return {"pass": all(r["rc"] == 0 for r in rows if r["config"].startswith("upstream")),
+            "csv": str(csv_path), "contexts": refs, "goals": [g for g in goals if g["ctx"] in a.budget_ctxs]}
+
+
 def linear_fit(pts: list[dict]) -> dict:
     if len(pts) < 2:
         return {}
@@ -508,9 +678,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--windows", type=int, nargs="+", default=[1024, 256])
     ap.add_argument("--windows-4k", type=int, nargs="*", default=[3072, 2048, 512],
                     help="gate c windows at a 4096-cell context")
+    ap.add_argument("--quant-caches", nargs="*", default=["q8_0", "q4_0"],
+                    help="gate c: quantized K/V types, each window against resident of the same type")
+    ap.add_argument("--windows-16k", type=int, nargs="*", default=[12288, 8192, 512],
+                    help="gate c windows of the quantized caches at a 16,384-cell context")
     ap.add_argument("--before-copy", action="store_true",
                     help="without --before-bin: compare against the full build's copying tail path "
-                         "(OPENCOTI_KV_TAIL=copy) as 'before'")
+                         "(OPENCOTI_KV_DEBUG=copy-tail) as 'before'")
     ap.add_argument("--curve-ctx", type=int, default=131072)
     ap.add_argument("--curve-words", type=int, default=30000)
     ap.add_argument("--curve-n", type=int, default=64)
@@ -522,12 +696,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--targets", type=int, nargs="*", default=[2300, 2100, 1900, 1700], help="--vram-target rows")
     ap.add_argument("--buffer-ctxs", type=int, nargs="+", default=[131072, 524288, 1048576])
     ap.add_argument("--fit-windows", type=int, nargs="+", default=[256, 12288, 24576])
+    ap.add_argument("--budget-ctxs", type=int, nargs="+", default=[131072, 1048576], help="gate g: declared contexts")
+    ap.add_argument("--budget-margin", type=int, default=48,
+                    help="gate g: MiB kept below a budget beyond the measured overhead (it moved by up to 24 MiB)")
+    ap.add_argument("--budgets-128k", type=int, nargs="+", default=[1900, 2100, 2400, 2800, 3300, 3900],
+                    help="gate g: device-memory budgets (MiB, nvidia-smi's figure) at contexts up to 131,072")
+    ap.add_argument("--budgets-1m", type=int, nargs="+", default=[2900, 3600, 5000, 7500, 11000, 19500],
+                    help="gate g: device-memory budgets (MiB) at larger contexts")
     a = ap.parse_args(argv)
     a.before_env = {}
     a.before_label = f"the build in {a.before_bin}" if a.before_bin else None
     if a.before_copy and a.before_bin is None:
         a.before_bin, a.before_env = a.full_bin, dict(COPY_TAIL_ENV)
-        a.before_label = "this build on the copying tail path (OPENCOTI_KV_TAIL=copy)"
+        a.before_label = "this build on the copying tail path (OPENCOTI_KV_DEBUG=copy-tail)"
     return a
 
 
@@ -538,7 +719,7 @@ def main(argv: list[str] | None = None) -> int:
     model = ensure_model(a.work / "synthetic-8l-2048.gguf", MODEL_ARGS)
     results: dict = {}
     names = {"a": "a_boot_repro", "b": "b_resident_unchanged", "c": "c_window_equals_resident", "d": "d_curve",
-             "e": "e_compute_buffers", "f": "f_breakdown"}
+             "e": "e_compute_buffers", "f": "f_breakdown", "g": "g_budget_curve"}
     for g in a.only.split(","):
         t0 = time.monotonic()
         log(f"== gate {g}")
@@ -555,6 +736,8 @@ def main(argv: list[str] | None = None) -> int:
                 res = gate_e(a, model, a.work)
             elif g == "f":
                 res = gate_f(a, model, a.work)
+            elif g == "g":
+                res = gate_g(a, model, a.work, a.out)
             else:
                 res = {"pass": False, "error": f"unknown gate {g!r}"}
         except Exception as e:  # keep going: one broken gate must not hide the others' results

@@ -64,6 +64,9 @@ def tensor_plan(a: argparse.Namespace) -> list[tuple[str, tuple[int, ...], float
     # Embedding std 1 keeps the residual stream O(1) for llama/qwen2; gemma3 scales by sqrt(n_embd) itself.
     emb_std = 1.0 / np.sqrt(E) if a.arch == "gemma3" else 1.0
     plan.append(("token_embd.weight", (V, E), emb_std, 0.0))
+    if a.arch == "mamba":
+        return plan + mamba_layers(a) + [("output_norm.weight", (E,), 0.02, 1.0),
+                                         ("output.weight", (V, E), 3.0 / np.sqrt(E), 0.0)]
     for i in range(a.layers):
         p = f"blk.{i}."
         plan.append((p + "attn_norm.weight", (E,), 0.02, 1.0))
@@ -92,9 +95,31 @@ def tensor_plan(a: argparse.Namespace) -> list[tuple[str, tuple[int, ...], float
     return plan
 
 
+def mamba_layers(a: argparse.Namespace) -> list[tuple[str, tuple[int, ...], float, float]]:
+    """A Mamba (recurrent, no KV cache) layer stack: llama.cpp supports only d_inner = 2 x n_embd."""
+    E, DI, DS, DC, R = a.n_embd, 2 * a.n_embd, a.ssm_state, a.ssm_conv, a.ssm_dt_rank
+    plan: list[tuple[str, tuple[int, ...], float, float]] = []
+    for i in range(a.layers):
+        p = f"blk.{i}."
+        plan.append((p + "attn_norm.weight", (E,), 0.02, 1.0))
+        plan.append((p + "ssm_in.weight", (2 * DI, E), 1.0 / np.sqrt(E), 0.0))
+        plan.append((p + "ssm_conv1d.weight", (DI, DC), 1.0 / np.sqrt(DC), 0.0))
+        plan.append((p + "ssm_conv1d.bias", (DI,), 0.1, 0.0))
+        plan.append((p + "ssm_x.weight", (R + 2 * DS, DI), 1.0 / np.sqrt(DI), 0.0))
+        plan.append((p + "ssm_dt.weight", (DI, R), 1.0 / np.sqrt(R), 0.0))
+        plan.append((p + "ssm_dt.bias", (DI,), 0.1, -2.0))
+        # A = -exp(A_log) in the converters: negative, so the state decays and the scan stays bounded
+        plan.append((p + "ssm_a", (DI, DS), 0.1, -1.0))
+        plan.append((p + "ssm_d", (DI,), 0.1, 1.0))
+        plan.append((p + "ssm_out.weight", (E, DI), 1.0 / np.sqrt(DI), 0.0))
+    return plan
+
+
 def tensor_dtype(name: str, shape: tuple[int, ...], dtype: str) -> np.dtype:
-    # 1-D tensors (norms, biases) stay f32 like llama.cpp's converters write them.
-    return np.dtype(np.float32) if len(shape) == 1 or dtype == "f32" else np.dtype(np.float16)
+    # 1-D tensors (norms, biases) stay f32 like llama.cpp's converters write them, and so do Mamba's conv and A
+    # (ggml's ssm_conv and ssm_scan read them as f32).
+    f32 = len(shape) == 1 or dtype == "f32" or name.endswith(("ssm_conv1d.weight", "ssm_a"))
+    return np.dtype(np.float32) if f32 else np.dtype(np.float16)
 
 
 def tensor_chunks(seed: int, name: str, shape: tuple[int, ...], std: float, mean: float, dt: np.dtype):
@@ -120,13 +145,21 @@ def write_model(a: argparse.Namespace) -> dict:
     w.add_context_length(a.ctx)
     w.add_embedding_length(a.n_embd)
     w.add_block_count(a.layers)
-    w.add_feed_forward_length(a.n_ff)
-    w.add_head_count(a.n_head)
-    w.add_head_count_kv(a.n_head_kv)
-    w.add_key_length(a.head_dim)
-    w.add_value_length(a.head_dim)
-    w.add_rope_dimension_count(a.head_dim)
-    w.add_rope_freq_base(a.rope_base)
+    if a.arch == "mamba":
+        w.add_feed_forward_length(0)
+        w.add_head_count(0)
+        w.add_ssm_conv_kernel(a.ssm_conv)
+        w.add_ssm_inner_size(2 * a.n_embd)
+        w.add_ssm_state_size(a.ssm_state)
+        w.add_ssm_time_step_rank(a.ssm_dt_rank)
+    else:
+        w.add_feed_forward_length(a.n_ff)
+        w.add_head_count(a.n_head)
+        w.add_head_count_kv(a.n_head_kv)
+        w.add_key_length(a.head_dim)
+        w.add_value_length(a.head_dim)
+        w.add_rope_dimension_count(a.head_dim)
+        w.add_rope_freq_base(a.rope_base)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_file_type(1 if a.dtype == "f16" else 0)  # LLAMA_FTYPE_MOSTLY_F16 / ALL_F32
     if a.arch == "gemma3":
@@ -175,7 +208,8 @@ def write_model(a: argparse.Namespace) -> dict:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("-o", "--output", type=Path, required=True, help="GGUF file to write")
-    p.add_argument("--arch", choices=("llama", "qwen2", "gemma3"), default="llama")
+    p.add_argument("--arch", choices=("llama", "qwen2", "gemma3", "mamba"), default="llama",
+                   help="mamba: a recurrent model (no KV cache), d_inner = 2 x n_embd")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--n-embd", type=int, default=256)
     p.add_argument("--n-head", type=int, default=4)
@@ -185,6 +219,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ctx", type=int, default=4096, help="n_ctx_train written to the file")
     p.add_argument("--vocab", type=int, default=512)
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--ssm-state", type=int, default=16, help="mamba: state size")
+    p.add_argument("--ssm-conv", type=int, default=4, help="mamba: conv kernel")
+    p.add_argument("--ssm-dt-rank", type=int, default=16, help="mamba: time-step rank")
     p.add_argument("--dtype", choices=("f16", "f32"), default="f16", help="type of the 2-D weights")
     p.add_argument("--rope-base", type=float, default=10000.0)
     p.add_argument("--swa-window", type=int, default=128, help="gemma3 only: sliding window (tokens)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -64,8 +65,9 @@ def test_ensure_model_writes_the_same_bytes(tmp_path: Path):
     assert a.stat().st_mtime_ns == mtime
 
 
-def fake_tool(path: Path, text: str) -> Path:
-    path.write_text("#!/bin/sh\ncat <<'EOF'\n" + text + "\nEOF\n")
+def fake_tool(path: Path, text: str, script: bool = False) -> Path:
+    """A stand-in tool: prints text, or with script=True runs it as sh (so its output can follow its arguments)."""
+    path.write_text("#!/bin/sh\n" + text + "\n" if script else "#!/bin/sh\ncat <<'EOF'\n" + text + "\nEOF\n")
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
     return path
 
@@ -172,12 +174,12 @@ def test_gpu_before_copy_runs_the_full_build_on_the_copying_path(tmp_path: Path)
     bin_dir = tmp_path / "full"
     bin_dir.mkdir()
     tool = bin_dir / "llama-completion"
-    tool.write_text('#!/bin/sh\nif [ "$OPENCOTI_KV_TAIL" = copy ]; then mib=4096.01; else mib=1084.01; fi\n'
+    tool.write_text('#!/bin/sh\nif [ "$OPENCOTI_KV_DEBUG" = copy-tail ]; then mib=4096.01; else mib=1084.01; fi\n'
                     'echo "sched_reserve:      CUDA0 compute buffer size =  $mib MiB"\n')
     tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
     a = parse_args(["--full-bin", str(bin_dir), "--pre-bin", str(bin_dir), "--upstream-bin", str(bin_dir),
                     "--before-copy", "--buffer-ctxs", "1048576"])
-    assert a.before_bin == bin_dir and a.before_env == {"OPENCOTI_KV_TAIL": "copy"}
+    assert a.before_bin == bin_dir and a.before_env == {"OPENCOTI_KV_DEBUG": "copy-tail"}
     res = gate_e(a, tmp_path / "m.gguf", tmp_path)
     assert res["pass"]
     assert res["rows"] == [{"ctx": 1048576, "upstream_mib": 1084.01, "upstream_rc": 0, "window_mib": 1084.01,
@@ -185,3 +187,179 @@ def test_gpu_before_copy_runs_the_full_build_on_the_copying_path(tmp_path: Path)
     # without --before-copy there is no "before" build
     b = parse_args(["--full-bin", str(bin_dir), "--pre-bin", str(bin_dir), "--upstream-bin", str(bin_dir)])
     assert b.before_bin is None and b.before_env == {}
+
+
+def _up(config: str, budget: int, ctx: int, fits: bool, pp: float | str = "", tg: float | str = "",
+        kv_ctx: int | None = None) -> dict:
+    return {"ctx": ctx, "budget_mib": budget, "config": config, "fits_budget": fits, "prefill_tps": pp,
+            "decode_tps": tg, "kv_ctx": kv_ctx or ctx}
+
+
+def test_budget_rows_give_an_upstream_run_a_row_per_budget_and_a_window_run_its_own():
+    from gates.gpu import budget_rows
+
+    up = {"rc": 0, "device_mib_peak": 2500, "prefill_tps": 60000.0, "decode_tps": 700.0, "prompt_tokens": 35131}
+    rows = budget_rows(131072, [2000, 3000], "upstream q4_0", up, 131072)
+    assert [(r["budget_mib"], r["fits_budget"], r["decode_tps"], r["note"]) for r in rows] == [
+        (2000, False, "", "does not fit"), (3000, True, 700.0, "")]
+    assert rows[1]["resident_cells"] == 131072 and rows[1]["vram_target_mib"] == ""
+    nkvo = budget_rows(131072, [2000], "upstream f16 -nkvo", up | {"device_mib_peak": 1900}, 131072)
+    assert nkvo[0]["fits_budget"] and nkvo[0]["resident_cells"] == 0
+    win = {"rc": 0, "device_mib_peak": 2390, "prefill_tps": 40000.0, "decode_tps": 600.0,
+           "window": {"resident": 25600, "kv_size": 131072, "tail": 105472, "tail_mib": 400.0}}
+    w = budget_rows(131072, [2400], "window q4_0", win, 131072, target=1950)
+    assert len(w) == 1 and w[0]["fits_budget"] and w[0]["resident_cells"] == 25600 and w[0]["vram_target_mib"] == 1950
+    # over its budget (the overhead estimate was short): figures kept out, said so
+    over = budget_rows(131072, [2300], "window q4_0", win, 131072, target=1850)
+    assert not over[0]["fits_budget"] and over[0]["note"] == "does not fit" and over[0]["decode_tps"] == ""
+    failed = budget_rows(131072, [2300], "window q8_0", {"rc": 1, "device_mib_peak": 900}, 131072, target=1850)
+    assert failed[0]["note"] == "did not boot" and not failed[0]["fits_budget"]
+
+
+def test_budget_goals_compare_the_best_window_with_what_upstream_serves_at_that_budget():
+    from gates.gpu import budget_goals
+
+    ctx = 131072
+    rows = [
+        # 2000 MiB: only -nkvo fits upstream; the window decodes 15x faster
+        _up("upstream q4_0", 2000, ctx, False), _up("upstream f16 -nkvo", 2000, ctx, True, 8000.0, 10.0),
+        _up("window q4_0", 2000, ctx, True, 30000.0, 150.0), _up("window f16", 2000, ctx, True, 35000.0, 140.0),
+        # 3000 MiB: upstream q4_0 fits; window q4_0 reaches 0.986 / 0.983 of it
+        _up("upstream q4_0", 3000, ctx, True, 60000.0, 700.0), _up("upstream f16 -nkvo", 3000, ctx, True, 8000.0, 10.0),
+        _up("window q4_0", 3000, ctx, True, 59000.0, 690.0), _up("window f16", 3000, ctx, True, 45000.0, 500.0),
+        # sized to the prompt: a reference, never the goal's comparison
+        _up("upstream f16 ctx sized to the prompt", 3000, ctx, True, 64000.0, 980.0, kv_ctx=36864),
+        # 3500 MiB: the window falls short in prefill
+        _up("upstream q4_0", 3500, ctx, True, 60000.0, 700.0), _up("window q4_0", 3500, ctx, True, 50000.0, 700.0),
+        # 1500 MiB: nothing upstream fits
+        _up("upstream f16 -nkvo", 1500, ctx, False), _up("window f16", 1500, ctx, True, 20000.0, 100.0),
+    ]
+    g = {x["budget_mib"]: x for x in budget_goals(rows)}
+    assert g[2000]["reference"] == "upstream f16 -nkvo" and g[2000]["decode_ratio"] == 15.0 and g[2000]["met"] is True
+    assert g[3000]["reference"] == "upstream q4_0" and g[3000]["best_window"] == "window q4_0"
+    assert (g[3000]["decode_ratio"], g[3000]["prefill_ratio"], g[3000]["met"]) == (0.986, 0.983, True)
+    assert g[3500]["met"] is False and g[3500]["prefill_ratio"] == 0.833
+    assert g[1500]["met"] is None and g[1500]["best_window"] == "window f16"
+
+
+def test_write_budget_csv_keeps_the_rows_of_contexts_measured_in_an_earlier_call(tmp_path: Path):
+    from gates.gpu import BUDGET_FIELDS, write_budget_csv
+
+    path = tmp_path / "budget_curve.csv"
+    first = [_up("window f16", 2000, 131072, True, 1.0, 2.0) | {k: "" for k in BUDGET_FIELDS if k not in
+                                                                  ("ctx", "budget_mib", "config", "fits_budget",
+                                                                   "prefill_tps", "decode_tps", "kv_ctx")}]
+    write_budget_csv(path, first, [131072])
+    second = [dict(first[0], ctx=1048576, kv_ctx=1048576, budget_mib=3000)]
+    rows = write_budget_csv(path, second, [1048576])
+    assert [(r["ctx"], r["budget_mib"]) for r in rows] == [(131072, 2000), (1048576, 3000)]
+    assert path.read_text().splitlines()[0] == ",".join(BUDGET_FIELDS)
+    # measuring a context again replaces its rows
+    again = write_budget_csv(path, [dict(second[0], budget_mib=3100)], [1048576])
+    assert [(r["ctx"], r["budget_mib"]) for r in again] == [(131072, 2000), (1048576, 3100)]
+
+
+def test_gate_g_measures_every_configuration_at_every_budget(tmp_path: Path):
+    from gates.gpu import gate_g, parse_args
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    # a stand-in llama-completion: window runs log a window, -nkvo decodes slowly, q4_0 faster than f16
+    fake_tool(bin_dir / "llama-completion", "\n".join([
+        'case "$*" in *vram-target*) echo "llama_kv_cache: position window = 25600 / 131072 cells resident + host '
+        'tail 105472 cells (400.00 MiB host) [CUDA0, auto, budget 100.00 MiB]";; esac',
+        'case "$*" in *-nkvo*) tg=10.00;; *q4_0*) tg=700.00;; *) tg=600.00;; esac',
+        'echo "common_perf_print: prompt eval time =     573.10 ms / 35131 tokens (    0.02 ms per token, '
+        '61300.00 tokens per second)"',
+        'echo "common_perf_print:        eval time =      26.69 ms /    63 runs   (    0.86 ms per token, '
+        '$tg tokens per second)"']), script=True)
+    a = parse_args(["--full-bin", str(bin_dir), "--pre-bin", str(bin_dir), "--upstream-bin", str(bin_dir),
+                    "--budget-ctxs", "131072", "--budgets-128k", "2000", "3000", "--curve-words", "50"])
+    out = tmp_path / "out"
+    out.mkdir()
+    res = gate_g(a, tmp_path / "m.gguf", tmp_path, out)
+    assert res["pass"]
+    rows = list(csv.DictReader(open(out / "budget_curve.csv", newline="")))
+    configs = {r["config"] for r in rows}
+    assert configs == {"upstream f16", "upstream q8_0", "upstream q4_0", "upstream f16 -nkvo", "window f16",
+                       "window q8_0", "window q4_0", "upstream f16 ctx sized to the prompt",
+                       "upstream q8_0 ctx sized to the prompt", "upstream q4_0 ctx sized to the prompt"}
+    assert {(r["config"], r["budget_mib"]) for r in rows} == {(c, b) for c in configs for b in ("2000", "3000")}
+    sized = next(r for r in rows if r["config"] == "upstream f16 ctx sized to the prompt")
+    assert sized["kv_ctx"] == str((35131 + 64 + 1023) // 1024 * 1024)
+    assert next(r for r in rows if r["config"] == "window q4_0")["resident_cells"] == "25600"
+    meta = json.loads((out / "budget_curve.json").read_text())
+    assert meta["contexts"]["131072"]["prompt_tokens"] == 35131
+    assert {g["budget_mib"] for g in res["goals"]} == {2000, 3000}
+
+
+def test_gpu_run_reads_the_cache_pass_two_built_when_it_is_fully_resident(tmp_path: Path):
+    from gates.gpu import run
+
+    tool = fake_tool(tmp_path / "llama-completion", "\n".join([
+        "llama_kv_cache: position window = 256 / 131072 cells resident + host tail 130816 cells (562.00 MiB host) "
+        "[CUDA0, measure pass, budget 0.00 MiB]",
+        "llama_context: two-pass compute reserve: measured 443 MiB, pass 2 sizes the KV window with a 699 MiB reserve",
+        "llama_kv_cache: position window = FULLY RESIDENT (131072 / 131072 cells on CUDA0, 576.00 MiB, auto, "
+        "budget 2000.00 MiB)"]))
+    r = run("t", [str(tool)], tmp_path)
+    assert r.get("window") is None and r["fully_resident"]
+
+
+def test_gate_c_compares_each_quantized_cache_with_resident_of_the_same_type(tmp_path: Path):
+    from gates.gpu import gate_c, parse_args
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    # a stand-in llama-perplexity: records its cache type and base file, logs a window when one is forced
+    fake_tool(bin_dir / "llama-perplexity", "\n".join([
+        f'echo "$*" >> {tmp_path}/calls.txt',
+        'if [ -n "$OPENCOTI_KV_WINDOW_CELLS" ]; then echo "llama_kv_cache: position window = $OPENCOTI_KV_WINDOW_CELLS'
+        ' / 16384 cells resident + host tail 1 cells (1.00 MiB host) [CUDA0, forced, budget 0.00 MiB]"; fi',
+        'echo "Maximum KLD:   0.000034"', 'echo "Same top p: 100.000 ± 0.000 %"']), script=True)
+    a = parse_args(["--full-bin", str(bin_dir), "--pre-bin", str(bin_dir), "--upstream-bin", str(bin_dir),
+                    "--windows", "256", "--windows-4k", "512", "--windows-16k", "8192"])
+    res = gate_c(a, tmp_path / "m.gguf", tmp_path)
+    assert res["pass"]
+    got = [(w["cache"], w["window"], w["ubatch"], w["ctx"]) for w in res["windows"]]
+    assert got == [("f16", 256, 512, 2048), ("f16", 256, 1, 2048), ("f16", 512, 512, 4096),
+                   ("q8_0", 8192, 512, 16384), ("q8_0", 6144, 1, 8192),
+                   ("q4_0", 8192, 512, 16384), ("q4_0", 6144, 1, 8192)]
+    calls = (tmp_path / "calls.txt").read_text().splitlines()
+    # each quantized window reads the base its own type's resident run wrote
+    q4 = [c for c in calls if "-ctk q4_0 -ctv q4_0" in c]
+    assert len(q4) == 4 and all("resident-ub512-c16384-q4_0.kld" in c or "resident-ub1-c8192-q4_0.kld" in c for c in q4)
+    # a KLD over the bound fails the gate
+    fake_tool(bin_dir / "llama-perplexity", 'echo "position window = 1 / 2 cells resident + host tail 1 cells (1.00 MiB '
+              'host)"; echo "Maximum KLD:   0.043567"; echo "Same top p: 92.479 ± 0.1 %"', script=True)
+    assert not gate_c(a, tmp_path / "m.gguf", tmp_path)["pass"]
+
+
+def test_cpu_gate_d_wants_the_fallback_line_no_window_and_head_modes_bytes(tmp_path: Path):
+    from gates.cpu import Ctx, gate_d, parse_args
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+
+    def tool(warn: bool, window_bytes: str) -> None:
+        # a stand-in llama-perplexity: writes its --kl-divergence-base file; in window mode it may warn
+        fake_tool(bin_dir / "llama-perplexity", "\n".join([
+            'out=""; mode=head; prev=""',
+            'for x in "$@"; do [ "$prev" = --kl-divergence-base ] && out=$x; [ "$x" = window ] && mode=window; prev=$x; done',
+            'if [ "$mode" = window ]; then printf %s "' + window_bytes + '" > "$out"; else printf same > "$out"; fi',
+            ('[ "$mode" = window ] && echo "create_memory: kv-residency-mode window not possible, falling back to head '
+             'mode: the recurrent memory (llama_memory_recurrent) keeps one state per sequence"') if warn else "true",
+            "exit 0"]), script=True)
+
+    a = parse_args(["--patched-bin", str(bin_dir), "--upstream-bin", str(bin_dir)])
+    assert a.required == {"a", "b", "c", "d"} and a.fallback_archs == "mamba"
+    c = Ctx(a, tmp_path)
+    text = tmp_path / "t.txt"
+    text.write_text("x")
+    tool(warn=True, window_bytes="same")
+    d = gate_d(c, "mamba", tmp_path / "m.gguf", text)
+    assert d["ok"] and d["bytes_identical_to_head"] and "llama_memory_recurrent" in d["fallback_line"]
+    tool(warn=False, window_bytes="same")  # silent fallback: fails
+    assert not gate_d(c, "mamba", tmp_path / "m.gguf", text)["ok"]
+    tool(warn=True, window_bytes="other")  # other logits: fails
+    assert not gate_d(c, "mamba", tmp_path / "m.gguf", text)["ok"]
