@@ -270,7 +270,9 @@ SYNC_STOP = obj({
     "remembered_files": {"type": "array", "maxItems": 100_000, "items": REL_PATH},
     "compile": obj({"profile": NAME, "cause": TEXT, "where": TEXT, "log": TEXT,
                     "failed": {"type": "array", "maxItems": 100_000, "items": REL_PATH}},
-                   ["profile", "cause", "where", "log", "failed"])},
+                   ["profile", "cause", "where", "log", "failed"]),
+    # what the compile check at this stop compiled, per profile (the carried patches, or the resolved patch's units)
+    "checked": {"type": "array", "maxItems": 1000, "items": SYNC_COMPILE}},
     ["id", "name", "title", "files"])
 SYNC_STATE = obj({
     "version": {"const": 1, "type": "integer", "x-error": "unsupported sync state version (expected 1)"},

@@ -282,9 +282,11 @@ def _unavailable(project: Project, profile: Any) -> str:
 
 
 def compile_series(project: Project, patches: list[Any], jobs: int | None = None,
-                   progress: Callable[[str], None] = lambda _m: None) -> list[CheckResult]:
+                   progress: Callable[[str], None] = lambda _m: None,
+                   paths: list[str] | None = None) -> list[CheckResult]:
     """The scoped check of every profile on the tree as it stands on disk, for the units the patches' files feed
-    (workspace Patch objects, in order); a profile this machine cannot compile is "not compiled"."""
+    (workspace Patch objects, in order), or only those the given paths (relative to the vendored tree) feed; a
+    profile this machine cannot compile is "not compiled"."""
     from forktool.build import load_config, make_plan
 
     cfg = load_config(project)
@@ -297,8 +299,8 @@ def compile_series(project: Project, patches: list[Any], jobs: int | None = None
             continue
         progress(f"compiling what the series feeds ({name} profile)")
         plan = make_plan(project, cfg, prof, patches, [])
-        paths = sorted({f for p in plan.patches for f in p.files})
-        out.append(compile_units(project, cfg, plan, paths, jobs or os.cpu_count() or 1))
+        fed = sorted({f for p in plan.patches for f in p.files}) if paths is None else paths
+        out.append(compile_units(project, cfg, plan, fed, jobs or os.cpu_count() or 1))
     return out
 
 

@@ -126,6 +126,10 @@ def loop_lines(st: dict) -> list[str]:
             c = stop["compile"]
             lines.append(f"             {c['profile']} profile: {output.escape(c['cause'])} (at {c['where']}; "
                          f"log {c['log']})")
+        if stop.get("checked"):  # what the compile check at this stop compiled; a profile it could not is said so
+            lines.append("             compile check: " + "; ".join(
+                f"{c['profile']} {c['status']}" + (f" ({c['reason']})" if c["reason"] else f" ({c['units']} unit(s))")
+                for c in stop["checked"]))
         lines += [f"             [yellow]api drift[/yellow]: {a}" for a in stop.get("api", [])]
         for f in stop["files"]:
             hunks = ", ".join(f"#{h['hunk']} {h['how']}" for h in f["hunks"])

@@ -134,6 +134,9 @@ def _run(project: Project, st: dict, pending: dict[str, bytes], progress: Progre
         if c.status not in ("conflict", "upstreamed"):
             again = rebase(p, {rel: cur(rel) for rel in c.after}, c.after, ctx.mode_of)
         if c.status == "conflict" or (c.status == "merged" and st.get("review_merged", True)):
+            checked, stopped = _compile_before_stop(ctx, st, overlay, pending, progress)
+            if stopped is not None:
+                return stopped
             overlay.update(c.after)
             # each file as the stop leaves it before any memory: what the resolutions are learnt against
             images: dict[str, bytes | None] = {**c.after, **c.conflicted}
@@ -153,6 +156,7 @@ def _run(project: Project, st: dict, pending: dict[str, bytes], progress: Progre
                 if image is not None:
                     atomic_write(preimage_path(project, rel), image)
             st["stop"] = {"id": p.id, "name": p.name, "title": p.title, "kind": c.status, "api": row["api"],
+                          "checked": checked,
                           "files": [{"file": f.path, "status": f.status, "reason": f.reason,
                                      "hunks": [h for h in f.hunks if h["how"] != "exact"],
                                      "blocks": [b["line"] for b in _conflict_blocks(overlay[f.path] or b"")]
@@ -181,6 +185,25 @@ def _run(project: Project, st: dict, pending: dict[str, bytes], progress: Progre
     if st["stop"]:
         return {"stage": "stopped", "state": st, "written": len(writes)}
     return finish(project, st, progress)
+
+
+def _compile_before_stop(ctx: Context, st: dict, overlay: dict[str, bytes | None], pending: dict[str, bytes],
+                         progress: Progress) -> tuple[list[dict], dict | None]:
+    """Before a stop is offered: put the tree as the patches carried so far leave it (one transaction, which a
+    `--continue` after a kill carries on from) and compile what they feed, so an error an earlier, cleanly carried
+    patch causes stops at that patch and not at the later conflict. (what was compiled, a compile stop or None)"""
+    from forktool.sync import compilegate
+
+    project = ctx.project
+    if not st["done"]:
+        return [], None
+    st["stage"], st["stop"] = "starting", None
+    writes = _writes_for(ctx, overlay)
+    writes += [txn.Write(f"patches/{name}", data, REGULAR) for name, data in sorted(pending.items())]
+    writes.append(txn.Write("patches/series", _series_text(project, st).encode(), REGULAR))
+    txn.commit(project.root, sync_dir(project), [w for w in writes if not _same_file(project.root, w)], st)
+    txn.fault("sync-before-stop-compile")
+    return compilegate.before_stop(project, st, progress)
 
 
 def _labeller(ctx: Context, done: list[Patch]) -> Callable[[str], tuple[str, str, str]]:
@@ -413,6 +436,10 @@ def continue_(project: Project, progress: Progress = lambda _m: None) -> dict:
                 order = {rel: n for n, rel in enumerate(patch.paths)}
                 fds = sorted(resolved.files, key=lambda f: order.get(f.path, len(order)))
                 resolved = series.parse_patch(series.with_files(patch, fds).raw, patch.name)
+            stopped = _compile_resolved(ctx, st, resolved, progress)
+            if stopped is not None:
+                stopped["timings"] = {"tool_s": round(time.monotonic() - t0, 3)}
+                return stopped
             st["done"].append({"id": patch.id, "name": patch.name, "status": how, "drift": [],
                                "files": [{"file": f.path, "status": how} for f in resolved.files],
                                "api": (st.get("stop") or {}).get("api", [])})
@@ -420,6 +447,23 @@ def continue_(project: Project, progress: Progress = lambda _m: None) -> dict:
             res = _run(project, st, {patch.name: resolved.raw}, progress)
     res["timings"] = {"tool_s": round(time.monotonic() - t0, 3)}
     return res
+
+
+def _compile_resolved(ctx: Context, st: dict, resolved: Patch, progress: Progress) -> dict | None:
+    """After a resolution: the units the resolved patch's files feed compile for every profile on the tree as the
+    maintainer left it, or the sync stops again at the same patch with the error (errors outside the conflict
+    blocks show at the patch that causes them). None when it may go on."""
+    from forktool.sync import compilegate
+
+    project = ctx.project
+    results, failed = compilegate.resolved(project, done_patches(ctx, {}), resolved, progress)
+    st["stop"]["checked"] = compilegate.summary(results)
+    if failed is None:
+        return None
+    st["stop"].update(compilegate.compile_stop(project, failed, results))
+    st["stage"] = "stopped"
+    txn.commit(project.root, sync_dir(project), [], st)
+    return {"stage": "stopped", "state": st, "written": 0}
 
 
 def skip(project: Project, progress: Progress = lambda _m: None) -> dict:
