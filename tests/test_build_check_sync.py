@@ -145,3 +145,86 @@ def test_check_is_recorded_and_verify_says_which_profiles_compiled(proj: Proj,
     assert "`forktool refresh 0004`" in res["hint"]  # 0002 and 0004 change impl.c: the later one is named
     _, _, err = proj.run("verify", expect=1)
     assert "compile check of this series failed for cpu" in err
+
+
+API_H = UPSTREAM["include/api.h"]
+API_PATCHED = API_H + "#define DEMO 1\n"
+OTHER_MORE = OTHER_PATCHED + "int other3(void) { return 4; }\n"
+OTHER_USES_API = OTHER_MORE + '#include "api.h"\nint other4(void) { cfg_t c = {5}; return c.x; }\n'
+
+
+def test_a_stop_compiles_first_and_a_continue_compiles_the_resolved_patch(proj: Proj,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FORKTOOL_LAUNCHER", "none")
+    # 0004 adds a line to api.h where the new upstream adds another (a conflict), and a use of cfg_t in other.c,
+    # a file that carries cleanly; the new upstream renames cfg_t, so 0002 (clean) no longer compiles either
+    patch = make_patch("0004-api.patch", "api: a flag and a user",
+                       [("llama.cpp/include/api.h", API_H.encode(), API_PATCHED.encode()),
+                        ("llama.cpp/src/other.c", OTHER_MORE.encode(), OTHER_USES_API.encode())])
+    proj.write_patch(patch.name, patch.raw.decode())
+    proj.run("apply")
+    (proj.upstream / "include" / "api.h").write_text(
+        "#pragma once\ntypedef struct { int x; } config_t;\n#define UPSTREAM 2\n")
+    git(proj.upstream, "commit", "-qam", "rename cfg_t, add a flag")
+    commit = git(proj.upstream, "rev-parse", "HEAD")
+    # the stop is at 0002, whose clean carry broke the compile, not at 0004's later conflict
+    _, out, _ = proj.run("sync", "--to", commit, "--start", "--json", expect=1)
+    data = json.loads(out)
+    assert data["stop"]["id"] == "0002" and data["stop"]["kind"] == "compile"
+    assert [(d["id"], d["status"]) for d in data["done"]] == [("0001", "clean")]
+    assert "cfg_t" in data["stop"]["compile"]["cause"] and data["stop"]["compile"]["failed"] == ["llama.cpp/src/impl.c"]
+    tree = proj.tree / "llama.cpp"
+    assert (tree / "src" / "impl.c").read_text() == IMPL_PATCHED
+    assert (tree / "src" / "other.c").read_text() == OTHER_PATCHED  # 0003 is not in the tree
+    # fixed: the continue compiles 0002's units, carries 0003, compiles 0001-0003, then offers 0004's conflict
+    (tree / "src" / "impl.c").write_text(IMPL_PATCHED.replace("cfg_t", "config_t"))
+    _, out, _ = proj.run("sync", "--continue", "--json", expect=1)
+    data = json.loads(out)
+    assert data["stop"]["id"] == "0004" and data["stop"]["kind"] == "conflict"
+    assert data["stop"]["checked"] == [{"profile": "cpu", "status": "compiled", "reason": "", "units": 2}]
+    assert [(d["id"], d["status"]) for d in data["done"]] == [("0001", "clean"), ("0002", "resolved"),
+                                                             ("0003", "clean")]
+    _, _, err = proj.run("status")
+    assert "compile check: cpu compiled (2 unit(s))" in err
+    # a resolution of the block that leaves 0004's cfg_t in other.c, outside any block: stops again at 0004
+    api = (tree / "include" / "api.h").read_text()
+    assert "<<<<<<<" in api
+    (tree / "include" / "api.h").write_text("#pragma once\ntypedef struct { int x; } config_t;\n"
+                                            "#define UPSTREAM 2\n#define DEMO 1\n")
+    series_before = (proj.root / "patches" / "0004-api.patch").read_bytes()
+    _, out, _ = proj.run("sync", "--continue", "--json", expect=1)
+    data = json.loads(out)
+    assert data["stop"]["id"] == "0004" and data["stop"]["kind"] == "compile"
+    c = data["stop"]["compile"]
+    assert c["failed"] == ["llama.cpp/src/other.c"] and "cfg_t" in c["cause"]
+    assert c["where"].endswith("llama.cpp/src/other.c:5")
+    assert [d["id"] for d in data["done"]] == ["0001", "0002", "0003"]
+    assert (proj.root / "patches" / "0004-api.patch").read_bytes() == series_before  # nothing taken yet
+    assert "#define DEMO 1" in (tree / "include" / "api.h").read_text()  # the resolution stays in the tree
+    _, _, err = proj.run("status")
+    assert "compile" in err and "cfg_t" in err
+    # fixed outside the block too: the continue compiles and the sync finishes
+    (tree / "src" / "other.c").write_text(OTHER_USES_API.replace("cfg_t", "config_t"))
+    _, out, _ = proj.run("sync", "--continue", "--json", expect=0)
+    data = json.loads(out)
+    assert [(d["id"], d["status"]) for d in data["done"]] == [("0001", "clean"), ("0002", "resolved"),
+                                                             ("0003", "clean"), ("0004", "resolved")]
+    assert data["verify"]["ok"] is True
+    assert data["compile"] == [{"profile": "cpu", "status": "compiled", "reason": "", "units": 2}]
+    assert "config_t c = {5}" in (proj.root / "patches" / "0004-api.patch").read_text()
+
+
+def test_a_stop_without_a_cmake_tree_says_not_compiled(proj: Proj, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FORKTOOL_LAUNCHER", "none")
+    # the new upstream drops CMakeLists.txt and changes the line 0002 adds after: 0002 stops as a conflict
+    (proj.upstream / "CMakeLists.txt").unlink()
+    (proj.upstream / "src" / "impl.c").write_text(UPSTREAM["src/impl.c"] + "int upstream_too(void) { return 8; }\n")
+    git(proj.upstream, "commit", "-qam", "no cmake, impl grows")
+    _, out, _ = proj.run("sync", "--to", git(proj.upstream, "rev-parse", "HEAD"), "--start", "--json", expect=1)
+    data = json.loads(out)
+    assert data["stop"]["id"] == "0002" and data["stop"]["kind"] == "conflict"
+    [checked] = data["stop"]["checked"]
+    assert checked["profile"] == "cpu" and checked["status"] == "not compiled" and "CMakeLists.txt" in checked["reason"]
+    _, _, err = proj.run("status")
+    assert "compile check: cpu not compiled (the vendored tree has no llama.cpp/CMakeLists.txt)" in err
+    assert "cpu compiled" not in err
