@@ -219,6 +219,35 @@ def test_a_recorded_stop_is_reached_again_on_a_fresh_checkout(moved, tmp_path):
     other.run("verify")
 
 
+def test_a_recorded_stop_is_reached_again_with_the_same_to_and_its_options(moved, tmp_path):
+    """`--to X --upstream-commit C` names the stop recorded by the same command elsewhere (the state records the
+    target without its #options); another target, or another option value, is still refused."""
+    proj, commit, _ = moved
+    upstream = "c" * 40
+    proj.run("sync", "--to", commit, "--upstream-commit", upstream, "--start", expect=1)
+    clone = tmp_path / "clone"
+    for rel in ("vendor/vendor.yaml", "vendor/vendor.lock", "registry/build.yaml", ".opencoti/sync/state.json"):
+        (clone / rel).parent.mkdir(parents=True, exist_ok=True)
+        (clone / rel).write_bytes((proj.root / rel).read_bytes())
+    (clone / "patches").mkdir()
+    for p in (proj.root / "patches").iterdir():
+        (clone / "patches" / p.name).write_bytes(p.read_bytes())
+    other = Proj(clone, proj.upstream)
+    state = (clone / ".opencoti/sync/state.json").read_bytes()
+    _, _, err = other.run("sync", "--to", commit, "--upstream-commit", "d" * 40, "--start", expect=2)
+    assert "records a stopped sync to" in err
+    _, _, err = other.run("sync", "--to", "e" * 40, "--start", expect=2)
+    assert "records a stopped sync to" in err
+    assert (clone / ".opencoti/sync/state.json").read_bytes() == state  # refused: nothing moved
+    _, out, _ = other.run("sync", "--to", commit, "--upstream-commit", upstream, "--start", "--json", expect=1)
+    data = json.loads(out)
+    assert data["stop"]["id"] == "0002"
+    assert data["stop"]["files"][0]["blocks"] == [3]
+    resolve(other)
+    other.run("sync", "--continue")
+    assert upstream in (clone / "vendor" / "vendor.yaml").read_text()
+
+
 def test_registry_sites_are_rewritten_in_place(tmp_path):
     """The finish rewrites only the sites: lists, so the registry keeps its comments and layout."""
     import dataclasses

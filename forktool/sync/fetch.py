@@ -165,6 +165,20 @@ def resolve_spec(project: Project, spec: str) -> tuple[Component, Component]:
                        sha256="", upstream_commit=keep_commit)
 
 
+def names_target(project: Project, spec: str, recorded: Component) -> bool:
+    """Whether SPEC (with its #options) names the recorded target: both in the form the state records (the
+    component's own spec, and each option given equal to the recorded field)."""
+    _, new = resolve_spec(project, spec)
+    _, opts = _split_options(spec.strip())
+    if new.kind == "sdist" and not new.version:  # PACKAGE alone: its newest release, whichever the start found
+        new = new._replace(version=recorded.version)
+    if new.kind != recorded.kind or new.spec != recorded.spec:
+        return False
+    if new.kind == "sdist" and _norm(new.package) != _norm(recorded.package):
+        return False
+    return all(getattr(recorded, k) == v for k, v in opts.items())
+
+
 def _git_commit_spec(base: str) -> bool:
     url, at, commit = base.rpartition("@")
     return COMMIT_RE.match(commit) is not None and (bool(at) or not url)

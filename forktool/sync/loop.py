@@ -16,7 +16,7 @@ from forktool.errors import DirtyTreeError, ForktoolError, UsageError
 from forktool.project import Project
 from forktool.series import Patch
 from forktool.sync.accept import comment_out
-from forktool.sync.fetch import fetch_target, resolve_spec
+from forktool.sync.fetch import fetch_target, names_target, resolve_spec
 from forktool.sync.finish import conclude, finish
 from forktool.sync.finish import registry_diff as registry_diff  # re-exported: the loop's public face
 from forktool.sync.move import (
@@ -260,7 +260,8 @@ def start(project: Project, spec: str | None, progress: Progress = lambda _m: No
                                 where=str(state_path(project)),
                                 hint="run `forktool sync --continue`, `--skip` or `--abort` (`forktool status` "
                                      "shows where it stands)")
-        if recorded is not None and spec and spec != recorded["to_spec"]:
+        if recorded is not None and spec and spec != recorded["to_spec"] and \
+                not names_target(project, spec, component_of(recorded["to"])):
             raise UsageError(f"this checkout records a stopped sync to {recorded['to_spec']}, not {spec}",
                              where=str(state_path(project)), hint="run `forktool sync --start` without --to to "
                              "reach that stop, or remove the file to start another sync")
