@@ -5,9 +5,11 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import re
 import stat
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from forktool import schema
@@ -25,6 +27,7 @@ from forktool.tree import (
     make_temp_dir,
     manifest_from_json,
     manifest_to_json,
+    remove_tree,
     resolve_inside,
     sha256_bytes,
     sha256_file,
@@ -49,17 +52,63 @@ def sdist_path(project: Project, comp: Component) -> Path:
     return project.cache_dir / "sdist" / f"{comp.sha256}.tar.gz"
 
 
+TMP = "tmp"  # in .opencoti/: the temporary directories of downloads and fetches
+_OWNER_RE = re.compile(r"^[a-z-]+?-(\d+)-")
+
+
+@contextmanager
+def temp_dir(project: Project, prefix: str) -> Iterator[Path]:
+    """A temporary directory under .opencoti/tmp/, never $TMPDIR: its name carries this process's id, so one that
+    a kill leaves is removed by the next forktool that makes one there (or starts a sync)."""
+    import tempfile
+
+    parent = project.state_dir / TMP
+    parent.mkdir(parents=True, exist_ok=True)
+    clean_temp(project)
+    with tempfile.TemporaryDirectory(prefix=f"{prefix}{os.getpid()}-", dir=parent) as tmp:
+        yield Path(tmp)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's process: alive
+    return True
+
+
+def clean_temp(project: Project) -> list[str]:
+    """Remove the temporary directories under .opencoti/tmp/ whose process is gone; their names."""
+    parent = project.state_dir / TMP
+    gone = []
+    for p in sorted(parent.iterdir()) if parent.is_dir() and not parent.is_symlink() else []:
+        m = _OWNER_RE.match(p.name)
+        if m and _alive(int(m.group(1))):
+            continue
+        if p.is_dir() and not p.is_symlink():
+            remove_tree(p)
+        else:
+            p.unlink()
+        gone.append(p.name)
+    return gone
+
+
 def pip_download(requirement: str, dest: Path, progress: Callable[[str], None] | None = None) -> Path:
     """The one place forktool downloads: `pip download` of one source distribution into dest; returns its path.
-    pip's own lines (what it collects, the size, where it saved it) go to `progress` as they come."""
+    pip's own lines (what it collects, the size, where it saved it) go to `progress` as they come; pip's own
+    temporary files go under dest too (TMPDIR), so a kill leaves nothing outside it."""
     from forktool import proc  # the download, extraction and git machinery load only when a fetch needs them
 
     argv: list[str | Path] = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
                               "--disable-pip-version-check", "--progress-bar", "off", "-d", dest, requirement]
+    (dest / "pip-tmp").mkdir(exist_ok=True)
+    env = {"TMPDIR": str(dest / "pip-tmp")}
     if progress is None:
-        proc.run(argv)
+        proc.run(argv, env=env)
     else:
-        proc.stream(argv, on_line=lambda line: progress(f"pip: {line}") if line.strip() else None)
+        proc.stream(argv, env=env, on_line=lambda line: progress(f"pip: {line}") if line.strip() else None)
     found = sorted(dest.glob("*.tar.gz"))
     if len(found) != 1:
         raise ForktoolError(f"pip did not produce one sdist for {requirement}", where=str(dest),
@@ -74,10 +123,9 @@ def download_sdist(project: Project, comp: Component, local: Path | None = None,
     if dest.is_file() and sha256_file(dest) == comp.sha256:
         return dest
     import shutil  # the download's modules load only when something is downloaded
-    import tempfile
 
-    with tempfile.TemporaryDirectory(prefix="forktool-dl-") as tmp:
-        candidate = local if local is not None else pip_download(comp.spec, Path(tmp), progress)
+    with temp_dir(project, "forktool-dl-") as tmp:
+        candidate = local if local is not None else pip_download(comp.spec, tmp, progress)
         got = sha256_file(candidate)
         if got != comp.sha256:
             raise ForktoolError(

@@ -197,7 +197,7 @@ def test_upstream_commit_is_read_from_the_sdist(session_cache, monkeypatch):
     project = Project(MAIN)
     pin = project.vendor.components[0]
     data = vendor.download_sdist(project, pin).read_bytes()
-    assert fsync._sdist_upstream_commit(data, pin) == pin.upstream_commit
+    assert fsync._sdist_upstream_commit(project, data, pin) == pin.upstream_commit
 
 
 @pytest.mark.slow

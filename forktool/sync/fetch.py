@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import re
 import tarfile
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -212,10 +211,10 @@ def _fetch_sdist(project: Project, comp: Component, progress: Callable[[str], No
             path = vendor.sdist_path(project, comp)
             if path.is_file() and sha256_file(path) == sha:
                 return comp, path, True
-    with tempfile.TemporaryDirectory(prefix="forktool-sync-dl-") as tmp:
+    with vendor.temp_dir(project, "forktool-sync-dl-") as tmp:
         want = f"{comp.package}=={comp.version}" if comp.version else comp.package
         progress(f"downloading {want} with pip")
-        found = [vendor.pip_download(want, Path(tmp))]
+        found = [vendor.pip_download(want, tmp)]
         m = re.match(r"^(.+)-([^-]+)\.tar\.gz$", found[0].name)
         version = comp.version or (m.group(2) if m else "")
         if not version:
@@ -226,7 +225,7 @@ def _fetch_sdist(project: Project, comp: Component, progress: Callable[[str], No
     return comp, path, False
 
 
-def _archive_commit(data: bytes, strip_top: bool, subdir: str) -> str:
+def _archive_commit(project: Project, data: bytes, strip_top: bool, subdir: str) -> str:
     """The upstream commit an archive carries for the tree at subdir ('' when it carries none): the gitlink of a
     .git directory the archive holds above subdir (an sdist's submodule), else, for a tree at the archive's root
     or its one top directory, the commit `git archive` writes in the pax header (GitHub's release archives)."""
@@ -236,16 +235,16 @@ def _archive_commit(data: bytes, strip_top: bool, subdir: str) -> str:
         found = next((k for k in range(len(parts)) if any(
             _member_parts(n, strip_top)[: k + 1] == parts[:k] + [".git"] for n in names)), None)
         if found is not None:
-            return _gitlink_in(tar, strip_top, parts[:found], "/".join(parts[found:]))
+            return _gitlink_in(project, tar, strip_top, parts[:found], "/".join(parts[found:]))
         comment = tar.pax_headers.get("comment", "")
     if len(parts) <= 1 and COMMIT_RE.match(comment):
         return comment
     return ""
 
 
-def _sdist_upstream_commit(data: bytes, comp: Component) -> str:
+def _sdist_upstream_commit(project: Project, data: bytes, comp: Component) -> str:
     """The commit of the submodule at comp.subdir of an sdist, read from the .git it carries ('' when absent)."""
-    return _archive_commit(data, True, comp.subdir) if comp.subdir else ""
+    return _archive_commit(project, data, True, comp.subdir) if comp.subdir else ""
 
 
 def _member_parts(name: str, strip_top: bool) -> list[str]:
@@ -253,10 +252,9 @@ def _member_parts(name: str, strip_top: bool) -> list[str]:
     return parts[1:] if strip_top else parts
 
 
-def _gitlink_in(tar: tarfile.TarFile, strip_top: bool, above: list[str], rel: str) -> str:
+def _gitlink_in(project: Project, tar: tarfile.TarFile, strip_top: bool, above: list[str], rel: str) -> str:
     """The commit that the .git at `above` records for the submodule at rel (read from a temporary copy)."""
-    with tempfile.TemporaryDirectory(prefix="forktool-sync-git-") as tmp:
-        root = Path(tmp)
+    with vendor.temp_dir(project, "forktool-sync-git-") as root:
         prefix = [*above, ".git"]
         for m in tar:
             parts = _member_parts(m.name, strip_top)
@@ -347,7 +345,7 @@ def component_manifest(project: Project, comp: Component, progress: Callable[[st
     # a given (or pinned) upstream commit is authoritative; else it is read from what the source carries
     if not comp.upstream_commit:
         if comp.kind in ("sdist", "tarball"):
-            commit = _archive_commit(data, strip_top, comp.subdir)
+            commit = _archive_commit(project, data, strip_top, comp.subdir)
         elif comp.kind == "dir":
             commit = _dir_commit(project, comp)
         else:

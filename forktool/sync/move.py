@@ -153,6 +153,9 @@ def recover(project: Project) -> list[str]:
     notes = [txn.recover(project.tree, project.state_dir, "state"),
              txn.recover(project.root, sync_dir(project), "sync-state"),
              txn.recover(project.root, accept_journal(project))]
+    gone = vendor.clean_temp(project)  # the temporary directories of a fetch that was killed
+    if gone:
+        notes.append(f"removed {len(gone)} temporary director(ies) a killed forktool left in .opencoti/{vendor.TMP}/")
     return [n for n in notes if n]
 
 

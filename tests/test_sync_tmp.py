@@ -1,0 +1,123 @@
+"""Download temporary directories live under .opencoti/tmp/: a fetch killed with SIGKILL leaves nothing in $TMPDIR,
+and what it leaves there is removed by the next forktool that fetches or starts a sync."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.cli import run_cli
+
+KILL_AFTER_PIP = """
+import os, signal, sys
+from forktool import cli, vendor
+real = vendor.pip_download
+def pip_download(*a, **k):
+    out = real(*a, **k)
+    os.kill(os.getpid(), signal.SIGKILL)  # killed while the download's temporary directory holds the sdist
+    return out
+vendor.pip_download = pip_download
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+BACKEND = '''import os
+def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
+    os.makedirs(os.path.join(metadata_directory, "pkg-{v}.dist-info"))
+    with open(os.path.join(metadata_directory, "pkg-{v}.dist-info", "METADATA"), "w") as f:
+        f.write("Metadata-Version: 2.1\\nName: pkg\\nVersion: {v}\\n")
+    return "pkg-{v}.dist-info"
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    raise RuntimeError("pip download never builds")
+'''
+
+
+def _sdist(links: Path, version: str, a_c: bytes) -> str:
+    """pkg-VERSION.tar.gz in a find-links directory pip reads offline (an in-tree backend that needs nothing
+    installed); its sha256."""
+    files = {f"pkg-{version}/pyproject.toml": b'[build-system]\nrequires = []\nbuild-backend = "backend"\n'
+                                              b'backend-path = ["."]\n',
+             f"pkg-{version}/backend.py": BACKEND.format(v=version).encode(),
+             f"pkg-{version}/PKG-INFO": f"Metadata-Version: 2.1\nName: pkg\nVersion: {version}\n".encode(),
+             f"pkg-{version}/vendor/up/src/a.c": a_c}
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in files.items():
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tar.addfile(ti, io.BytesIO(data))
+    links.mkdir(parents=True, exist_ok=True)
+    (links / f"pkg-{version}.tar.gz").write_bytes(buf.getvalue())
+    return hashlib.sha256(buf.getvalue()).hexdigest()
+
+
+def _killed(root: Path, tmpdir: Path, *argv: str) -> None:
+    env = dict(os.environ, FORKTOOL_ROOT=str(root), TMPDIR=str(tmpdir))
+    r = subprocess.run([sys.executable, "-c", KILL_AFTER_PIP, *argv], env=env, capture_output=True, text=True,
+                       cwd=Path(__file__).resolve().parents[1])
+    assert r.returncode == -9, r.stderr  # it did reach the download
+
+
+def test_a_fetch_killed_mid_download_leaves_nothing_in_tmpdir(tmp_path: Path, cache: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    links = tmp_path / "links"
+    sha = _sdist(links, "1.0", b"int a;\n")
+    _sdist(links, "2.0", b"int a;\nint b;\n")
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
+    tmpdir = tmp_path / "tmpdir"
+    tmpdir.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmpdir))
+    root = tmp_path / "proj"
+    (root / "vendor").mkdir(parents=True)
+    (root / "patches").mkdir()
+    (root / "patches" / "series").write_text("")
+    (root / "vendor" / "vendor.yaml").write_text(
+        f"components:\n  - name: up\n    kind: sdist\n    package: pkg\n    version: '1.0'\n    sha256: '{sha}'\n"
+        "    subdir: vendor/up\n    include: [src]\n")
+    tmp = root / ".opencoti" / "tmp"
+    # vendor fetch killed once pip has saved the sdist: its directory is under .opencoti/tmp, $TMPDIR is empty
+    _killed(root, tmpdir, "vendor", "fetch")
+    assert os.listdir(tmpdir) == []
+    [left] = os.listdir(tmp)
+    assert left.startswith("forktool-dl-") and (tmp / left / "pkg-1.0.tar.gz").is_file()
+    run_cli(root, ["vendor", "fetch"])
+    assert os.listdir(tmp) == [] and os.listdir(tmpdir) == []  # the next fetch removed the killed one's
+    assert (root / "vendor" / "llamafile" / "up" / "src" / "a.c").read_text() == "int a;\n"
+    # a sync killed while it downloads its target: the same, and the next start removes what it left
+    pin = (root / "vendor" / "vendor.yaml").read_bytes()
+    _killed(root, tmpdir, "sync", "--to", "pkg==2.0", "--start")
+    assert os.listdir(tmpdir) == []
+    [left] = os.listdir(tmp)
+    assert left.startswith("forktool-sync-dl-") and (tmp / left / "pkg-2.0.tar.gz").is_file()
+    assert (root / "vendor" / "vendor.yaml").read_bytes() == pin
+    code, out, err = run_cli(root, ["sync", "--to", "pkg==2.0", "--start"], expect=None)
+    assert code == 0, err
+    assert os.listdir(tmp) == [] and os.listdir(tmpdir) == []
+    assert (root / "vendor" / "llamafile" / "up" / "src" / "a.c").read_text() == "int a;\nint b;\n"
+    assert 'version: "2.0"' in (root / "vendor" / "vendor.yaml").read_text()
+
+
+def test_a_live_process_keeps_its_temporary_directory(tmp_path: Path) -> None:
+    from forktool import vendor
+    from forktool.project import Project
+
+    root = tmp_path / "proj"
+    (root / "vendor").mkdir(parents=True)
+    project = Project(root)
+    tmp = root / ".opencoti" / "tmp"
+    with vendor.temp_dir(project, "forktool-dl-") as mine:
+        (mine / "x").write_bytes(b"x")
+        dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        (tmp / f"forktool-sync-dl-{dead}-abc").mkdir()
+        (tmp / f"forktool-sync-dl-{dead}-abc" / "f").write_bytes(b"y")
+        assert vendor.clean_temp(project) == [f"forktool-sync-dl-{dead}-abc"]
+        assert (mine / "x").read_bytes() == b"x"  # this process is alive: its directory stays
+    assert os.listdir(tmp) == []
