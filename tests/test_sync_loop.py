@@ -152,7 +152,8 @@ def test_dirty_tree_is_refused(moved):
     assert everything(proj) == dirty and not (proj.root / ".opencoti" / "sync" / "state.json").exists()
 
 
-START_POINTS = ["sync-started", "sync-backed-up", "staging", "committed", "replacing", "state-written"]
+START_POINTS = ["sync-started", "sync-backed-up", "staging", "committed", "replacing", "state-written",
+                "sync-before-stop-compile"]
 
 
 @pytest.mark.parametrize("then", ["--abort", "--continue"])
