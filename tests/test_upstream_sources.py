@@ -250,8 +250,8 @@ def test_git_archive_commit_is_read_only_for_the_archive_root(tmp_path: Path):
     commit = make_upstream(up, {"a/b/x.c": "x\n"})
     data = subprocess.run(["git", "-C", str(up), "archive", "--format=tar", "HEAD"], capture_output=True,
                           check=True).stdout
-    assert fetch._archive_commit(data, False, "") == commit
-    assert fetch._archive_commit(data, False, "a/b") == ""  # a deeper tree is not what the commit names
+    assert fetch._archive_commit(Project(tmp_path), data, False, "") == commit
+    assert fetch._archive_commit(Project(tmp_path), data, False, "a/b") == ""  # a deeper tree is not what the commit names
 
 
 BACKEND = '''\
