@@ -32,12 +32,22 @@ def objects_to_compile(bdir: Path, targets: list[str], env: dict[str, str]) -> t
     merged the compiler's depfiles; with False when the dry run did not finish (a first build: a link needs a
     library that does not exist yet, so the targets after it are not looked at and the set is a lower bound)."""
     ok, out = _dry_run(bdir, targets, env)
-    steps = _depend_steps(out, bdir)
-    if steps:
-        for step in steps:
-            proc.run(["make", "-s", "-f", f"{step}/build.make", f"{step}/depend"], cwd=bdir, env=env, check=False)
+    merged = False
+    for step in _depend_steps(out, bdir):
+        before = _mtime(bdir / step / "compiler_depend.make")
+        proc.run(["make", "-s", "-f", f"{step}/build.make", f"{step}/depend"], cwd=bdir, env=env, check=False)
+        merged = merged or _mtime(bdir / step / "compiler_depend.make") != before
+    if merged:  # only then can make's answer differ: a no-op build pays for one dry run
         ok, out = _dry_run(bdir, targets, env)
     return ok, {m.group(1).strip('"\'') for m in _OBJECT_RE.finditer(out)}
+
+
+def _mtime(path: Path) -> int | None:
+    """The step's output (what make reads of the depfiles), whose change says the step merged something."""
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
 
 
 def _dry_run(bdir: Path, targets: list[str], env: dict[str, str]) -> tuple[bool, str]:
