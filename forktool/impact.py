@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import os
+from pathlib import Path
 
 from forktool.build import BuildConfig, load_config
 from forktool.project import Project
-
-_loaded: dict[tuple, BuildConfig] = {}
 
 
 def _config(project: Project) -> BuildConfig:
@@ -18,10 +18,13 @@ def _config(project: Project) -> BuildConfig:
         key: tuple = (str(path), st.st_size, st.st_mtime_ns, st.st_ino)
     except OSError:
         return load_config(project)  # its own clear error
-    if key not in _loaded:
-        _loaded.clear()
-        _loaded[key] = load_config(project)
-    return _loaded[key]
+    return _config_at(project.root, key)
+
+
+@functools.lru_cache(maxsize=1)
+def _config_at(root: Path, version: tuple) -> BuildConfig:
+    """The build config of the project at root, as of `version` of its build.yaml (a newer one replaces it)."""
+    return load_config(Project(root))
 
 
 def artifacts_for(project: Project, paths: list[str]) -> dict[str, list[str]]:

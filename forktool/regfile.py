@@ -204,9 +204,10 @@ def held_sites(final: dict[str, bytes | None], rels: Iterable[str], cache: Cache
     return held
 
 
-def _sites(old: tuple[rg.Site, ...], here: dict[tuple[str, str], int], rels: set[str]) -> tuple[rg.Site, ...]:
+def place_sites(old: tuple[rg.Site, ...], here: dict[tuple[str, str], int], rels: set[str]) -> tuple[rg.Site, ...]:
     """old's sites with those in rels where the markers now stand: found ones keep their place with the line
-    of now, gone ones go, new ones go before the first site of their file further down (else after its last)."""
+    of now, gone ones go, new ones go before the first site of their file further down (else after its last).
+    The one site placer: the registry the tool keeps and the sync's relocation (sync/relocate.py) both use it."""
     sites = [s if s.file not in rels else dataclasses.replace(s, line=here[(s.file, s.symbol)])
              for s in old if s.file not in rels or (s.file, s.symbol) in here]
     known = {(s.file, s.symbol) for s in sites}
@@ -258,9 +259,9 @@ def kept(project: Project, reg: rg.Registry, patches: list[Patch], final: dict[s
         hook = out.hooks.get(hid)
         if hook is None:
             if hid in owner:
-                out.hooks[hid] = rg.Hook(hid, owner[hid], "", _sites((), here, files))
+                out.hooks[hid] = rg.Hook(hid, owner[hid], "", place_sites((), here, files))
             continue
-        out.hooks[hid] = dataclasses.replace(hook, sites=_sites(hook.sites, here, files))
+        out.hooks[hid] = dataclasses.replace(hook, sites=place_sites(hook.sites, here, files))
     marked_now = {h for p in patches for h in hooks_in_patch(p)}
     for hid, hook in list(out.hooks.items()):
         if hid in held or hid in marked_now or hook.description:

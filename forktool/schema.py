@@ -259,12 +259,6 @@ def _validator(name: str) -> Any:
     return cls(schema, format_checker=None)
 
 
-def prepare(name: str) -> None:
-    """Load the checker for schema `name` now (jsonschema's import is most of a check's cost): a caller that
-    knows it will check a document later can do this on another thread while it waits for something else."""
-    _validator(name)
-
-
 def where_of(path: Any) -> str:
     out = ""
     for p in path:

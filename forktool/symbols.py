@@ -7,6 +7,7 @@ and classes. Scopes are cached per file digest; the parser loads only when a fil
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -182,32 +183,28 @@ def _walk(root: Any) -> list[Scope]:
 def scopes(text: bytes | str, cache: Cache | None = None) -> list[Scope]:
     """Function, class and namespace scopes of a C/C++ text, sorted by start; cached by the text's digest."""
     data = text if isinstance(text, bytes) else text.encode()
-    key = _keys.get(data)  # a check asks about many lines of one text: hash it once
-    if key is None:
-        if len(_keys) > 64:
-            _keys.clear()
-        key = _keys[data] = key_of("scopes", PARSER, parser_fingerprint(), sha256_bytes(data))
-    if key in _memo:
-        return _memo[key]
-    out: list[Scope] | None = None
+    return _scopes(_scopes_key(data), data, cache)
+
+
+@functools.lru_cache(maxsize=64)
+def _scopes_key(data: bytes) -> str:
+    # a check asks about many lines of one text: hash it once
+    return key_of("scopes", PARSER, parser_fingerprint(), sha256_bytes(data))
+
+
+@functools.lru_cache(maxsize=64)
+def _scopes(key: str, data: bytes, cache: Cache | None) -> list[Scope]:
+    """scopes() of data (whose key this is), from the disk cache or parsed."""
     hit = cache.get(key) if cache is not None else None
     if isinstance(hit, list):
         try:
-            out = [Scope(str(k), str(n), int(a), int(b)) for k, n, a, b in hit]
+            return [Scope(str(k), str(n), int(a), int(b)) for k, n, a, b in hit]
         except (TypeError, ValueError):
-            out = None
-    if out is None:
-        out = _walk(_parse(data).root_node)
-        if cache is not None:
-            cache.put(key, [[sc.kind, sc.name, sc.start, sc.end] for sc in out])
-    if len(_memo) > 64:
-        _memo.clear()
-    _memo[key] = out
+            pass
+    out = _walk(_parse(data).root_node)
+    if cache is not None:
+        cache.put(key, [[sc.kind, sc.name, sc.start, sc.end] for sc in out])
     return out
-
-
-_memo: dict[str, list[Scope]] = {}
-_keys: dict[bytes, str] = {}
 
 
 FILE_SCOPE = "<file scope>"
@@ -368,24 +365,21 @@ def declarations(text: bytes | str, cache: Cache | None = None) -> dict[str, Dec
     first declaration of a name wins, except that a record's body beats a bare mention. Cached by the text's
     digest and the parser's."""
     data = text if isinstance(text, bytes) else text.encode()
-    key = key_of("declarations", PARSER, parser_fingerprint(), sha256_bytes(data))
-    if key in _decl_memo:
-        return _decl_memo[key]
+    return _declarations_of(key_of("declarations", PARSER, parser_fingerprint(), sha256_bytes(data)), data, cache)
+
+
+@functools.lru_cache(maxsize=256)
+def _declarations_of(key: str, data: bytes, cache: Cache | None) -> dict[str, Decl]:
     hit = cache.get(key) if cache is not None else None
     if isinstance(hit, list):
         try:
-            got = {str(n): Decl(str(k), str(n), str(t), tuple((str(a), str(b)) for a, b in m), int(ln))
-                   for k, n, t, m, ln in hit}
-            _decl_memo[key] = got
-            return got
+            return {str(n): Decl(str(k), str(n), str(t), tuple((str(a), str(b)) for a, b in m), int(ln))
+                    for k, n, t, m, ln in hit}
         except (TypeError, ValueError):
             pass
     out = _declarations(data)
     if cache is not None:
         cache.put(key, [[d.kind, d.name, d.text, [list(m) for m in d.members], d.line] for d in out.values()])
-    if len(_decl_memo) > 256:
-        _decl_memo.clear()
-    _decl_memo[key] = out
     return out
 
 
@@ -429,4 +423,3 @@ def _declarations(data: bytes) -> dict[str, Decl]:
     return out
 
 
-_decl_memo: dict[str, dict[str, Decl]] = {}

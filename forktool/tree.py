@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import _thread
 import functools
 import hashlib
 import os
 import re
 import stat
-import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,7 +15,7 @@ from forktool.errors import UnsafePathError
 from forktool.record import NamedTuple
 
 if TYPE_CHECKING:
-    from typing import Any
+    from concurrent.futures import ThreadPoolExecutor
 
 REGULAR = "100644"
 EXECUTABLE = "100755"
@@ -245,8 +243,8 @@ def run_all(fn: Callable[..., object], items: Sequence[object], lanes: int = 8) 
 
     For system calls that mostly wait on the filesystem (fsync, a rename that frees the replaced file's blocks):
     they release the interpreter lock, and the filesystem serves concurrent ones together. The calling thread
-    runs one lane; the others run on threads started once per process and kept waiting for the next call (a
-    tree move calls this three times: starting seven threads each time cost about 2 ms of CPU a command).
+    runs one lane; the others run on the process's thread pool (_lanes), kept between calls (a tree move calls
+    this three times: starting seven threads each time cost about 2 ms of CPU a command).
     Not to be called from within fn.
     """
     errors: list[Exception] = []
@@ -259,50 +257,22 @@ def run_all(fn: Callable[..., object], items: Sequence[object], lanes: int = 8) 
             except Exception as e:  # handed to the calling thread below
                 errors.append(e)
 
-    finished = []
-    for k in range(1, lanes):
-        done = _thread.allocate_lock()
-        done.acquire()
-        finished.append(done)
-        _submit(functools.partial(_run_lane, lane, k, done), lanes - 1)
+    pool = _lanes(os.getpid()) if lanes > 1 else None
+    others = [pool.submit(lane, k) for k in range(1, lanes)] if pool is not None else []
     if lanes:
         lane(0)
-    for done in finished:
-        done.acquire()
+    for f in others:
+        f.result()
     if errors:
         raise errors[0]
 
 
-def _run_lane(lane: Callable[[int], None], k: int, done: Any) -> None:
-    try:
-        lane(k)
-    finally:
-        done.release()
+@functools.cache
+def _lanes(pid: int) -> ThreadPoolExecutor:
+    """The thread pool of process `pid` (a forked child has none of its parent's threads: it gets its own)."""
+    from concurrent.futures import ThreadPoolExecutor  # only a command that moves a tree pays for the import
 
-
-_POOL: dict[str, Any] = {}  # "pid", "queue", "threads": the waiting lanes of this process
-
-
-def _submit(job: Callable[[], None], wanted: int) -> None:
-    """Hand job to a waiting lane thread, starting threads until `wanted` wait (once per process)."""
-    if _POOL.get("pid") != os.getpid():  # first use, or a forked child (which has none of the parent's threads)
-        import queue
-
-        _POOL.update(pid=os.getpid(), queue=queue.SimpleQueue(), threads=0)
-    q = _POOL["queue"]
-    while _POOL["threads"] < wanted:
-        threading.Thread(target=_wait_for_lanes, args=(q,), daemon=True, name="forktool-lane").start()
-        _POOL["threads"] += 1
-    q.put(job)
-
-
-def _wait_for_lanes(q: Any) -> None:
-    while True:
-        job = q.get()
-        try:
-            job()
-        except BaseException:  # noqa: S110  # the lane has recorded it and released its caller; keep waiting
-            pass
+    return ThreadPoolExecutor(max_workers=7, thread_name_prefix="forktool-lane")
 
 
 def fsync_all(fds: list[int]) -> None:

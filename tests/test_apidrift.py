@@ -115,11 +115,11 @@ def test_includes_are_followed_by_their_path():
 
 def test_declarations_are_cached_by_digest(tmp_path: Path):
     from forktool import symbols
-    symbols._decl_memo.clear()
+    symbols._declarations_of.cache_clear()
     cache = Cache(tmp_path, "declarations")
     first = declarations(API_H.encode(), cache)
     assert cache.misses >= 1
-    symbols._decl_memo.clear()
+    symbols._declarations_of.cache_clear()
     again = declarations(API_H.encode(), cache)
     assert again == first and cache.hits >= 1
     assert first["iface"].members[0][0] == "get_name" and first["api_init"].kind == "function"

@@ -327,8 +327,8 @@ def test_run_all_runs_every_item_on_threads_kept_between_calls():
         seen: list[int] = []
         run_all(seen.append, list(range(n)))
         assert sorted(seen) == list(range(n))
-    lanes = [t for t in threading.enumerate() if t.name == "forktool-lane"]
-    assert 1 <= len(lanes) <= 7  # started once, reused by every later call
+    lanes = [t for t in threading.enumerate() if t.name.startswith("forktool-lane")]
+    assert 1 <= len(lanes) <= 7  # the process's pool: threads kept and reused, never more than 7
     ran: list[int] = []
 
     def fail_on_odd(i: int) -> None:
@@ -339,7 +339,8 @@ def test_run_all_runs_every_item_on_threads_kept_between_calls():
     with pytest.raises(ValueError):
         run_all(fail_on_odd, list(range(20)))
     assert sorted(ran) == list(range(20))  # every item ran before the error was raised
-    assert [t for t in threading.enumerate() if t.name == "forktool-lane"] == lanes
+    after = [t for t in threading.enumerate() if t.name.startswith("forktool-lane")]
+    assert set(lanes) <= set(after) and len(after) <= 7  # the same threads, grown at most to the pool's size
 
 
 def test_run_all_in_a_forked_child():

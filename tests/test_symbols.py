@@ -100,14 +100,14 @@ def test_nested_namespaces_and_classes():
 def test_scopes_cached_by_digest_and_a_forged_entry_is_ignored(tmp_path: Path):
     src = b"int one() {\n    return 1;\n}\n"
     cache = Cache(tmp_path, "scopes")
-    symbols._memo.clear()
+    symbols._scopes.cache_clear()
     first = scopes(src, cache)
     assert cache.misses == 1 and list((tmp_path / "scopes").rglob("*.json"))
-    symbols._memo.clear()
+    symbols._scopes.cache_clear()
     assert scopes(src, cache) == first and cache.hits == 1
     entry = next((tmp_path / "scopes").rglob("*.json"))
     entry.write_text(entry.read_text().replace('"one"', '"two"'))  # checksum no longer matches
-    symbols._memo.clear()
+    symbols._scopes.cache_clear()
     assert scopes(src, cache) == first and first[0].name == "one"
 
 

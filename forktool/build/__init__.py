@@ -29,7 +29,7 @@ if TYPE_CHECKING:
         read_record,
         stamp,
     )
-    from forktool.build.progress import _OBJECT_RE, objects_to_do, stale_objects, unbuilt_objects
+    from forktool.build.progress import _OBJECT_RE, objects_to_compile, objects_to_do, unbuilt_objects
     from forktool.build.run import (
         MAKE_LOG,
         OUTPUTS_INDEX,
@@ -81,7 +81,7 @@ _HOME = {
     "plan_lines": "plan",
     "read_record": "plan",
     "run_build": "run",
-    "stale_objects": "progress",
+    "objects_to_compile": "progress",
     "stamp": "plan",
     "touched_paths": "impact",
     "unbuilt_objects": "progress",
@@ -102,5 +102,5 @@ __all__ = [
     "_parse_profiles", "_which", "build_dir", "cache_stats", "cmake_argv", "cmake_inputs_digest", "configure",
     "configure_flags", "launcher", "last_error", "load_config", "make_env", "make_plan", "objects_to_do",
     "parse_ccache_stats", "parse_sccache_stats", "patch_impact", "plan_lines", "read_record", "run_build",
-    "stale_objects", "stamp", "touched_paths", "unbuilt_objects",
+    "objects_to_compile", "stamp", "touched_paths", "unbuilt_objects",
 ]

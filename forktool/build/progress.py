@@ -1,4 +1,4 @@
-"""How many objects a make run will compile, for the progress display, decided before make starts."""
+"""How many objects a make run will compile, for the progress display, asked of make before it starts."""
 
 from __future__ import annotations
 
@@ -11,119 +11,61 @@ from pathlib import Path
 from forktool import proc
 
 _OBJECT_RE = re.compile(r"Building (?:C|CXX|CUDA|ASM) object (\S+)")
+# CMake's Makefile generator runs each target's dependency step first (`cmake -E cmake_depends ... DIR/DependInfo.cmake`):
+# it merges the compiler's depfiles into what make reads, so a dry run before it cannot see a changed header
+_DEPENDS_RE = re.compile(r"cmake_depends \"Unix Makefiles\" .* (\S+)/DependInfo\.cmake")
 
 
 def objects_to_do(bdir: Path, targets: list[str], env: dict[str, str]) -> int | None:
-    """How many objects `make TARGETS` would compile now, None when neither CMake's files nor make can tell.
-
-    Read from CMake's own dependency data (stale_objects); only where that is not there (a CMake older than 3.20,
-    a generator file missing) make is asked with a dry run."""
-    stale = stale_objects(bdir, targets)
-    if stale is not None:
-        return len(stale)
-    return _dry_run_objects(bdir, targets, env)
-
-
-def _dry_run_objects(bdir: Path, targets: list[str], env: dict[str, str]) -> int | None:
-    # -k: before the first build a dry run stops at a link whose library does not exist yet
-    res = proc.run(["make", "-n", "-k", *targets], cwd=bdir, env=env, check=False)
-    found = {m.group(1).strip('"\'') for m in _OBJECT_RE.finditer(res.stdout.decode("utf-8", "replace"))}
-    if res.returncode == 0:
+    """How many objects `make TARGETS` would compile now, None when make cannot tell."""
+    ok, found = objects_to_compile(bdir, targets, env)
+    if ok:
         return len(found)
     # before the first build the dry run stops at libraries that do not exist yet and sees only part of the
     # objects; the objects compile_commands.json names and nobody built yet bound the rest from above
     return max(len(found), unbuilt_objects(bdir)) or None
 
 
-# CMake's Makefile generator (3.20+): CMakeFiles/Makefile2 names each target's directory (`NAME: DIR/rule`) and
-# what it needs built first (`DIR/all: DEP/all`); DIR/DependInfo.cmake lists every object with its source and the
-# compiler's depfile (`"SOURCE" "OBJECT" "COMPILER" "DEPFILE"`); each object also depends on DIR/flags.make and
-# DIR/compiler_depend.ts (DIR/build.make)
-_MK_RULE_RE = re.compile(rb"^([^\s:#]+): (\S+)/rule$", re.M)
-_MK_ALL_RE = re.compile(rb"^(\S+): (\S+)/all$", re.M)
-_DEPINFO_RE = re.compile(rb'^\s*"([^"]*)" "([^"]+)" "[^"]*" "([^"]+)"$', re.M)
-_DEPFILE_TOKEN_RE = re.compile(rb"(?:\\.|[^\s\\])+")
-_SCANNED_RE = re.compile(rb"set\(CMAKE_DEPENDS_LANGUAGES([^)]*)\)")
+def objects_to_compile(bdir: Path, targets: list[str], env: dict[str, str]) -> tuple[bool, set[str]]:
+    """The objects (paths relative to bdir) `make TARGETS` would compile now, as make's own dry run names them
+    once each target's dependency step (the first thing the build runs, and what it would run anyway) has
+    merged the compiler's depfiles; with False when the dry run did not finish (a first build: a link needs a
+    library that does not exist yet, so the targets after it are not looked at and the set is a lower bound)."""
+    ok, out = _dry_run(bdir, targets, env)
+    merged = False
+    for step in _depend_steps(out, bdir):
+        before = _mtime(bdir / step / "compiler_depend.make")
+        proc.run(["make", "-s", "-f", f"{step}/build.make", f"{step}/depend"], cwd=bdir, env=env, check=False)
+        merged = merged or _mtime(bdir / step / "compiler_depend.make") != before
+    if merged:  # only then can make's answer differ: a no-op build pays for one dry run
+        ok, out = _dry_run(bdir, targets, env)
+    return ok, {m.group(1).strip('"\'') for m in _OBJECT_RE.finditer(out)}
 
 
-def stale_objects(bdir: Path, targets: list[str]) -> set[str] | None:
-    """The objects (paths relative to bdir) `make TARGETS` would compile now, decided as make decides: an object
-    is stale when it is missing, or its source, its target's flags, or any file its depfile names is newer or
-    gone. Reads CMake's generated makefiles and the compiler's depfiles, runs nothing. None when those files are
-    not there or not of the expected form (make must be asked then)."""
+def _mtime(path: Path) -> int | None:
+    """The step's output (what make reads of the depfiles), whose change says the step merged something."""
     try:
-        makefile2 = (bdir / "CMakeFiles" / "Makefile2").read_bytes()
+        return os.stat(path).st_mtime_ns
     except OSError:
         return None
-    dirs = {m.group(1): m.group(2) for m in _MK_RULE_RE.finditer(makefile2)}
-    needs: dict[bytes, list[bytes]] = {}
-    for m in _MK_ALL_RE.finditer(makefile2):
-        needs.setdefault(m.group(1).removesuffix(b"/all"), []).append(m.group(2))
-    todo = []
-    for t in targets:
-        node = dirs.get(t.encode()) if t != "all" else b"all"
-        if node is None:
-            return None
-        todo.append(node)
-    seen: set[bytes] = set()
-    while todo:
-        node = todo.pop()
-        if node not in seen:
-            seen.add(node)
-            todo.extend(needs.get(node, ()))
-    root = os.fsencode(bdir) + b"/"
-    objects: list[tuple[bytes, list[bytes]]] = []  # (object, its prerequisites), one per object of the targets
-    for node in sorted(n for n in seen if n.endswith(b".dir")):
-        try:
-            info = (bdir / os.fsdecode(node) / "DependInfo.cmake").read_bytes()
-        except OSError:
-            return None
-        scanned = _SCANNED_RE.search(info)
-        if b"CMAKE_DEPENDS_DEPENDENCY_FILES" not in info or (scanned and scanned.group(1).strip()):
-            return None  # some dependencies scanned by CMake itself, not in a depfile (before 3.20): only make knows
-        common = [root + node + b"/flags.make", root + node + b"/compiler_depend.ts"]
-        for m in _DEPINFO_RE.finditer(info):
-            source, obj, depfile = m.groups()
-            objects.append((obj, [*common, _under(root, source), *_depfile_paths(root, obj, depfile)]))
-    mtimes: dict[bytes, int] = {}
-    for path in {p for _, prereqs in objects for p in prereqs}.union(root + o for o, _ in objects):
-        try:
-            mtimes[path] = os.stat(path).st_mtime_ns
-        except OSError:
-            mtimes[path] = _GONE
-    # stale: missing, or a prerequisite newer than it or gone (a vanished header remakes the object too)
-    return {os.fsdecode(obj) for obj, prereqs in objects
-            if mtimes[root + obj] == _GONE or max(map(mtimes.__getitem__, prereqs)) > mtimes[root + obj]}
 
 
-_GONE = 1 << 126  # the mtime given to a file that is not there: newer than any object
+def _dry_run(bdir: Path, targets: list[str], env: dict[str, str]) -> tuple[bool, str]:
+    # -k: before the first build a dry run stops at a link whose library does not exist yet
+    res = proc.run(["make", "-n", "-k", *targets], cwd=bdir, env=env, check=False)
+    return res.returncode == 0, res.stdout.decode("utf-8", "replace")
 
 
-def _under(root: bytes, path: bytes) -> bytes:
-    return path if path.startswith(b"/") else root + path
-
-
-def _depfile_paths(root: bytes, obj: bytes, depfile: bytes) -> list[bytes]:
-    """The prerequisites a compiler's depfile (`OBJ: DEP DEP \\`) names, absolute; [] when it cannot be read."""
-    try:
-        with open(_under(root, depfile), "rb") as f:
-            text = f.read()
-    except OSError:
-        return []
-    _target, colon, rest = text.replace(b"\\\n", b" ").partition(b": ")
-    if not colon:
-        return []
-    if b"\\" in rest or b"$$" in rest:  # escaped spaces, hashes or dollars in a name
-        tokens = [re.sub(rb"\\(.)", rb"\1", t).replace(b"$$", b"$") for t in _DEPFILE_TOKEN_RE.findall(rest)]
-    else:
-        tokens = rest.split()
-    if b":" in rest:  # phony targets for headers (-MP), or a path with a colon
-        tokens = [t for t in tokens if not t.endswith(b":")]
-    if b" ".join([b"", *tokens]).count(b" /") != len(tokens):
-        # relative to where the compiler ran: the directory holding CMakeFiles/
-        cwd = root + obj.rpartition(b"CMakeFiles/")[0]
-        tokens = [t if t.startswith(b"/") else cwd + t for t in tokens]
-    return tokens
+def _depend_steps(out: str, bdir: Path) -> list[str]:
+    """The target directories (relative to bdir) whose dependency step the dry run `out` names, in its order."""
+    root = os.fspath(bdir.resolve()) + "/"
+    steps: list[str] = []
+    for m in _DEPENDS_RE.finditer(out):
+        d = m.group(1)
+        rel = d[len(root):] if d.startswith(root) else d
+        if rel not in steps and not rel.startswith("/"):
+            steps.append(rel)
+    return steps
 
 
 def unbuilt_objects(bdir: Path) -> int:

@@ -39,39 +39,27 @@ def relocate_registry(project: Project, read: Reader, manifest: Manifest, prefix
     found, reg = relocate(project, read, manifest, prefix)
     if reg is None:
         return found, None
-    from forktool import registry as rg
-    from forktool import symbols
     from forktool.impact import impacts_for
-    from forktool.markers import scan_file
+    from forktool.regfile import held_sites, place_sites
 
-    held: dict[str, dict[tuple[str, str], int]] = {}  # hook -> (file, symbol) -> advisory line
-    for rel, data in sorted(final.items()):
-        for m in scan_file(rel, data or b""):
-            sym = symbols.site_symbol(data or b"", m.line)
-            line = m.line if sym == symbols.FILE_SCOPE else (symbols.find_symbol(data or b"", sym) or m.line)
-            held.setdefault(m.hook, {}).setdefault((rel, sym), line)
+    held = held_sites(final, final)  # hook -> (file, symbol) -> advisory line
     for hid, hook in list(reg.hooks.items()):
         here = held.get(hid)
         if not here:
             continue  # no marker left at all: the registry check says so; a human decides
-        sites = [s for s in hook.sites if (s.file, s.symbol) in here]
-        known = {(s.file, s.symbol) for s in sites}
         for s in hook.sites:
             if (s.file, s.symbol) not in here:
                 for row in found["sites"]:
                     if (row["hook"], row["file"], row["symbol"]) == (hid, s.file, s.symbol):
                         row.update(new_file=None, new_line=None, status="dropped")
+        known = {(s.file, s.symbol) for s in hook.sites}
         for (f, sym), line in sorted(here.items()):
-            if (f, sym) in known:
-                continue
-            # before the first site of the same file that stands further down, else after that file's last
-            same = [i for i, x in enumerate(sites) if x.file == f]
-            later = [i for i in same if (x := sites[i].line) is not None and x > line]
-            at = later[0] if later else (same[-1] + 1 if same else len(sites))
-            sites.insert(at, rg.Site(f, sym, line))
-            found["sites"].append({"hook": hid, "patch": hook.patch, "symbol": sym, "file": None,
-                                   "line": None, "new_file": f, "new_line": line, "status": "added"})
-        reg.hooks[hid] = dataclasses.replace(hook, sites=tuple(sites))
+            if (f, sym) not in known:
+                found["sites"].append({"hook": hid, "patch": hook.patch, "symbol": sym, "file": None,
+                                       "line": None, "new_file": f, "new_line": line, "status": "added"})
+        # every site of the hook is looked at: those in files the series does not touch hold no marker
+        rels = set(final) | {s.file for s in hook.sites}
+        reg.hooks[hid] = dataclasses.replace(hook, sites=place_sites(hook.sites, here, rels))
     gone = {e.id for e in reg.patches if e.id not in rebased} if dropped is None else dropped
     dropped_hooks = {h for e in reg.patches if e.id in gone for h in e.hooks}
     reg.patches[:] = [dataclasses.replace(e, files=tuple(rebased[e.id].paths),
