@@ -238,3 +238,31 @@ def test_headers_a_custom_target_writes_are_made_first(tmp_path: Path, monkeypat
     res = run_check(project, ["llama.cpp/include/lone.h"])
     assert res.ok, res.describe()
     assert res.units == ["llama.cpp/src/a.c"] and (project.root / "build" / "tiny" / "gen" / "gen.h").is_file()
+
+
+TOOL_CMAKE = """\
+cmake_minimum_required(VERSION 3.16)
+project(demo C)
+add_executable(embed-tool tools/embed.c)
+add_custom_target(gen-header COMMAND embed-tool ${CMAKE_BINARY_DIR}/gen/gen.h)
+add_dependencies(gen-header embed-tool)
+add_library(demo SHARED src/a.c)
+add_dependencies(demo gen-header)
+target_include_directories(demo PRIVATE ${CMAKE_BINARY_DIR}/gen include)
+"""
+
+
+@needs_cmake
+def test_a_program_a_custom_target_runs_is_built_before_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """0.3.35's web UI: the target writing ui.h runs llama-ui-embed, an executable of the same build."""
+    monkeypatch.setenv("FORKTOOL_LAUNCHER", "none")
+    project = tiny_project(tmp_path, TOOL_CMAKE, {
+        "include/lone.h": "#define LONE 2\n",
+        "tools/embed.c": '#include <stdio.h>\nint main(int c, char **v) { FILE *f; (void) c;\n'
+                         '  if (!(f = fopen(v[1], "w"))) return 1; fputs("#define GEN 5\\n", f); return fclose(f); }\n',
+        "src/a.c": '#include "gen.h"\n#include "lone.h"\nint a(void) { return GEN + LONE; }\n'})
+    (project.root / "build" / "tiny" / "gen").mkdir(parents=True)
+    res = run_check(project, ["llama.cpp/include/lone.h"])
+    assert res.ok, res.describe()
+    assert res.units == ["llama.cpp/src/a.c"]
+    assert (project.root / "build" / "tiny" / "gen" / "gen.h").read_text() == "#define GEN 5\n"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -236,3 +237,24 @@ def test_a_killed_undo_is_finished_by_the_next(reg_moved, point):
     assert snapshot(proj) == before
     assert proj.sub("verify").returncode == 0
     assert "no finished sync to undo" in proj.sub("sync", "--undo").stderr
+
+
+def test_the_finish_summary_stays_within_15_lines_however_much_drifted(tmp_path: Path) -> None:
+    """Six patches, each with five api drift lines, and a verify with five problems: the terminal gets at most
+    14 lines before its `time:` line; the report keeps every api drift line and every problem."""
+    from forktool.commands.sync_cmds import SUMMARY_LINES, _finish_report
+    from forktool.project import Project
+    (tmp_path / ".opencoti").mkdir()
+    done = [{"id": f"00{70 + i}", "name": f"00{70 + i}-p.patch", "status": "resolved", "files": [],
+             "api": [f"00{70 + i} uses `t{j}`: upstream removed 1 member (m{j})" for j in range(5)]} for i in range(6)]
+    st = {"done": done, "backups": {"project": "none"}, "to_spec": "x==2", "from_spec": "x==1",
+          "hooks": {"sites": []}, "compile": [{"profile": "cpu", "status": "compiled", "reason": "", "units": 3}]}
+    st["from"], st["to"] = st["from_spec"], st["to_spec"]
+    for verify in ({"ok": True, "exported": 6, "tree_digest": "0" * 64, "full_series": True},
+                   {"ok": False, "problems": [{"where": f"w{k}", "what": "differs"} for k in range(5)]}):
+        short, detail, _ = _finish_report(Project(tmp_path), st, {"verify": verify, "build_plan": {"lines": ["p"]}})
+        assert SUMMARY_LINES == 14 and len(short) <= SUMMARY_LINES, short
+        assert any("api drift" in s for s in short) == verify["ok"]  # room for them only when verify passed
+        assert any("more in the report" in s for s in short)
+        assert sum(d.count("api drift") for d in detail) == 30
+    assert sum("differs" in d for d in detail) == 5

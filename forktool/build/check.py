@@ -233,12 +233,17 @@ def compile_units(project: Project, cfg: BuildConfig, plan: Plan, paths: list[st
                 failed_objs.add(m.group(1))
 
         # files the fed units may include that custom targets write into the build tree (the web UI's ui.h):
-        # their commands run first, as make's target order would run them
+        # their commands run first, as make's target order would run them, after the programs they run
+        # (0.3.35's llama-ui-embed, an executable the UI target depends on) are built
         if model is not None:
-            for name in cmakeapi.in_order(model, sorted({u.target for u in todo})):
-                if model[name].type == "UTILITY":
+            order = cmakeapi.in_order(model, sorted({u.target for u in todo}))
+            tools = cmakeapi.closure(model, [d for n in order if model[n].type == "UTILITY" for d in model[n].depends])
+            for name in order:
+                steps = (["build"] if model[name].type == "UTILITY" else
+                         ["depend", "build"] if name in tools else [])
+                for step in steps:
                     mk = model[name].makefile
-                    gen = ["make", "-f", mk, mk.removesuffix("build.make") + "build"]
+                    gen = ["make", "-f", mk, mk.removesuffix("build.make") + step]
                     log.write(f"$ {' '.join(gen)}\n")
                     if proc.stream(gen, cwd=bdir, env=env, on_line=on_line, check=False).returncode != 0:
                         res.status = "failed"

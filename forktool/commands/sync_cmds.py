@@ -167,6 +167,9 @@ def _verify_lines(v: dict) -> list[str]:
         [f"  {p['where']}: {p['what']}" for p in v["problems"]]
 
 
+SUMMARY_LINES = 14  # the finish's terminal summary, before its `time:` line
+
+
 def _finish_report(project: Project, st: dict, res: dict) -> tuple[list[str], list[str], Path]:
     """(short summary for the terminal, every detail for the report file, that file's path)."""
     from forktool.sync import loop
@@ -183,37 +186,46 @@ def _finish_report(project: Project, st: dict, res: dict) -> tuple[list[str], li
     path = loop.report_path(project)
     short = [f"{_title(st)}: finished; {len(st['done'])} patch(es): "
              + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))]
-    # what a person should look at: patches not carried as written, and those using upstream API that changed
-    looked = [d for d in st["done"] if d["status"] in ("resolved", "merged", "skipped", "upstreamed") or d.get("api")]
-    for d in looked[:6]:
-        short.append(f"  {d['status']:>10} {d['id']} {d['name']}")
-        api = d.get("api", [])
-        short += [f"             [yellow]api drift[/yellow]: {a}" for a in api[:4]]
-        if len(api) > 4:
-            short.append(f"             ... {len(api) - 4} more api drift line(s) in the report")
-    if len(looked) > 6:
-        short.append(f"  ... {len(looked) - 6} more in the report")
+    # the end of the summary first: what is left of SUMMARY_LINES goes to the patches a person should look at
+    tail: list[str] = []
     if hooks:
-        short.append("hook sites: " + ", ".join(f"{n} {k}" for k, n in sorted(moved.items()))
-                     + (f"; registry sites rewritten ({len(reg_diff)} diff line(s))" if reg_diff else ""))
+        tail.append("hook sites: " + ", ".join(f"{n} {k}" for k, n in sorted(moved.items()))
+                    + (f"; registry sites rewritten ({len(reg_diff)} diff line(s))" if reg_diff else ""))
     compiled = st.get("compile", [])
     if compiled:  # what the compile gate compiled for the moved series; a profile it could not is said so
-        short.append("compile: " + "; ".join(
+        tail.append("compile: " + "; ".join(
             f"{c['profile']} {c['status']}" + (f" ({c['reason']})" if c["reason"] else f" ({c['units']} unit(s))")
             for c in compiled))
     if v.get("ok"):
-        short.append("[green]verify: OK[/green]" + ("; the series is carried onto its edited patches"
-                                                    if st.get("kind") == "reanchor" else "; moved the pin to "
-                                                    + st["to_spec"]))
+        tail.append("[green]verify: OK[/green]" + ("; the series is carried onto its edited patches"
+                                                   if st.get("kind") == "reanchor" else "; moved the pin to "
+                                                   + st["to_spec"]))
     else:
-        short.append(f"[red]verify failed[/red]: {len(v.get('problems', []))} difference(s); the sync stays in "
-                     "progress")
-        short += [f"  {output.escape(p['where'])}: {output.escape(p['what'])}" for p in v.get("problems", [])[:3]]
-        short.append("fix them and run `forktool sync --continue` to verify again, or `forktool sync --abort`")
+        tail.append(f"[red]verify failed[/red]: {len(v.get('problems', []))} difference(s); the sync stays in "
+                    "progress")
+        tail += [f"  {output.escape(p['where'])}: {output.escape(p['what'])}" for p in v.get("problems", [])[:3]]
+        tail.append("fix them and run `forktool sync --continue` to verify again, or `forktool sync --abort`")
     if plan.get("lines"):
-        short.append(f"build plan (cpu): {plan['lines'][0]}")
-    short.append(f"details: {path.relative_to(project.root)}"
-                 + ("; undo the whole move with `forktool sync --undo` (until the next sync)" if v.get("ok") else ""))
+        tail.append(f"build plan (cpu): {plan['lines'][0]}")
+    tail.append(f"details: {path.relative_to(project.root)}"
+                + ("; undo the whole move with `forktool sync --undo` (until the next sync)" if v.get("ok") else ""))
+    # what a person should look at: patches not carried as written, and those using upstream API that changed;
+    # one line each, then api drift lines while room is left (every one is in the report)
+    looked = [d for d in st["done"] if d["status"] in ("resolved", "merged", "skipped", "upstreamed") or d.get("api")]
+    room = max(SUMMARY_LINES - len(short) - len(tail), 1)
+    shown = looked if len(looked) <= room else looked[:room - 1]
+    room -= len(shown) + (len(shown) < len(looked))
+    for d in shown:
+        short.append(f"  {d['status']:>10} {d['id']} {d['name']}")
+        api = d.get("api", [])
+        take = min(len(api), 4, room)
+        room -= take
+        short += [f"             [yellow]api drift[/yellow]: {a}"
+                  + (f" (+{len(api) - take} more in the report)" if i == take - 1 and take < len(api) else "")
+                  for i, a in enumerate(api[:take])]
+    if len(shown) < len(looked):
+        short.append(f"  ... {len(looked) - len(shown)} more in the report")
+    short += tail
     detail = [f"# {_title(st)}", "", "## Patches", ""]
     detail += [f"- {d['status']} {d['id']} {d['name']}" + "".join(f"\n  - {f['file']}: {f['status']}"
                                                                    for f in d["files"])
