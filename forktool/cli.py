@@ -93,9 +93,13 @@ def version_text() -> str:
     from forktool.project import find_project
     from forktool.state import applied_stamp
 
+    from forktool import cache
+
     line = f"forktool {__version__}"
     try:
-        stamp = applied_stamp(find_project())
+        project = find_project()
+        with cache.remembering(project.state_dir):  # the checks of the pin it reads, as every command's
+            stamp = applied_stamp(project)
     except ForktoolError:
         return line
     return f"{line}\napplied series: {stamp}"
