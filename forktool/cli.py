@@ -88,12 +88,10 @@ def unwritten(e: OutputError, command: Command | None) -> int:
 
 def version_text() -> str:
     """The tool version, and the stamp of the series applied in the project here (when there is one)."""
-    from forktool import __version__
+    from forktool import __version__, cache
     from forktool.errors import ForktoolError
     from forktool.project import find_project
     from forktool.state import applied_stamp
-
-    from forktool import cache
 
     line = f"forktool {__version__}"
     try:

@@ -11,14 +11,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from gates.plot import num  # noqa: E402
+
 STYLE = {"f16": "o", "q8_0": "s", "q4_0": "^"}
-
-
-def num(v: str) -> float | None:
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,6 +10,7 @@ import pytest
 
 from tests import corpus
 from tests.helpers.project import UPSTREAM, Proj, make_project
+from tests.helpers.pypi import local_sdist
 
 
 @pytest.fixture
@@ -192,40 +193,9 @@ def test_a_sync_killed_during_a_merge_leaves_no_temporary_files(tmp_path: Path, 
     assert code == 0, err
 
 
-BACKEND = '''import os
-def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
-    os.makedirs(os.path.join(metadata_directory, "pkg-1.0.dist-info"))
-    with open(os.path.join(metadata_directory, "pkg-1.0.dist-info", "METADATA"), "w") as f:
-        f.write("Metadata-Version: 2.1\\nName: pkg\\nVersion: 1.0\\n")
-    return "pkg-1.0.dist-info"
-def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
-    raise RuntimeError("pip download never builds")
-'''
-
-
-def _local_index(where: Path) -> str:
-    """A find-links directory holding pkg-1.0.tar.gz, an sdist pip can read offline (an in-tree build backend that
-    needs nothing installed); returns its sha256."""
-    import hashlib
-    import io
-    import tarfile
-    files = {"pkg-1.0/pyproject.toml": b'[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n',
-             "pkg-1.0/backend.py": BACKEND.encode(), "pkg-1.0/PKG-INFO": b"Metadata-Version: 2.1\nName: pkg\nVersion: 1.0\n",
-             "pkg-1.0/vendor/up/src/a.c": b"int a;\n"}
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for name, data in files.items():
-            ti = tarfile.TarInfo(name)
-            ti.size = len(data)
-            tar.addfile(ti, io.BytesIO(data))
-    where.mkdir(parents=True)
-    (where / "pkg-1.0.tar.gz").write_bytes(buf.getvalue())
-    return hashlib.sha256(buf.getvalue()).hexdigest()
-
-
 def test_only_vendor_fetch_downloads_and_it_shows_pip_as_it_goes(tmp_path: Path, cache: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    sha = _local_index(tmp_path / "links")
+    sha = local_sdist(tmp_path / "links", "1.0", b"int a;\n")
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "links"))
     root = tmp_path / "proj"

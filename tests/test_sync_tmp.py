@@ -3,17 +3,15 @@ and what it leaves there is removed by the next forktool that fetches or starts 
 
 from __future__ import annotations
 
-import hashlib
-import io
 import os
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.cli import run_cli
+from tests.helpers.pypi import local_sdist
 
 KILL_AFTER_PIP = """
 import os, signal, sys
@@ -27,36 +25,6 @@ vendor.pip_download = pip_download
 sys.exit(cli.main(sys.argv[1:]))
 """
 
-BACKEND = '''import os
-def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
-    os.makedirs(os.path.join(metadata_directory, "pkg-{v}.dist-info"))
-    with open(os.path.join(metadata_directory, "pkg-{v}.dist-info", "METADATA"), "w") as f:
-        f.write("Metadata-Version: 2.1\\nName: pkg\\nVersion: {v}\\n")
-    return "pkg-{v}.dist-info"
-def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
-    raise RuntimeError("pip download never builds")
-'''
-
-
-def _sdist(links: Path, version: str, a_c: bytes) -> str:
-    """pkg-VERSION.tar.gz in a find-links directory pip reads offline (an in-tree backend that needs nothing
-    installed); its sha256."""
-    files = {f"pkg-{version}/pyproject.toml": b'[build-system]\nrequires = []\nbuild-backend = "backend"\n'
-                                              b'backend-path = ["."]\n',
-             f"pkg-{version}/backend.py": BACKEND.format(v=version).encode(),
-             f"pkg-{version}/PKG-INFO": f"Metadata-Version: 2.1\nName: pkg\nVersion: {version}\n".encode(),
-             f"pkg-{version}/vendor/up/src/a.c": a_c}
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for name, data in files.items():
-            ti = tarfile.TarInfo(name)
-            ti.size = len(data)
-            tar.addfile(ti, io.BytesIO(data))
-    links.mkdir(parents=True, exist_ok=True)
-    (links / f"pkg-{version}.tar.gz").write_bytes(buf.getvalue())
-    return hashlib.sha256(buf.getvalue()).hexdigest()
-
-
 def _killed(root: Path, tmpdir: Path, *argv: str) -> None:
     env = dict(os.environ, FORKTOOL_ROOT=str(root), TMPDIR=str(tmpdir))
     r = subprocess.run([sys.executable, "-c", KILL_AFTER_PIP, *argv], env=env, capture_output=True, text=True,
@@ -67,8 +35,8 @@ def _killed(root: Path, tmpdir: Path, *argv: str) -> None:
 def test_a_fetch_killed_mid_download_leaves_nothing_in_tmpdir(tmp_path: Path, cache: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     links = tmp_path / "links"
-    sha = _sdist(links, "1.0", b"int a;\n")
-    _sdist(links, "2.0", b"int a;\nint b;\n")
+    sha = local_sdist(links, "1.0", b"int a;\n")
+    local_sdist(links, "2.0", b"int a;\nint b;\n")
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(links))
     tmpdir = tmp_path / "tmpdir"
