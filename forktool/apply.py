@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 from forktool.errors import ApplyError
-from forktool.record import NamedTuple, Record
 from forktool.series import FileDiff, Hunk, Patch, split_lines
 
 
@@ -19,10 +19,10 @@ class Drift(NamedTuple):
         return {"patch": self.patch, "file": self.path, "hunk": self.hunk, "offset": self.offset}
 
 
-class Applied(Record):
+class Applied:
     """Contents after applying patches: path -> bytes (None = deleted/absent), and the drift seen."""
 
-    FIELDS = ("files", "drift")
+    __slots__ = ("files", "drift", "digests")
 
     def __init__(self, files: dict[str, bytes | None] | None = None, drift: dict[str, list[Drift]] | None = None):
         self.files: dict[str, bytes | None] = {} if files is None else files

@@ -39,7 +39,7 @@ def with_derived_trailers(project: Project, patch: Patch, files_diff: list) -> t
     trailers = {"Opencoti-Hooks": ", ".join(hooks_in_patch(diff_only)),
                 "Build-Impact": impact_label(project, diff_only.paths) if diff_only.paths else ""}
     header = set_trailers(patch.header, trailers, f"patches/{patch.name}")
-    return with_files(diff_only.replace(header=header), files_diff), trailers
+    return with_files(Patch(patch.id, patch.name, header, files_diff), files_diff), trailers
 
 
 def _check_refreshable(ws: Workspace, pid: str) -> tuple[int, Patch]:

@@ -7,11 +7,11 @@ import os
 import stat
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from forktool import schema
 from forktool.errors import ForktoolError, UnsafePathError, UsageError
 from forktool.project import Project
-from forktool.record import NamedTuple
 from forktool.store import ObjectStore
 from forktool.tree import (
     Manifest,

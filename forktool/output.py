@@ -10,8 +10,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from forktool.record import Record
-
 if TYPE_CHECKING:
     from typing import Any
 
@@ -141,10 +139,10 @@ def escape(text: str) -> str:
     return _escape(text)
 
 
-class Report(Record):
+class Report:
     """What a command returns: JSON data and the human lines that show the same facts."""
 
-    FIELDS = ("data", "lines", "exit_code")
+    __slots__ = ("data", "lines", "exit_code")
 
     def __init__(self, data: dict[str, Any], lines: list[str] | None = None, exit_code: int = 0):
         self.data = data

@@ -5,10 +5,9 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from forktool.errors import ConfigError, UsageError
-from forktool.record import NamedTuple, Record
 
 if TYPE_CHECKING:
     from typing import Any
@@ -93,10 +92,10 @@ def load_vendor_config(path: Path) -> VendorConfig:
     return VendorConfig(parsed, path)
 
 
-class Project(Record):
+class Project:
     """Paths of one forktool project; everything else is derived from them."""
 
-    FIELDS = ("root",)
+    __slots__ = ("root", "_vendor")
 
     def __init__(self, root: Path, _vendor: VendorConfig | None = None):
         self.root = root

@@ -6,9 +6,9 @@ import hashlib
 import re
 from collections.abc import Iterable
 from pathlib import Path
+from typing import NamedTuple
 
 from forktool.errors import ConfigError, PatchFormatError
-from forktool.record import NamedTuple, Record
 from forktool.tree import EXECUTABLE, REGULAR, check_rel_path, sha256_bytes
 
 FROM_LINE = b"From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
@@ -60,8 +60,8 @@ def read_series(path: Path) -> list[SeriesEntry]:
 # ---------------------------------------------------------------- patch model
 
 
-class Hunk(Record):
-    FIELDS = ("old_start", "old_count", "new_start", "new_count", "lines")
+class Hunk:
+    __slots__ = ("old_start", "old_count", "new_start", "new_count", "lines")
 
     def __init__(self, old_start: int, old_count: int, new_start: int, new_count: int,
                  lines: list[tuple[bytes, bytes]]):
@@ -72,6 +72,11 @@ class Hunk(Record):
         # (op, text) with op in b" -+" and text including its b"\n" unless it ends a file without one
         self.lines = lines
 
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Hunk and ((self.old_start, self.old_count, self.new_start, self.new_count, self.lines)
+                                        == (other.old_start, other.old_count, other.new_start, other.new_count,
+                                            other.lines))
+
     def old_lines(self) -> list[bytes]:
         return [t for op, t in self.lines if op in b" -"]
 
@@ -79,8 +84,8 @@ class Hunk(Record):
         return [t for op, t in self.lines if op in b" +"]
 
 
-class FileDiff(Record):
-    FIELDS = ("path", "old_mode", "new_mode", "old_index", "new_index", "hunks")
+class FileDiff:
+    __slots__ = ("path", "old_mode", "new_mode", "old_index", "new_index", "hunks")
 
     def __init__(self, path: str, old_mode: str | None, new_mode: str | None, old_index: str = ZERO,
                  new_index: str = ZERO, hunks: list[Hunk] | None = None):
@@ -91,6 +96,11 @@ class FileDiff(Record):
         self.new_index = new_index
         self.hunks: list[Hunk] = [] if hunks is None else hunks
 
+    def __eq__(self, other: object) -> bool:
+        return type(other) is FileDiff and ((self.path, self.old_mode, self.new_mode, self.old_index, self.new_index,
+                                             self.hunks) == (other.path, other.old_mode, other.new_mode,
+                                                             other.old_index, other.new_index, other.hunks))
+
     @property
     def is_new(self) -> bool:
         return self.old_mode is None
@@ -100,8 +110,8 @@ class FileDiff(Record):
         return self.new_mode is None
 
 
-class Patch(Record):
-    FIELDS = ("id", "name", "header", "files", "raw")
+class Patch:
+    __slots__ = ("id", "name", "header", "files", "raw")
 
     def __init__(self, id: str, name: str, header: bytes, files: list[FileDiff], raw: bytes = b""):
         self.id = id
@@ -109,6 +119,10 @@ class Patch(Record):
         self.header = header  # everything before the b"---\n" separator
         self.files = files
         self.raw = raw
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Patch and ((self.id, self.name, self.header, self.files, self.raw)
+                                         == (other.id, other.name, other.header, other.files, other.raw))
 
     @property
     def sha256(self) -> str:
@@ -195,8 +209,8 @@ def parse_patch(data: bytes, name: str) -> Patch:
         line = lines[i]
         if not line.startswith(b"diff --git "):
             raise _fail(name, i + 1, f"expected `diff --git`, found {line[:60]!r}")
-        files.append(_parse_file(lines, i, name))
-        i = files[-1]._end  # type: ignore[attr-defined]
+        fd, i = _parse_file(lines, i, name)
+        files.append(fd)
     seen = set()
     for f in files:
         if f.path in seen:
@@ -226,7 +240,7 @@ def from_plain(t: tuple, raw: bytes) -> Patch:
     return Patch(pid, name, header, out, raw)
 
 
-def _parse_file(lines: list[bytes], i: int, name: str) -> FileDiff:
+def _parse_file(lines: list[bytes], i: int, name: str) -> tuple[FileDiff, int]:
     start = i
     head = lines[i].decode("utf-8", "replace")
     m = re.match(r"^diff --git a/(\S+) b/(\S+)$", head)
@@ -288,8 +302,7 @@ def _parse_file(lines: list[bytes], i: int, name: str) -> FileDiff:
         if fd.is_deleted and (h.new_start or h.new_count or any(op != b"-" for op, _ in h.lines)):
             raise _fail(name, start + 1, f"{a}: hunk #{n} of a deleted file carries context or '+' lines",
                         "a deleted file's hunk is `@@ -1,N +0,0 @@` with '-' lines only")
-    fd._end = i  # type: ignore[attr-defined]
-    return fd
+    return fd, i  # the file and the index of the line after it
 
 
 def _mode(s: str, name: str, i: int) -> str:
@@ -504,6 +517,6 @@ def _grouped(codes: list[tuple[str, int, int, int, int]]) -> list[list[tuple[str
 
 
 def with_files(p: Patch, files: list[FileDiff]) -> Patch:
-    q = p.replace(files=files, raw=b"")
+    q = Patch(p.id, p.name, p.header, files)
     q.raw = format_patch(q)
     return q

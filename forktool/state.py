@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 
 from forktool import schema
 from forktool.errors import ForktoolError
-from forktool.record import Record
 from forktool.tree import Entry, atomic_write
 
 if TYPE_CHECKING:
@@ -18,8 +17,8 @@ STATE_VERSION = 1
 STATE_FILE = "state.json"
 
 
-class State(Record):
-    FIELDS = ("pristine_digest", "applied", "files")
+class State:
+    __slots__ = ("pristine_digest", "applied", "files")
 
     def __init__(self, pristine_digest: str = "", applied: list[dict] | None = None,
                  files: dict[str, Entry | None] | None = None):

@@ -9,10 +9,9 @@ import re
 import stat
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from forktool.errors import UnsafePathError
-from forktool.record import NamedTuple
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor

@@ -9,11 +9,10 @@ import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from forktool import schema
 from forktool.errors import ForktoolError, UnsafePathError
-from forktool.record import NamedTuple
 from forktool.tree import (
     EXECUTABLE,
     FSYNC_BATCH,

@@ -11,11 +11,11 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 from forktool import schema
 from forktool.errors import ConfigError, ForktoolError, UnsafePathError
 from forktool.project import Component, Project
-from forktool.record import NamedTuple
 from forktool.store import ObjectStore
 from forktool.tree import (
     EXECUTABLE,

@@ -118,7 +118,11 @@ class Workspace:
                          hint="ids are the four digits of the patch name; `forktool status` lists them")
 
     def index(self, pid: str) -> int:
-        return self.patches.index(self.patch(pid))
+        for i, p in enumerate(self.patches):
+            if p.id == pid:
+                return i
+        self.patch(pid)  # raises: no such patch
+        raise AssertionError(pid)
 
     def expected(self) -> Manifest:
         """What the tree should hold according to the recorded state."""

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from forktool import cache, index, series, workspace
-from forktool.record import Record
 from forktool.tree import make_temp, make_temp_dir, remove_tree, scan
 from tests.helpers.patches import make_patch
 from tests.helpers.project import Proj
@@ -254,68 +253,22 @@ def test_remove_tree_never_follows_a_link(tmp_path: Path):
         remove_tree(d)
 
 
-class _Pair(Record):
-    FIELDS = ("a", "b")
-
-    def __init__(self, a: int, b: list[int] | None = None):
-        self.a = a
-        self.b = [] if b is None else b
-
-
-def test_record_equality_repr_and_replace():
-    x = _Pair(1, [2])
-    assert x == _Pair(1, [2]) and x != _Pair(1, [3]) and x != (1, [2])
-    assert repr(x) == "_Pair(a=1, b=[2])"
-    y = x.replace(a=5)
-    assert (y.a, y.b, x.a) == (5, [2], 1)
+def test_the_patch_model_compares_by_value_and_refuses_unknown_attributes():
+    h = series.Hunk(1, 1, 1, 2, [(b" ", b"a\n"), (b"+", b"b\n")])
+    fd = series.FileDiff("src/a.c", "100644", "100644", hunks=[h])
+    p = series.Patch("0070", "0070-one.patch", b"Subject: one\n", [fd])
+    copy = series.Patch("0070", "0070-one.patch", b"Subject: one\n",
+                        [series.FileDiff("src/a.c", "100644", "100644", hunks=[series.Hunk(1, 1, 1, 2, list(h.lines))])])
+    assert p == copy and p is not copy
+    assert p != series.Patch("0070", "0070-one.patch", b"Subject: two\n", [fd])
+    assert fd != series.FileDiff("src/a.c", "100644", "100755", hunks=[h])
+    assert h != series.Hunk(1, 1, 1, 2, [(b" ", b"a\n"), (b"+", b"c\n")]) and h != (1, 1, 1, 2, h.lines)
     with pytest.raises(TypeError):
-        x.replace(c=1)
-    with pytest.raises(TypeError):
-        hash(x)
-
-
-def test_the_run_time_namedtuple_behaves_as_typings():
-    import typing
-
-    from forktool.record import NamedTuple
-
-    def make(base: type) -> type:
-        class Point(base):  # type: ignore[misc, valid-type]
-            """A point."""
-
-            x: int
-            y: str = "b"
-            z: tuple = ()
-
-            @property
-            def both(self) -> str:
-                return f"{self.x}{self.y}"
-
-            def twice(self) -> int:
-                return self.x * 2
-
-        return Point
-
-    ours, theirs = make(NamedTuple), make(typing.NamedTuple)
-    for cls in (ours, theirs):
-        p = cls(1)
-        assert (p, p.both, p.twice(), p._fields, cls._field_defaults) == (
-            (1, "b", ()), "1b", 2, ("x", "y", "z"), {"y": "b", "z": ()})
-        assert p._replace(y="c") == (1, "c", ()) and p._asdict() == {"x": 1, "y": "b", "z": ()}
-        assert repr(cls(2, "q")) == "Point(x=2, y='q', z=())" and cls.__doc__ == "A point."
-        assert hash(p) == hash((1, "b", ())) and isinstance(p, tuple)
-        with pytest.raises(AttributeError):
-            p.x = 3  # type: ignore[misc]
-    with pytest.raises(TypeError):
-        class Bad(NamedTuple):  # a field without a default after one with a default
-            a: int = 1
-            b: int
+        hash(p)  # mutable: unhashable
     with pytest.raises(AttributeError):
-        class Worse(NamedTuple):
-            a: int
-
-            def _replace(self) -> None:  # type: ignore[override]
-                pass
+        p.headr = b""  # type: ignore[attr-defined]  # a misspelt field is an error, not a new attribute
+    q = series.with_files(p, [])
+    assert (q.id, q.name, q.header, q.files, p.files) == (p.id, p.name, p.header, [], [fd]) and q.raw
 
 
 def test_run_all_runs_every_item_on_threads_kept_between_calls():

@@ -8,7 +8,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from forktool.cache import Cache
-from forktool.record import NamedTuple
 from forktool.series import Patch
 from forktool.symbols import Decl, declarations
 
@@ -28,7 +27,8 @@ using virtual void volatile wchar_t while define include ifdef ifndef endif elif
 size_t int8_t int16_t int32_t int64_t uint8_t uint16_t uint32_t uint64_t std""".split())
 
 
-class Upstream(NamedTuple):
+@dataclass(frozen=True)
+class Upstream:
     """One upstream tree as the trial sees it: its file list and a reader of its files."""
 
     paths: frozenset[str]

@@ -64,7 +64,7 @@ def _hunk_places(patch: Patch, fd: FileDiff, theirs: bytes | None) -> list[dict]
     """Where each hunk's pre-image stands in the new text: exact, at an offset, or changed upstream."""
     out: list[dict[str, object]] = []
     for n, h in enumerate(fd.hunks, 1):
-        one = fd.replace(hunks=[h])
+        one = FileDiff(fd.path, fd.old_mode, fd.new_mode, fd.old_index, fd.new_index, [h])
         try:
             if theirs is None:
                 raise ApplyError("absent")
