@@ -1,4 +1,10 @@
-"""The only place that prints: rich text on stderr, JSON on stdout."""
+"""The only place that prints: rich text on stderr, JSON on stdout.
+
+The process has one console (`CONSOLE`): the mode of the command that runs (set by `session`, which cli.run
+opens around every command) and where its lines go (stderr; `capture` points them at a file). It is the one
+piece of process-wide state in forktool: a process runs one command at a time and has one stderr, and every
+core function that reports progress would otherwise take the console as a parameter only to hand it on.
+"""
 
 from __future__ import annotations
 
@@ -15,8 +21,19 @@ if TYPE_CHECKING:
 
     from rich.console import Console
 
-_err: Console | None = None  # rich loads on the first line shown: --json runs and fast starts skip it
-_json_mode = False
+
+
+class _Console:
+    """The process's console: the output mode, and the rich console once a line needs one."""
+
+    __slots__ = ("json_mode", "rich")
+
+    def __init__(self) -> None:
+        self.json_mode = False  # JSON on stdout; lines on stderr stay for warnings and errors only
+        self.rich: Console | None = None  # rich loads on the first line it styles: --json runs and fast starts skip it
+
+
+CONSOLE = _Console()
 
 
 def __getattr__(name: str) -> Any:
@@ -28,12 +45,11 @@ def __getattr__(name: str) -> Any:
 
 
 def _console() -> Console:
-    global _err
-    if _err is None:
+    if CONSOLE.rich is None:
         from rich.console import Console
 
-        _err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
-    return _err
+        CONSOLE.rich = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
+    return CONSOLE.rich
 
 
 # rich's markup: a tag is "[" + a letter, "#", "/" or "@" + anything but "[" + "]"; backslashes before it escape it
@@ -71,7 +87,7 @@ def plain(markup: str) -> str:
 def _plain_stream() -> bool:
     """True when lines can be written as plain text without rich: no console was set up, stderr is not a
     terminal and nothing in the environment asks for one (rich's own rules)."""
-    if _err is not None:
+    if CONSOLE.rich is not None:
         return False
     env = os.environ
     if env.get("TTY_COMPATIBLE") == "1" or (env.get("TTY_COMPATIBLE") != "0" and env.get("FORCE_COLOR")):
@@ -91,35 +107,29 @@ def _show(markup: str) -> None:
         _console().print(markup)
 
 
-def set_json(flag: bool) -> None:
-    global _json_mode
-    _json_mode = flag
-
-
 @contextmanager
 def session(json_mode: bool) -> Iterator[None]:
     """One command's output mode: JSON on stdout (True) or lines on stderr; the previous mode returns after."""
-    before = _json_mode
-    set_json(json_mode)
+    before = CONSOLE.json_mode
+    CONSOLE.json_mode = json_mode
     try:
         yield
     finally:
-        set_json(before)
+        CONSOLE.json_mode = before
 
 
 @contextmanager
 def capture(err: Any) -> Iterator[None]:
     """Lines meant for stderr go to the file `err` instead, through rich as on a stream that is not a terminal
     (for callers that run commands in-process and read what they said)."""
-    global _err
     from rich.console import Console
 
-    before = _err
-    _err = Console(file=err, highlight=False, soft_wrap=True, width=200)
+    before = CONSOLE.rich
+    CONSOLE.rich = Console(file=err, highlight=False, soft_wrap=True, width=200)
     try:
         yield
     finally:
-        _err = before
+        CONSOLE.rich = before
 
 
 def write_out(text: str, exit_code: int = 0) -> None:
@@ -151,7 +161,7 @@ class Report:
 
 
 def emit(report: Report) -> int:
-    if _json_mode:
+    if CONSOLE.json_mode:
         write_out(json.dumps(report.data, indent=2, sort_keys=True) + "\n", report.exit_code)
     else:
         for line in report.lines:
@@ -161,7 +171,7 @@ def emit(report: Report) -> int:
 
 def info(message: str) -> None:
     """Progress note on stderr (suppressed in --json mode)."""
-    if not _json_mode:
+    if not CONSOLE.json_mode:
         _show("[dim]" + _escape(message) + "[/dim]")
 
 
@@ -170,7 +180,7 @@ def warn(message: str) -> None:
 
 
 def error(message: str, payload: dict[str, Any] | None = None) -> None:
-    if _json_mode and payload is not None:
+    if CONSOLE.json_mode and payload is not None:
         from forktool.errors import OutputError
 
         try:
@@ -183,7 +193,7 @@ def error(message: str, payload: dict[str, Any] | None = None) -> None:
 @contextmanager
 def step(message: str) -> Iterator[None]:
     """A quiet task line: shown while it runs, so a long step is visible."""
-    if _json_mode or _plain_stream() or not _console().is_terminal:
+    if CONSOLE.json_mode or _plain_stream() or not _console().is_terminal:
         info(message)
         yield
         return
@@ -199,7 +209,7 @@ class Progress:
 
     def update(self, done: int, total: int | None, current: str, line: str = "") -> None:
         """done of total (None: unknown), what is being worked on, and the line to show when no bar is drawn."""
-        if _json_mode:
+        if CONSOLE.json_mode:
             return
         if self._bar is None:
             if line:
@@ -210,7 +220,7 @@ class Progress:
 
 @contextmanager
 def progress(description: str) -> Iterator[Progress]:
-    if _json_mode or _plain_stream() or not _console().is_terminal:
+    if CONSOLE.json_mode or _plain_stream() or not _console().is_terminal:
         yield Progress()
         return
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn

@@ -35,17 +35,17 @@ _CONTAINERS = {"translation_unit", "compound_statement", "declaration_list", "fi
                "friend_declaration", "export_declaration"}
 _DECLARATORS = {"pointer_declarator", "reference_declarator", "parenthesized_declarator", "attributed_declarator"}
 
-_parser: Any = None
+@functools.cache
+def _parser() -> Any:
+    """The C++ parser, made on first use (tree-sitter loads only when a scope or a declaration is asked for)."""
+    import tree_sitter_cpp
+    from tree_sitter import Language, Parser
+
+    return Parser(Language(tree_sitter_cpp.language()))
 
 
 def _parse(data: bytes) -> Any:
-    global _parser
-    if _parser is None:
-        import tree_sitter_cpp
-        from tree_sitter import Language, Parser
-
-        _parser = Parser(Language(tree_sitter_cpp.language()))
-    return _parser.parse(_unwrap_macros(data))
+    return _parser().parse(_unwrap_macros(data))
 
 
 # macros a parser cannot see through, blanked before parsing (same length, so lines and columns stay):
@@ -262,30 +262,32 @@ _DECL_CONTAINERS = {"translation_unit", "declaration_list", "linkage_specificati
                     "export_declaration"}
 
 
-_comments: list[tuple[int, int]] = []  # the comment byte ranges of the text `declarations` is reading, sorted
+Comments = list[tuple[int, int]]  # the comment byte ranges of one parsed text, sorted
 
 
-def _comment_ranges(root: Any) -> list[tuple[int, int]]:
-    from tree_sitter import Query, QueryCursor
+@functools.cache
+def _comment_query() -> Any:
+    from tree_sitter import Query
 
-    global _comment_query
-    if _comment_query is None:
-        _comment_query = Query(_parser.language, "(comment) @c")
-    found = QueryCursor(_comment_query).captures(root).get("c", [])
+    return Query(_parser().language, "(comment) @c")
+
+
+def _comment_ranges(root: Any) -> Comments:
+    from tree_sitter import QueryCursor
+
+    found = QueryCursor(_comment_query()).captures(root).get("c", [])
     return sorted((c.start_byte, c.end_byte) for c in found)
 
 
-_comment_query: Any = None
-
-
-def _norm(node: Any, drop: list[Any] | None = None) -> str:
-    """node's text with comments (and the nodes in drop) removed and whitespace collapsed to single spaces."""
+def _norm(node: Any, comments: Comments, drop: list[Any] | None = None) -> str:
+    """node's text with comments (the ranges of its parse) and the nodes in drop removed, and whitespace collapsed
+    to single spaces."""
     import bisect
 
     src = node.text
-    lo = bisect.bisect_left(_comments, (node.start_byte, -1))
-    hi = bisect.bisect_left(_comments, (node.end_byte, -1))
-    cut = sorted([c for c in _comments[lo:hi] if c[1] <= node.end_byte]
+    lo = bisect.bisect_left(comments, (node.start_byte, -1))
+    hi = bisect.bisect_left(comments, (node.end_byte, -1))
+    cut = sorted([c for c in comments[lo:hi] if c[1] <= node.end_byte]
                  + [(d.start_byte, d.end_byte) for d in drop or []])
     out, at = [], node.start_byte
     for a, b in cut:
@@ -305,7 +307,7 @@ def _descendants(node: Any) -> list[Any]:
     return out
 
 
-def _signature(node: Any, fn_decl: Any) -> str:
+def _signature(node: Any, fn_decl: Any, comments: Comments) -> str:
     """A function's declaration without its body and without its parameter names."""
     drop = []
     params = fn_decl.child_by_field_name("parameters")
@@ -319,7 +321,7 @@ def _signature(node: Any, fn_decl: Any) -> str:
     body = node.child_by_field_name("body")
     if body is not None:
         drop.append(body)
-    return _norm(node, drop).rstrip(" ;")
+    return _norm(node, comments, drop).rstrip(" ;")
 
 
 def _function_declarator(node: Any) -> Any:
@@ -343,20 +345,22 @@ def _member_names(field: Any) -> list[str]:
     return names
 
 
-def _record(node: Any, kind: str, name: str) -> Decl:
+def _record(node: Any, kind: str, name: str, comments: Comments) -> Decl:
     body = node.child_by_field_name("body")
     members: list[tuple[str, str]] = []
     for c in body.named_children if body is not None else []:
         if c.type == "field_declaration":
-            for m in _member_names(c) or [_norm(c)]:
-                members.append((m, _norm(c)))
+            for m in _member_names(c) or [_norm(c, comments)]:
+                members.append((m, _norm(c, comments)))
         elif c.type == "enumerator":
             nm = c.child_by_field_name("name")
-            members.append((nm.text.decode("utf-8", "replace") if nm is not None else _norm(c), _norm(c)))
+            text = _norm(c, comments)
+            members.append((nm.text.decode("utf-8", "replace") if nm is not None else text, text))
         elif c.type in ("function_definition", "declaration") and _function_declarator(c) is not None:
             fname = _function_declarator(c).child_by_field_name("declarator")
-            members.append((_norm(fname) if fname is not None else _norm(c), _signature(c, _function_declarator(c))))
-    return Decl(kind, name, _norm(node), tuple(members), int(node.start_point.row) + 1)
+            members.append((_norm(fname if fname is not None else c, comments),
+                            _signature(c, _function_declarator(c), comments)))
+    return Decl(kind, name, _norm(node, comments), tuple(members), int(node.start_point.row) + 1)
 
 
 def declarations(text: bytes | str, cache: Cache | None = None) -> dict[str, Decl]:
@@ -390,9 +394,8 @@ def _declarations(data: bytes) -> dict[str, Decl]:
         if d.name and (d.name not in out or (d.members and not out[d.name].members)):
             out[d.name] = d
 
-    global _comments
     root = _parse(data).root_node
-    _comments = _comment_ranges(root)
+    comments = _comment_ranges(root)
     stack = [root]
     while stack:
         node = stack.pop()
@@ -401,23 +404,24 @@ def _declarations(data: bytes) -> dict[str, Decl]:
             if t in _RECORDS:
                 nm = child.child_by_field_name("name")
                 if child.child_by_field_name("body") is not None and nm is not None:
-                    add(_record(child, _RECORDS[t], _norm(nm)))
+                    add(_record(child, _RECORDS[t], _norm(nm, comments), comments))
             elif t in ("function_definition", "declaration", "field_declaration") and \
                     (fd := _function_declarator(child)) is not None and node.type != "field_declaration_list":
                 nm = fd.child_by_field_name("declarator")
                 if nm is not None:
-                    add(Decl("function", _norm(nm), _signature(child, fd), (), int(child.start_point.row) + 1))
+                    add(Decl("function", _norm(nm, comments), _signature(child, fd, comments), (),
+                             int(child.start_point.row) + 1))
                 continue
             elif t in ("preproc_def", "preproc_function_def"):
                 nm = child.child_by_field_name("name")
                 if nm is not None:
-                    add(Decl("macro", _norm(nm), _norm(child), (), int(child.start_point.row) + 1))
+                    add(Decl("macro", _norm(nm, comments), _norm(child, comments), (), int(child.start_point.row) + 1))
                 continue
             elif t == "type_definition":
                 for d in child.children_by_field_name("declarator"):
                     ids = [n for n in _descendants(d) if n.type == "type_identifier"]
                     if ids:
-                        add(Decl("typedef", _norm(ids[0]), _norm(child), (), int(child.start_point.row) + 1))
+                        add(Decl("typedef", _norm(ids[0], comments), _norm(child, comments), (), int(child.start_point.row) + 1))
             if t in _DECL_CONTAINERS or t in _RECORDS:
                 stack.append(child)
     return out

@@ -154,13 +154,9 @@ def test_plain_progress_lines_when_not_a_terminal(capsys: pytest.CaptureFixture[
         bar.update(2, None, "demo", "")
     err = capsys.readouterr().err
     assert "[1/3] [ 33%] Building C object a.o" in err and "[2/?]" not in err
-    output.set_json(True)
-    try:
-        with output.progress("build tiny") as bar:
-            bar.update(1, 3, "demo", "line")
-        assert capsys.readouterr() == ("", "")
-    finally:
-        output.set_json(False)
+    with output.session(True), output.progress("build tiny") as bar:
+        bar.update(1, 3, "demo", "line")
+    assert capsys.readouterr() == ("", "")
 
 
 def test_last_error_prefers_the_compiler_or_linker_line() -> None:
