@@ -271,17 +271,28 @@ def test_the_patch_model_compares_by_value_and_refuses_unknown_attributes():
     assert (q.id, q.name, q.header, q.files, p.files) == (p.id, p.name, p.header, [], [fd]) and q.raw
 
 
-def test_run_all_runs_every_item_on_threads_kept_between_calls():
+def test_run_all_runs_every_item_on_several_threads_and_leaves_none_behind():
     import threading
 
     from forktool.tree import run_all
 
+    def lanes() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.name == "forktool-lane"}
+
+    before = lanes()
     for n in (0, 1, 5, 30):
         seen: list[int] = []
         run_all(seen.append, list(range(n)))
         assert sorted(seen) == list(range(n))
-    lanes = [t for t in threading.enumerate() if t.name.startswith("forktool-lane")]
-    assert 1 <= len(lanes) <= 7  # the process's pool: threads kept and reused, never more than 7
+    workers: set[str] = set()
+    barrier = threading.Barrier(4, timeout=10)
+
+    def meet(i: int) -> None:  # four lanes must run at once, or the barrier times out
+        workers.add(threading.current_thread().name)
+        barrier.wait()
+
+    run_all(meet, list(range(4)))
+    assert workers == {threading.current_thread().name, "forktool-lane"}
     ran: list[int] = []
 
     def fail_on_odd(i: int) -> None:
@@ -292,16 +303,15 @@ def test_run_all_runs_every_item_on_threads_kept_between_calls():
     with pytest.raises(ValueError):
         run_all(fail_on_odd, list(range(20)))
     assert sorted(ran) == list(range(20))  # every item ran before the error was raised
-    after = [t for t in threading.enumerate() if t.name.startswith("forktool-lane")]
-    assert set(lanes) <= set(after) and len(after) <= 7  # the same threads, grown at most to the pool's size
+    assert lanes() == before  # every thread it started was joined before it returned
 
 
 def test_run_all_in_a_forked_child():
     from forktool.tree import run_all
 
-    run_all(lambda i: None, list(range(8)))  # the parent's lanes exist
+    run_all(lambda i: None, list(range(8)))  # the parent ran lanes before it forked
     pid = os.fork()
-    if pid == 0:  # the child has none of them: it starts its own
+    if pid == 0:  # the child starts its own
         seen: list[int] = []
         try:
             run_all(seen.append, list(range(16)))
