@@ -202,20 +202,27 @@ def step(message: str) -> Iterator[None]:
 
 
 class Progress:
-    """Counts work done of work to do: a rich bar on a terminal, plain lines otherwise, nothing in --json mode."""
+    """Counts work done: a rich bar on a terminal, plain lines otherwise, nothing in --json mode."""
 
     def __init__(self, bar: Any = None, task: Any = None) -> None:
         self._bar, self._task = bar, task
 
-    def update(self, done: int, total: int | None, current: str, line: str = "") -> None:
-        """done of total (None: unknown), what is being worked on, and the line to show when no bar is drawn."""
+    def update(self, done: int, total: int | None, current: str, line: str = "", percent: int | None = None) -> None:
+        """done of total (None: not known beforehand), what is being worked on, the line to show when no bar is
+        drawn, and how far the whole job is (0-100) when only that is known. Plain lines count `[done/total]`
+        when the total is known, else `[done]` (make's own lines carry its position)."""
         if CONSOLE.json_mode:
             return
         if self._bar is None:
             if line:
-                _show(f"[dim][{done}/{total if total is not None else '?'}] {escape(line)}[/dim]")
+                _show(f"[dim][{done}{f'/{total}' if total is not None else ''}] {escape(line)}[/dim]")
             return
-        self._bar.update(self._task, completed=done, total=total, description=escape(current))
+        if total is not None:
+            self._bar.update(self._task, completed=done, total=total, description=escape(current),
+                             count=f"{done}/{total}")
+        else:
+            self._bar.update(self._task, completed=percent, total=100 if percent is not None else None,
+                             description=escape(current), count=f"{done} done")
 
 
 @contextmanager
@@ -223,9 +230,10 @@ def progress(description: str) -> Iterator[Progress]:
     if CONSOLE.json_mode or _plain_stream() or not _console().is_terminal:
         yield Progress()
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
     from rich.progress import Progress as Bar
 
-    with Bar(TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(), TextColumn("elapsed"),
-             TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=_console(), transient=False) as bar:
-        yield Progress(bar, bar.add_task(escape(description), total=None))
+    with Bar(TextColumn("{task.description:<24}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+             TextColumn("{task.fields[count]}"), TextColumn("elapsed"), TimeElapsedColumn(), TextColumn("ETA"),
+             TimeRemainingColumn(), console=_console(), transient=False) as bar:
+        yield Progress(bar, bar.add_task(escape(description), total=None, count=""))

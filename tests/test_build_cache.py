@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -73,24 +72,36 @@ def test_without_a_launcher_no_counters(project: Project, monkeypatch: pytest.Mo
     assert res.launcher is None and res.cache is None and len(res.objects) == 3
 
 
-def test_progress_events_count_objects_done_of_to_do(project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_progress_events_count_objects_and_follow_makes_position(project: Project,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FORKTOOL_LAUNCHER", "none")
     events: list[b.BuildEvent] = []
     res = build(project, events)
     kinds = [e.kind for e in events]
-    assert kinds[0] == "configure" and kinds[1] == "start" and events[1].total == 3
+    assert kinds[0] == "configure" and kinds[1] == "start" and events[1].total is None and events[1].percent == 0
     objs = [e for e in events if e.kind == "object"]
-    assert [e.done for e in objs] == [1, 2, 3] and all(e.total == 3 for e in objs)
+    assert [e.done for e in objs] == [1, 2, 3] and all(e.total is None for e in objs)
+    # two goals, demo-cli (which makes demo) and then demo: each step of the first is at half of make's own
+    # "[ NN%]" on its line, the first goal made is 50 %, the second (nothing left to do) 100 %
+    log = (project.root / "build" / "tiny" / b.MAKE_LOG).read_text().splitlines()
+    make = log[log.index("$ make -j2 demo-cli demo") + 1:]
+    first = make[:make.index("[100%] Built target demo-cli")]
+    steps = [int(ln[1:4]) for ln in first if "Building" in ln or "Linking" in ln]
+    assert [e.percent for e in events[2:]] == [p // 2 for p in steps] + [50, 100]
+    assert [(e.kind, e.target) for e in events[-2:]] == [("made", "demo-cli"), ("made", "demo")]
     assert sorted(e.target for e in objs) == ["demo", "demo", "demo-cli"]
     assert {e.target for e in events if e.kind == "link"} == {"libdemo.so", "demo-cli"}
-    log = (project.root / "build" / "tiny" / b.MAKE_LOG).read_text()
-    assert res.log.name == b.MAKE_LOG and "Building C object CMakeFiles/demo.dir/src/a.c.o" in log
-    assert "-- Configuring done" in log  # cmake's output is kept too
+    text = "\n".join(log)
+    assert res.log.name == b.MAKE_LOG and "Building C object CMakeFiles/demo.dir/src/a.c.o" in text
+    assert "-- Configuring done" in text  # cmake's output is kept too
 
     (project.tree / "llama.cpp" / "src" / "a.c").write_text("int a(void) { return 5; }\n")
     events.clear()
     build(project, events)
-    assert [e.kind for e in events][0] == "start" and events[0].total == 1  # only a.c: no configure, one object
+    assert [e.kind for e in events][0] == "start"  # no configure
+    assert [e.done for e in events if e.kind == "object"] == [1]  # only a.c
+    # this time the plan asks make for demo-cli alone: made, at 100 %
+    assert [(e.kind, e.target, e.percent) for e in events if e.kind == "made"] == [("made", "demo-cli", 100)]
 
 
 def test_a_compile_error_names_make_log_and_the_error(project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -153,7 +164,10 @@ def test_plain_progress_lines_when_not_a_terminal(capsys: pytest.CaptureFixture[
         bar.update(1, 3, "demo", "[ 33%] Building C object a.o")
         bar.update(2, None, "demo", "")
     err = capsys.readouterr().err
-    assert "[1/3] [ 33%] Building C object a.o" in err and "[2/?]" not in err
+    assert "[1/3] [ 33%] Building C object a.o" in err and "[2" not in err  # no line given: none shown
+    with output.progress("build tiny") as bar:
+        bar.update(4, None, "demo", "[ 50%] Building C object b.o", 25)
+    assert capsys.readouterr().err == "[4] [ 50%] Building C object b.o\n"  # no total: the count alone
     with output.session(True), output.progress("build tiny") as bar:
         bar.update(1, 3, "demo", "line")
     assert capsys.readouterr() == ("", "")
@@ -170,19 +184,3 @@ def test_last_error_prefers_the_compiler_or_linker_line() -> None:
     assert b.last_error(log[:2]) == "/src/llama.cpp:12:3: error: 'foo' was not declared in this scope"
     assert b.last_error(log[3:]) == "collect2: error: ld returned 1 exit status"
     assert b.last_error(["nothing here", ""]) == "nothing here" and b.last_error([]) == ""
-
-
-def test_unbuilt_objects_bound_a_first_builds_count(tmp_path: Path) -> None:
-    # a first build's dry run stops at libraries that do not exist yet: compile_commands.json bounds the rest
-    (tmp_path / "CMakeFiles").mkdir()
-    (tmp_path / "CMakeFiles" / "done.c.o").write_bytes(b"")
-    entries = [
-        {"directory": str(tmp_path), "file": "a.c", "command": "cc -O2 -o CMakeFiles/a.c.o -c a.c"},
-        {"directory": str(tmp_path), "file": "b.c", "arguments": ["cc", "-o", "CMakeFiles/b.c.o", "-c", "b.c"]},
-        {"directory": str(tmp_path), "file": "c.c", "output": "CMakeFiles/c.c.o", "command": "cc -c c.c"},
-        {"directory": str(tmp_path), "file": "done.c", "command": "cc -o CMakeFiles/done.c.o -c done.c"},
-    ]
-    (tmp_path / "compile_commands.json").write_text(json.dumps(entries))
-    assert b.unbuilt_objects(tmp_path) == 3
-    (tmp_path / "compile_commands.json").write_text("{not json")
-    assert b.unbuilt_objects(tmp_path) == 0

@@ -1,5 +1,5 @@
-"""Real builds of a small CMake tree: the objects to do counted by make's dry run agree with make, output sums
-come from a stat index, the CMake inputs digest from the tree manifest."""
+"""Real builds of a small CMake tree: the progress read from make's own lines counts what make compiles, output
+sums come from a stat index, the CMake inputs digest from the tree manifest."""
 
 from __future__ import annotations
 
@@ -49,12 +49,6 @@ def build(project: Project, events: list[b.BuildEvent] | None = None) -> b.Build
     return b.run_build(project, cfg, plan, 2, events.append if events is not None else None)
 
 
-def dry_run(bdir: Path, targets: list[str]) -> set[str]:
-    """The objects make itself says it would compile (`make -n`)."""
-    res = proc.run(["make", "-n", "-k", *targets], cwd=bdir, check=False)
-    return {m.group(1).strip("\"'") for m in b._OBJECT_RE.finditer(res.out)}
-
-
 def later(path: Path, text: str) -> None:
     """Write text with an mtime after everything built so far, as an editor would."""
     newest = max(p.stat().st_mtime_ns for p in path.parents[3].rglob("*.o")) if list(path.parents[3].rglob("*.o")) else 0
@@ -67,61 +61,75 @@ A, B, MAIN, OTHER = ("CMakeFiles/demo.dir/src/a.c.o", "CMakeFiles/demo.dir/src/b
                      "CMakeFiles/demo-cli.dir/tools/main.c.o", "CMakeFiles/other.dir/tools/other.c.o")
 
 
-def to_compile(bdir: Path, targets: list[str]) -> set[str]:
-    ok, found = b.objects_to_compile(bdir, targets, {})
-    assert ok, "the dry run finished"
-    return found
+def objects_on_disk(bdir: Path) -> dict[str, int]:
+    return {str(p.relative_to(bdir)): p.stat().st_mtime_ns for p in bdir.rglob("*.o")}
 
 
-def built_as_predicted(project: Project, bdir: Path) -> set[str]:
-    """Build, and check that the objects to do counted before make are exactly those make compiled."""
-    predicted = to_compile(bdir, ["demo-cli"])
+def built_and_counted(project: Project, bdir: Path) -> set[str]:
+    """Build; the objects the progress counted are exactly those whose files make wrote, one event each, and
+    make's position ends at 100 %."""
+    before = objects_on_disk(bdir)
     events: list[b.BuildEvent] = []
     res = build(project, events)
-    assert set(res.objects) == predicted
-    assert next(e for e in events if e.kind == "start").total == len(predicted)
-    return predicted
+    after = objects_on_disk(bdir)
+    written = {o for o, t in after.items() if before.get(o) != t}
+    assert set(res.objects) == written and len(res.objects) == len(written)
+    objs = [e for e in events if e.kind == "object"]
+    assert [e.done for e in objs] == list(range(1, len(written) + 1)) and all(e.total is None for e in objs)
+    made = [e.percent for e in events if e.kind != "configure"]
+    assert made[0] == 0 and made == sorted(made)  # make's position never goes back
+    if written:
+        assert made[-1] == 100  # the last link is make's last step
+    return written
 
 
-def test_objects_to_do_are_the_objects_make_compiles(project: Project) -> None:
+def test_the_progress_counts_what_make_compiles(project: Project) -> None:
     bdir = project.root / "build" / "tiny"
     src = project.tree / "llama.cpp"
-    events: list[b.BuildEvent] = []
-    first = build(project, events)
-    start = next(e for e in events if e.kind == "start")
-    # a first build: make's dry run stops at the link of a library that does not exist yet, so the total is the
-    # upper bound of compile_commands.json (every configured target's objects, `other` too) until make shows more
-    assert len(first.objects) == 3 and OTHER not in first.objects and start.total == 4
-    assert to_compile(bdir, ["demo-cli"]) == dry_run(bdir, ["demo-cli"]) == set()
-    assert to_compile(bdir, ["other"]) == dry_run(bdir, ["other"]) == {OTHER}
-    assert to_compile(bdir, ["all"]) == {OTHER}
+    assert built_and_counted(project, bdir) == {A, B, MAIN}  # a first build: other is not a goal
+    assert built_and_counted(project, bdir) == set()  # a no-op
 
     later(src / "src" / "common.h", "#define ONE 11\n")  # included by a.c and main.c
-    # a bare `make -n` can miss main.c.o here: only make's dependency step merges the depfiles into
-    # compiler_depend.make; objects_to_compile runs that step first
-    assert to_compile(bdir, ["demo"]) == {A}
-    assert built_as_predicted(project, bdir) == {A, MAIN}
-    assert built_as_predicted(project, bdir) == set()  # a no-op
+    assert built_and_counted(project, bdir) == {A, MAIN}
 
     later(src / "src" / "sp ace.h", "#define TWO 22\n")  # a depfile names it with an escaped space
-    assert built_as_predicted(project, bdir) == {B}
+    assert built_and_counted(project, bdir) == {B}
 
     (bdir / MAIN).unlink()  # a missing object
-    assert built_as_predicted(project, bdir) == {MAIN}
+    assert built_and_counted(project, bdir) == {MAIN}
 
     flags = bdir / "CMakeFiles" / "demo.dir" / "flags.make"
     later(flags, flags.read_text())  # the target's flags
-    assert built_as_predicted(project, bdir) == {A, B}
+    assert built_and_counted(project, bdir) == {A, B}
 
 
-def test_the_dry_runs_count_is_the_total(project: Project) -> None:
+def test_make_progress_over_several_goals(project: Project) -> None:
+    # demo-cli first (it builds demo as a dependency), then demo (already made: its own run says so at once),
+    # then other; make's lines count 0-100 % per goal, the whole run's position goes through them once
     bdir = project.root / "build" / "tiny"
     build(project)
-    later(project.tree / "llama.cpp" / "src" / "common.h", "#define ONE 3\n")
-    assert b.objects_to_do(bdir, ["demo-cli"], {}) == 2
-    assert b.objects_to_do(bdir, ["demo-cli"], {}) == 2  # the dependency step run twice changes nothing
-    ok, _ = b.objects_to_compile(bdir, ["no-such-target"], {})
-    assert not ok
+    (bdir / MAIN).unlink()
+    at = b.MakeProgress(["demo-cli", "demo", "other"])
+    seen: list[tuple[str, int, int]] = []
+
+    def feed(line: str) -> None:
+        at.feed(line)
+        seen.append((line, at.finished, at.overall))
+
+    res = proc.stream(["make", "-j2", "demo-cli", "demo", "other"], cwd=bdir, on_line=feed, check=False)
+    assert res.returncode == 0
+    assert at.objects == [MAIN, OTHER] and at.finished == 3 and at.overall == 100 and at.goal == ""
+    overall = [o for _, _, o in seen]
+    assert overall == sorted(overall)
+    inner = next(f for line, f, _ in seen if "Built target demo" in line and "demo-cli" not in line)
+    assert inner == 0  # demo made inside demo-cli's run is not the goal demo finishing
+    assert [f for line, f, _ in seen if "Built target demo-cli" in line] == [1]
+    assert [f for line, f, _ in seen if "Built target other" in line] == [3]
+    # a line that is not make's, and a goal that never says it was built: the position stays where it was
+    at = b.MakeProgress(["all"])
+    assert at.feed("[ 40%] Building C object x.o") == "x.o" and at.overall == 40 and at.goal == "all"
+    assert at.feed("cc: warning: something") is None and at.overall == 40
+    assert b.MakeProgress([]).overall == 0
 
 
 def test_output_sums_come_from_the_stat_index(tmp_path: Path) -> None:

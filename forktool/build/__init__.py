@@ -29,7 +29,7 @@ if TYPE_CHECKING:
         read_record,
         stamp,
     )
-    from forktool.build.progress import _OBJECT_RE, objects_to_compile, objects_to_do, unbuilt_objects
+    from forktool.build.progress import OBJECT_RE, MakeProgress
     from forktool.build.run import (
         MAKE_LOG,
         OUTPUTS_INDEX,
@@ -59,7 +59,8 @@ _HOME = {
     "Plan": "plan",
     "Profile": "config",
     "RECORD": "plan",
-    "_OBJECT_RE": "progress",
+    "MakeProgress": "progress",
+    "OBJECT_RE": "progress",
     "_flags_key": "plan",
     "_parse_profiles": "config",
     "_which": "plan",
@@ -74,17 +75,14 @@ _HOME = {
     "load_config": "config",
     "make_env": "run",
     "make_plan": "plan",
-    "objects_to_do": "progress",
     "parse_ccache_stats": "cachestats",
     "parse_sccache_stats": "cachestats",
     "patch_impact": "impact",
     "plan_lines": "plan",
     "read_record": "plan",
     "run_build": "run",
-    "objects_to_compile": "progress",
     "stamp": "plan",
     "touched_paths": "impact",
-    "unbuilt_objects": "progress",
 }
 
 
@@ -97,10 +95,10 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "CONFIGURE_RECORD", "IMPACTS", "LAUNCHERS", "MAKE_LOG", "OUTPUTS_INDEX", "RECORD", "ArtifactSpec", "BuildConfig",
-    "BuildEvent", "BuildResult", "CacheStats", "PatchImpact", "Plan", "Profile", "_OBJECT_RE", "_flags_key",
-    "_parse_profiles", "_which", "build_dir", "cache_stats", "cmake_argv", "cmake_inputs_digest", "configure",
-    "configure_flags", "launcher", "last_error", "load_config", "make_env", "make_plan", "objects_to_do",
-    "parse_ccache_stats", "parse_sccache_stats", "patch_impact", "plan_lines", "read_record", "run_build",
-    "objects_to_compile", "stamp", "touched_paths", "unbuilt_objects",
+    "CONFIGURE_RECORD", "IMPACTS", "LAUNCHERS", "MAKE_LOG", "OBJECT_RE", "OUTPUTS_INDEX", "RECORD", "ArtifactSpec",
+    "BuildConfig", "BuildEvent", "BuildResult", "CacheStats", "MakeProgress", "PatchImpact", "Plan", "Profile",
+    "_flags_key", "_parse_profiles", "_which", "build_dir", "cache_stats", "cmake_argv", "cmake_inputs_digest",
+    "configure", "configure_flags", "launcher", "last_error", "load_config", "make_env", "make_plan",
+    "parse_ccache_stats", "parse_sccache_stats", "patch_impact", "plan_lines", "read_record", "run_build", "stamp",
+    "touched_paths",
 ]

@@ -1,88 +1,54 @@
-"""How many objects a make run will compile, for the progress display, asked of make before it starts."""
+"""Where a make run stands, read from make's own output as it streams: no dry run, no CMake internal files."""
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import shlex
-from pathlib import Path
 
-from forktool import proc
-
-_OBJECT_RE = re.compile(r"Building (?:C|CXX|CUDA|ASM) object (\S+)")
-# CMake's Makefile generator runs each target's dependency step first (`cmake -E cmake_depends ... DIR/DependInfo.cmake`):
-# it merges the compiler's depfiles into what make reads, so a dry run before it cannot see a changed header
-_DEPENDS_RE = re.compile(r"cmake_depends \"Unix Makefiles\" .* (\S+)/DependInfo\.cmake")
+OBJECT_RE = re.compile(r"Building (?:C|CXX|CUDA|ASM) object (\S+)")
+# CMake's Makefile generator starts each of its lines with the position of the goal being made ("[ 45%] ...")
+_POSITION_RE = re.compile(r"^\[\s*(\d{1,3})%\]")
+_BUILT_RE = re.compile(r"Built target (\S+)")
 
 
-def objects_to_do(bdir: Path, targets: list[str], env: dict[str, str]) -> int | None:
-    """How many objects `make TARGETS` would compile now, None when make cannot tell."""
-    ok, found = objects_to_compile(bdir, targets, env)
-    if ok:
-        return len(found)
-    # before the first build the dry run stops at libraries that do not exist yet and sees only part of the
-    # objects; the objects compile_commands.json names and nobody built yet bound the rest from above
-    return max(len(found), unbuilt_objects(bdir)) or None
+class MakeProgress:
+    """The position of `make GOAL...` in a CMake Makefile build tree, from the lines make prints.
 
+    CMake's top-level Makefile makes the goals one after another, in the order given (it is .NOTPARALLEL), and
+    each goal's lines count from 0 to 100 % of that goal's own steps: a rule skipped because it is up to date
+    counts as done. A goal is finished when make says `Built target GOAL` while that goal is the one being made
+    (a goal built earlier as another's dependency still gets its own run, which says so at once). The whole
+    run's position weighs each goal equally: make says nothing of how long a goal will take.
+    """
 
-def objects_to_compile(bdir: Path, targets: list[str], env: dict[str, str]) -> tuple[bool, set[str]]:
-    """The objects (paths relative to bdir) `make TARGETS` would compile now, as make's own dry run names them
-    once each target's dependency step (the first thing the build runs, and what it would run anyway) has
-    merged the compiler's depfiles; with False when the dry run did not finish (a first build: a link needs a
-    library that does not exist yet, so the targets after it are not looked at and the set is a lower bound)."""
-    ok, out = _dry_run(bdir, targets, env)
-    merged = False
-    for step in _depend_steps(out, bdir):
-        before = _mtime(bdir / step / "compiler_depend.make")
-        proc.run(["make", "-s", "-f", f"{step}/build.make", f"{step}/depend"], cwd=bdir, env=env, check=False)
-        merged = merged or _mtime(bdir / step / "compiler_depend.make") != before
-    if merged:  # only then can make's answer differ: a no-op build pays for one dry run
-        ok, out = _dry_run(bdir, targets, env)
-    return ok, {m.group(1).strip('"\'') for m in _OBJECT_RE.finditer(out)}
+    def __init__(self, goals: list[str]) -> None:
+        self.goals = list(goals)
+        self.finished = 0  # goals made so far
+        self.percent = 0  # make's position in the goal being made
+        self.objects: list[str] = []  # the objects make has started to compile, in its order
 
+    def feed(self, line: str) -> str | None:
+        """Take one line of make's output; the object it starts to compile, if it is such a line."""
+        m = _POSITION_RE.match(line)
+        if m and self.finished < len(self.goals):
+            self.percent = min(int(m.group(1)), 100)
+        built = _BUILT_RE.search(line)
+        if built and self.finished < len(self.goals) and built.group(1) == self.goals[self.finished]:
+            self.finished += 1
+            self.percent = 0
+        obj = OBJECT_RE.search(line)
+        if obj is None:
+            return None
+        self.objects.append(obj.group(1))
+        return obj.group(1)
 
-def _mtime(path: Path) -> int | None:
-    """The step's output (what make reads of the depfiles), whose change says the step merged something."""
-    try:
-        return os.stat(path).st_mtime_ns
-    except OSError:
-        return None
+    @property
+    def goal(self) -> str:
+        """The goal being made ('' once all are)."""
+        return self.goals[self.finished] if self.finished < len(self.goals) else ""
 
-
-def _dry_run(bdir: Path, targets: list[str], env: dict[str, str]) -> tuple[bool, str]:
-    # -k: before the first build a dry run stops at a link whose library does not exist yet
-    res = proc.run(["make", "-n", "-k", *targets], cwd=bdir, env=env, check=False)
-    return res.returncode == 0, res.stdout.decode("utf-8", "replace")
-
-
-def _depend_steps(out: str, bdir: Path) -> list[str]:
-    """The target directories (relative to bdir) whose dependency step the dry run `out` names, in its order."""
-    root = os.fspath(bdir.resolve()) + "/"
-    steps: list[str] = []
-    for m in _DEPENDS_RE.finditer(out):
-        d = m.group(1)
-        rel = d[len(root):] if d.startswith(root) else d
-        if rel not in steps and not rel.startswith("/"):
-            steps.append(rel)
-    return steps
-
-
-def unbuilt_objects(bdir: Path) -> int:
-    """How many objects of bdir's compile_commands.json do not exist yet (every configured target's, so an upper
-    bound for a subset of targets); 0 when there is no readable compile_commands.json."""
-    try:
-        entries = json.loads((bdir / "compile_commands.json").read_bytes())
-    except (OSError, ValueError):
-        return 0
-    n = 0
-    for e in entries if isinstance(entries, list) else []:
-        if not isinstance(e, dict):
-            continue
-        out = e.get("output")
-        if not isinstance(out, str):
-            args = e.get("arguments") or shlex.split(str(e.get("command") or ""))
-            out = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "-o"), None)
-        if isinstance(out, str) and not (Path(str(e.get("directory") or bdir)) / out).exists():
-            n += 1
-    return n
+    @property
+    def overall(self) -> int:
+        """The whole run's position, 0 to 100."""
+        if not self.goals:
+            return 0
+        return min(100, (100 * self.finished + self.percent) // len(self.goals))

@@ -17,7 +17,7 @@ from forktool.build import cmakeapi, cuda, diagnose
 from forktool.build.cachestats import CacheStats, cache_stats
 from forktool.build.config import ArtifactSpec, BuildConfig
 from forktool.build.plan import CONFIGURE_RECORD, RECORD, Plan, _flags_key, cmake_inputs_digest, launcher
-from forktool.build.progress import _OBJECT_RE, objects_to_do
+from forktool.build.progress import MakeProgress
 from forktool.errors import ConfigError, ForktoolError
 from forktool.index import hash_indexed
 from forktool.project import Project
@@ -33,11 +33,12 @@ _TARGET_RE = re.compile(r"CMakeFiles/([^/]+)\.dir/")
 class BuildEvent:
     """One step of a build, for a progress display."""
 
-    kind: str  # configure, start (make begins), object, link
+    kind: str  # configure, start (make begins), object, link, made (make finished one of its goals)
     done: int  # objects compiled so far
-    total: int | None  # objects make is expected to compile; None while unknown
+    total: int | None  # objects to compile, when known beforehand (the scoped check's units; make does not say)
     target: str  # the CMake target of the object or link ("" for configure/start)
     text: str  # make's line, or what is being done
+    percent: int | None = None  # make's own position in the whole run (0-100), from its lines; None before make
 
 
 # ---------------------------------------------------------------- build
@@ -185,32 +186,32 @@ def run_build(project: Project, cfg: BuildConfig, plan: Plan, jobs: int,
             _configured(plan, res, text, log_path, src)
         if any(cuda.STUB_DIR in f for f in plan.flags):
             cuda.make_driver_stub(bdir)  # the link needs it, also when CMake did not run this time
-        total = objects_to_do(bdir, plan.targets, env)
-        objects: list[str] = []
+        at = MakeProgress(plan.targets)
+        objects = at.objects
         linked: list[str] = []
         tail: list[str] = []
-        report(BuildEvent("start", 0, total, "", f"make -j{jobs} {' '.join(plan.targets)}"))
+        report(BuildEvent("start", 0, None, "", f"make -j{jobs} {' '.join(plan.targets)}", 0))
 
         first = diagnose.FirstError()
 
         def on_line(line: str) -> None:
-            nonlocal total
             log.write(line + "\n")
             first.feed(line)
             tail.append(line)
             del tail[:-200]
-            m = _OBJECT_RE.search(line)
-            if m:
-                objects.append(m.group(1))
-                if total is not None and len(objects) > total:
-                    total = len(objects)  # a header the dry run could not see yet
-                t = _TARGET_RE.search(m.group(1))
-                report(BuildEvent("object", len(objects), total, t.group(1) if t else "", line.strip()))
+            goal = at.goal
+            obj = at.feed(line)
+            if at.goal != goal:
+                report(BuildEvent("made", len(objects), None, goal, line.strip(), at.overall))
+                return
+            if obj is not None:
+                t = _TARGET_RE.search(obj)
+                report(BuildEvent("object", len(objects), None, t.group(1) if t else "", line.strip(), at.overall))
                 return
             m = _LINK_RE.search(line)
             if m:
                 linked.append(m.group(1))
-                report(BuildEvent("link", len(objects), total, Path(m.group(1)).name, line.strip()))
+                report(BuildEvent("link", len(objects), None, Path(m.group(1)).name, line.strip(), at.overall))
 
         t1 = time.monotonic()
         log.write(f"$ make -j{jobs} {' '.join(plan.targets)}\n")

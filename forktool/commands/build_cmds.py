@@ -31,7 +31,7 @@ def build(project: Project, profile: str, plan: bool, jobs: int | None) -> Repor
         with output.progress(f"build {prof.name}") as bar:
             def show(e: b.BuildEvent) -> None:
                 current = {"configure": e.text, "start": "make"}.get(e.kind, e.target)
-                bar.update(e.done, e.total, current, e.text)
+                bar.update(e.done, e.total, current, e.text, e.percent)
 
             res = b.run_build(project, cfg, pl, jobs or os.cpu_count() or 1, show)
     by_target = res.objects_by_target()
