@@ -27,11 +27,6 @@ def _config_at(root: Path, version: tuple) -> BuildConfig:
     return load_config(Project(root))
 
 
-def artifacts_for(project: Project, paths: list[str]) -> dict[str, list[str]]:
-    """artifact name -> touched paths that feed it (first matching rule wins; unmatched paths feed none)."""
-    return _config(project).feeding(paths)[0]
-
-
 def impacts_for(project: Project, paths: list[str]) -> list[str]:
     cfg = _config(project)
     return cfg.impacts(cfg.feeding(paths)[0])

@@ -10,7 +10,7 @@ import pytest
 
 from forktool import build as b
 from forktool.errors import ConfigError
-from forktool.impact import artifacts_for, impact_label
+from forktool.impact import impact_label
 from forktool.project import Project
 from forktool.series import Patch, parse_patch
 from tests.helpers.patches import make_patch
@@ -78,7 +78,7 @@ def test_declared_impact_disagreeing_is_flagged_and_unmatched_paths_are_named(pr
 
 
 def test_build_yaml_keeps_impact_py_working(project: Project) -> None:
-    assert artifacts_for(project, [KV, CU]) == {"libllama": [KV], "ggml-cuda": [CU]}
+    assert b.load_config(project).feeding([KV, CU])[0] == {"libllama": [KV], "ggml-cuda": [CU]}
     assert impact_label(project, [KV]) == "host"
 
 
