@@ -141,8 +141,8 @@ def test_every_unexplained_change_is_one_error_kind(applied: Proj) -> None:
     command that checks them: exit 1, kind DirtyTreeError."""
     edited = _project_files(applied)
     applied.edit("up/src/b.c", "line 3\n", "line three\n")
-    for argv in (["apply", "--upto", "0070"], ["package"], ["sync", "--to", applied.upstream.as_posix() + "@HEAD",
-                                                            "--start"]):
+    for argv in (["apply", "--upto", "0070"], ["apply", "--reanchor"], ["package"],
+                 ["sync", "--to", applied.upstream.as_posix() + "@HEAD", "--start"]):
         err = _json_error(applied, *argv)
         assert err["kind"] == "DirtyTreeError" and "no patch explains" in err["error"], (argv, err)
     applied.edit("up/src/b.c", "line three\n", "line 3\n")

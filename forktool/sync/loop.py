@@ -12,7 +12,7 @@ from forktool import backup as bk
 from forktool import schema, series, txn, vendor
 from forktool.apply import apply_series
 from forktool.authoring import with_derived_trailers
-from forktool.errors import DirtyTreeError, ForktoolError, UsageError
+from forktool.errors import ForktoolError, UsageError
 from forktool.project import Project
 from forktool.series import Patch
 from forktool.sync.accept import comment_out
@@ -322,12 +322,8 @@ def start_reanchor(project: Project, progress: Progress = lambda _m: None) -> di
                                 "`--abort` first (`forktool status` shows where it stands)")
         ws = Workspace(project)
         current = ws.current()
-        dirty = ws.local_changes()
-        if dirty:
-            raise DirtyTreeError(f"the vendored tree has {len(dirty)} change(s) that no patch explains",
-                                 where=str(project.tree), details=[f"{s}: {p}" for s, p in dirty[:50]],
-                                 hint="keep them with `forktool refresh ID`, or drop them with `forktool apply "
-                                      "--force`, then re-anchor")
+        ws.refuse_unexplained(dirty_hint="keep them with `forktool refresh ID`, or drop them with `forktool apply "
+                                         "--force`, then re-anchor")
         comp = project.vendor.components[0]
         d = ws.pristine_digest
         st = {"version": STATE_VERSION, "kind": "reanchor", "stage": "starting", "component": comp.name,
