@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 
-
 class _Console:
     """The process's console: the output mode, and the rich console once a line needs one."""
 
