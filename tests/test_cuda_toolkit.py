@@ -151,7 +151,7 @@ int use_blas(void) { cublasHandle_t h; return (int)cublasCreate(&h) + K; }
                     reason="needs cmake, make and a C compiler")
 def test_the_wheels_make_a_toolkit_the_cuda_profile_compiles_with(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """Downloads about 480 MB of wheels (pip's cache keeps them) and unpacks about 840 MB."""
+    """Downloads about 525 MB of wheels (pip's cache keeps them) and unpacks about 840 MB."""
     prefix = tmp_path / "cuda"
     r = install(prefix)
     if r.returncode != 0 and "pip could not install" in r.stderr:
