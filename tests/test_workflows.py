@@ -496,3 +496,25 @@ def test_a_move_that_does_not_compile_opens_an_issue_naming_the_error_and_no_pr(
     stop = json.loads(r.stdout[r.stdout.index("{"):])
     assert r.returncode == 1 and stop["stage"] == "stopped", r.stderr[-2000:]
     assert (stop["stop"]["id"], stop["stop"]["kind"], stop["stop"]["compile"]["profile"]) == ("0001", "compile", "cpu")
+
+
+def test_a_conflicting_move_pushes_the_stopped_state_and_opens_an_issue(forge: Forge, tmp_path: Path):
+    from tests.helpers.project import git
+
+    # upstream adds its own function where 0001 adds one: the trial says conflict, the loop stops there
+    commit = _move_upstream(forge, {"src/impl.c": IMPL + "\nint upstream_fn(void)\n{\n    return 3;\n}\n"})
+    job = _run_job(forge, "upstream-sync.yml", "sync", forge.work, tmp_path / "runner", to=commit, build=False)
+    assert not job.failed, [(r.name, r.stderr[-2000:]) for r in job.failed]
+    assert job.step("Sync").outputs["acceptable"] == "false"
+    carry = job.step("Carry the series with the sync loop (it compiles every profile before it finishes)").outputs
+    assert (carry["stage"], carry["kind"]) == ("stopped", "conflict")
+    ran = {r.name: r.outcome for r in job.runs}
+    assert ran["Push the stopped state"] == ran["Open or update the issue"] == "success"
+    assert ran["Compile check (what the pull request says was compiled)"] == "skipped"
+    calls = forge.gh_log.read_text().splitlines()
+    assert not any(c.startswith("pr ") for c in calls) and calls[-1].startswith("issue create --title Upstream sync")
+    body = (forge.work / "dist" / "sync" / "issue.md").read_text()
+    assert "carried up to that stop (patch 0001, conflict)" in body and "| 0001 impl: patched | conflict |" in body
+    assert "does not compile" not in body
+    files = set(git(forge.origin, "ls-tree", "-r", "--name-only", carry["branch"]).splitlines())
+    assert ".opencoti/sync/state.json" in files and not any(f.startswith("vendor/llamafile") for f in files)
