@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 FT := $(VENV)/bin/forktool
 
-.PHONY: main setup test test-slow lint bench gates-cpu clean-build
+.PHONY: main setup test test-slow lint bench gates-cpu clean-build cuda-toolkit
 
 # the user's cache for the jobs that fetch the real upstream; the tests use their own (tests/conftest.py)
 main gates-cpu bench: export FORKTOOL_CACHE ?= $(HOME)/.cache/forktool
@@ -17,6 +17,13 @@ $(PY):
 setup: $(PY)
 	$(PY) -m pip install -q -e '.[test,dev,cache]'
 	@if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then $(PY) -m pip install -q -e '.[cuda]'; fi
+
+# a CUDA toolkit from NVIDIA's PyPI wheels (nvcc, cicc, ptxas, runtime, CCCL, cuBLAS), checked by compiling a kernel;
+# for a machine without one (a CI runner): then CUDACXX=$(CUDA_PREFIX)/bin/nvcc compiles the cuda profile. About 840 MB.
+CUDA_PREFIX ?= .cuda-toolkit
+cuda-toolkit:
+	PYTHON=$(PYTHON) scripts/install-cuda-toolkit.sh $(CUDA_PREFIX)
+	@echo "to use it: export CUDACXX=$(abspath $(CUDA_PREFIX))/bin/nvcc"
 
 # fetch -> backup -> apply -> verify -> host-only build (cpu profile) -> the fixed binary runs
 main: setup

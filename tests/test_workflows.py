@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -103,7 +104,7 @@ def test_upstream_sync_is_scheduled_and_manual_and_publishes():
     steps = wf["jobs"]["sync"]["steps"]
     runs = "\n".join(s.get("run", "") for s in steps)
     assert "forktool sync --to" in runs and "$GITHUB_STEP_SUMMARY" in runs
-    assert "--accept" in runs and "gh pr create" in runs and "gh issue create" in runs
+    assert "--start" in runs and "gh pr create" in runs and "gh issue create" in runs
     assert any(s.get("uses", "").startswith("actions/upload-artifact@") for s in steps)
     assert wf["permissions"] == {"contents": "write", "pull-requests": "write", "issues": "write"}
 
@@ -141,10 +142,13 @@ def test_the_cache_action_picks_redis_else_the_actions_cache():
 
 def test_upstream_sync_follows_the_loop_on_a_conflict():
     steps = {s.get("name"): s for s in load("upstream-sync.yml")["jobs"]["sync"]["steps"]}
+    carry = steps["Carry the series with the sync loop (it compiles every profile before it finishes)"]
+    assert carry["id"] == "carry" and carry["if"] == "steps.sync.outputs.same == 'false'"
+    assert 'args=(--to "$SPEC" --start --json)' in carry["run"] and 'forktool sync "${args[@]}"' in carry["run"]
     stop = steps["Push the stopped state"]
-    assert "acceptable != 'true'" in stop["if"]
+    assert stop["if"] == "steps.carry.outputs.stage == 'stopped'"
     run = stop["run"]
-    assert 'forktool sync --to "$SPEC" --start' in run and "git push" in run
+    assert "git push" in run
     # the branch carries pin, patches and the state file, never the conflicted tree
     assert "git add vendor/vendor.yaml patches" in run and "git add -f .opencoti/sync/state.json" in run
     assert "vendor/llamafile" not in run
@@ -173,10 +177,12 @@ def test_ci_verifies_from_the_files_and_caches_only_content_addressed_state(path
 
 
 def _recording_gh(bindir: Path, log: Path, view_rc: int = 1) -> None:
-    """A `gh` that records its arguments, one call a line; `gh release view` answers view_rc."""
+    """A `gh` that records its arguments, one call a line; `gh release view` and `gh pr view` answer view_rc
+    (1: there is none yet); `gh issue list` finds none."""
     bindir.mkdir(parents=True, exist_ok=True)
     gh = bindir / "gh"
-    gh.write_text(f'#!/bin/sh\necho "$*" >> {log}\n[ "$1 $2" = "release view" ] && exit {view_rc}\nexit 0\n')
+    gh.write_text(f'#!/bin/sh\necho "$*" >> {log}\ncase "$1 $2" in "release view"|"pr view") exit {view_rc};; esac\n'
+                  'exit 0\n')
     gh.chmod(0o755)
 
 
@@ -236,6 +242,8 @@ def test_the_sync_issue_body_stays_short_and_points_at_the_artifact(tmp_path: Pa
                for n in range(300)]
     (sync / "report.json").write_text(json.dumps({"patches": patches, "counts": {"clean": 150, "conflict": 150}}))
     (sync / "report.md").write_text("x" * 200_000)  # a report far past GitHub's limit stays in the artifact
+    # where the carry step's loop stopped
+    (sync / "loop.json").write_text(json.dumps({"stage": "stopped", "stop": {"id": "0001", "kind": "conflict"}}))
     log = tmp_path / "gh.log"
     _recording_gh(tmp_path / "bin", log)
     r = _run_step(step, tmp_path, {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "SPEC": "pkg==2",
@@ -244,7 +252,8 @@ def test_the_sync_issue_body_stays_short_and_points_at_the_artifact(tmp_path: Pa
     body = (sync / "issue.md").read_text()
     assert len(body) < 20_000 and "x" * 100 not in body
     assert "| 0001 " in body and "| 0000 " not in body and "110 more" in body and "conflict 150" in body
-    assert "git switch upstream-sync/pkg--2 && forktool sync --start" in body
+    assert "git switch upstream-sync/pkg--2 && forktool vendor fetch && forktool apply && forktool sync --start" in body
+    assert "carried up to that stop (patch 0001, conflict)" in body
     assert "`upstream-sync` artifact of https://example.invalid/run/1" in body
     assert log.read_text().splitlines()[-1] == 'issue create --title Upstream sync to pkg==2 needs a human ' \
                                                '--body-file dist/sync/issue.md'
@@ -262,7 +271,250 @@ def test_the_sync_pushes_and_opens_the_pr_with_a_token_that_starts_ci():
 
 def test_the_sync_pull_request_carries_the_lock_and_the_registry():
     steps = {s.get("name"): s for s in load("upstream-sync.yml")["jobs"]["sync"]["steps"]}
-    run = steps["Open or update the pull request"]["run"]
-    accept = run.index("--accept")
-    assert accept < run.index("forktool vendor fetch") < run.index("forktool apply") < run.index("git add")
-    assert "git add vendor/vendor.yaml vendor/vendor.lock patches registry" in run
+    carry = steps["Carry the series with the sync loop (it compiles every profile before it finishes)"]["run"]
+    assert carry.index("forktool vendor fetch") < carry.index("forktool apply") < carry.index("forktool sync")
+    pr = steps["Open or update the pull request"]
+    assert pr["if"] == "steps.carry.outputs.stage == 'finished' && steps.check.outputs.ok == 'true'"
+    assert "git add vendor/vendor.yaml vendor/vendor.lock patches registry" in pr["run"]
+    # the CUDA toolkit is installed (or fails to be) before the loop compiles, by the project's one make target
+    names = list(steps)
+    toolkit = "CUDA toolkit (NVIDIA's PyPI wheels; the runner has no GPU and no toolkit)"
+    assert names.index(toolkit) < names.index("Carry the series with the sync loop (it compiles every profile "
+                                              "before it finishes)")
+    assert steps[toolkit]["continue-on-error"] is True
+    assert 'make cuda-toolkit CUDA_PREFIX="$RUNNER_TEMP/cuda-toolkit"' in steps[toolkit]["run"]
+    assert "forktool build --check --all --json > dist/sync/check.json" in \
+        steps["Compile check (what the pull request says was compiled)"]["run"]
+
+# ---------------------------------------------------------------- the upstream-sync job, rehearsed on a forge here
+# A project as a repository: a bare `origin`, a checkout of it as actions/checkout leaves one, a small CMake upstream
+# (git) that moves, and a recording `gh`. The sync job's steps run in order (tests.helpers.actions); `Install` is
+# this checkout's forktool already on PATH. pip has no index, so the CUDA toolkit step fails as it would on a runner
+# that cannot download it, and the cuda profile must say "not compiled".
+
+IMPL = '#include "api.h"\n\nint impl(void)\n{\n    return 1;\n}\n'
+IMPL_PATCHED = IMPL + "\nint patched(void) // opencoti-hook: impl-patched\n{\n    cfg_t c = {7};\n    return c.x;\n}\n"
+FORGE_UPSTREAM = {
+    "CMakeLists.txt": "cmake_minimum_required(VERSION 3.16)\nproject(demo C)\n"
+                      "add_library(demo SHARED src/impl.c)\ntarget_include_directories(demo PRIVATE include)\n",
+    "include/api.h": "#pragma once\ntypedef struct { int x; } cfg_t;\n",
+    "src/impl.c": IMPL,
+}
+FORGE_BUILD_YAML = """\
+artifacts:
+  - name: lib
+    impact: host
+    paths: ["llama.cpp"]
+    targets: [demo]
+    outputs: [libdemo.so]
+profiles:
+  cpu:
+    flags: [-DCMAKE_BUILD_TYPE=Release]
+    targets: [demo]
+  cuda:
+    flags: [-DCMAKE_BUILD_TYPE=Release, -DGGML_CUDA=ON]
+    targets: [demo]
+    cuda_architectures: "90"
+"""
+FORGE_REGISTRY = {
+    "schema": 1,
+    "patches": [{"id": "0001", "file": "0001-impl.patch", "title": "impl: patched", "bug": "bug-1", "status": "shipped",
+                 "shipped": "2026-07-01", "build_impact": ["host"], "files": ["llama.cpp/src/impl.c"],
+                 "hooks": ["impl-patched"]}],
+    "hooks": {"impl-patched": {"patch": "0001", "description": "the patched function",
+                               "sites": [{"file": "llama.cpp/src/impl.c", "symbol": "patched", "line": 8}]}},
+}
+# the moves: three lines above the patched function (it carries with an offset; its registry site moves 8 -> 11),
+# and the same with cfg_t renamed (0001 still applies, but no longer compiles)
+MOVED = "/* one */\n/* two */\n/* three */\n" + IMPL
+MOVES = {"compiles": {"src/impl.c": MOVED},
+         "breaks": {"src/impl.c": MOVED, "include/api.h": "#pragma once\ntypedef struct { int x; } config_t;\n"}}
+
+
+@dataclass
+class Forge:
+    origin: Path  # the bare repository
+    work: Path  # the runner's checkout
+    upstream: Path
+    gh_log: Path
+    env: dict[str, str]
+
+
+@pytest.fixture
+def forge(tmp_path: Path, cache: Path) -> Forge:
+    from tests.helpers.cli import run_cli
+    from tests.helpers.project import REPO, git, make_upstream
+    from tests.helpers.sync import sync_patch
+
+    if not (shutil.which("cmake") and shutil.which("make") and shutil.which("cc")):
+        pytest.skip("needs cmake, make and a C compiler")
+    up = tmp_path / "upstream"
+    commit = make_upstream(up, FORGE_UPSTREAM)
+    seed = tmp_path / "seed"
+    for d in ("vendor", "patches", "registry", "scripts", ".github/workflows"):
+        (seed / d).mkdir(parents=True)
+    for rel in (".gitignore", "Makefile", "scripts/install-cuda-toolkit.sh", ".github/workflows/upstream-sync.yml",
+                ".github/workflows/ci.yml"):
+        shutil.copy2(REPO / rel, seed / rel)
+    (seed / "registry" / "build.yaml").write_text(FORGE_BUILD_YAML)
+    (seed / "vendor" / "vendor.yaml").write_text(
+        f"components:\n  - name: llama.cpp\n    kind: git\n    url: {up}\n    commit: {commit}\n"
+        "    include: [CMakeLists.txt, src, include]\n")
+    patch = sync_patch("0001-impl.patch", "impl: patched", [("llama.cpp/src/impl.c", IMPL.encode(),
+                                                               IMPL_PATCHED.encode())])
+    (seed / "patches" / patch.name).write_bytes(patch.raw)
+    (seed / "patches" / "series").write_text("# the series\n0001-impl.patch\n")
+    (seed / "registry" / "UPSTREAM_SYNC.yaml").write_text(yaml.safe_dump(FORGE_REGISTRY, sort_keys=False))
+    for args in (["vendor", "fetch"], ["apply"], ["registry", "render"], ["verify"]):
+        run_cli(seed, args)
+    git(seed, "init", "-q", "-b", "main")
+    git(seed, "add", "-A")
+    assert "vendor/vendor.lock" in git(seed, "ls-files") and "llamafile" not in git(seed, "ls-files")
+    git(seed, "commit", "-qm", "the fork")
+    origin = tmp_path / "origin.git"
+    git(tmp_path, "init", "-q", "--bare", "-b", "main", str(origin))
+    git(seed, "push", "-q", str(origin), "main")
+    work = tmp_path / "work"
+    git(tmp_path, "clone", "-q", str(origin), str(work))
+    bindir, log = tmp_path / "bin", tmp_path / "gh.log"
+    _recording_gh(bindir, log)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GIT_", "CUDA", "FORKTOOL_", "PIP_", "SCCACHE"))}
+    env.update(PATH=os.pathsep.join([str(bindir), str(Path(sys.executable).parent), os.environ["PATH"]]),
+               FORKTOOL_LAUNCHER="none", PIP_NO_INDEX="1", PIP_CONFIG_FILE=os.devnull,
+               GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
+    return Forge(origin, work, up, log, env)
+
+
+def _move_upstream(forge: Forge, files: dict[str, str]) -> str:
+    from tests.helpers.project import git
+
+    for rel, text in files.items():
+        (forge.upstream / rel).write_text(text)
+    git(forge.upstream, "commit", "-qam", "upstream moves")
+    return git(forge.upstream, "rev-parse", "HEAD")
+
+
+def _run_job(forge: Forge, workflow: str, job: str, work: Path, temp: Path, **inputs: object):
+    from tests.helpers.actions import Job
+
+    j = Job(load(workflow), job, work, temp, forge.env, inputs=dict(inputs),
+            github={"event_name": "workflow_dispatch", "token": "the-default-token", "run_id": "7",
+                    "server_url": "https://forge.invalid", "repository": "fork/llamafile"},
+            skip=frozenset({"Install"}))
+    j.run()
+    return j
+
+
+def _branch_files(forge: Forge, branch: str) -> set[str]:
+    from tests.helpers.project import git
+
+    return set(git(forge.origin, "diff", "--name-only", "main", branch).splitlines())
+
+
+def test_the_sync_opens_a_pr_carrying_lock_and_registry_and_says_what_was_not_compiled(forge: Forge,
+                                                                                        tmp_path: Path):
+    from tests.helpers.project import git
+
+    commit = _move_upstream(forge, MOVES["compiles"])
+    job = _run_job(forge, "upstream-sync.yml", "sync", forge.work, tmp_path / "runner", to=commit, build=False)
+    assert not job.failed, [(r.name, r.stderr[-2000:]) for r in job.failed]
+    ran = {r.name: r.outcome for r in job.runs}
+    assert job.step("CUDA toolkit (NVIDIA's PyPI wheels; the runner has no GPU and no toolkit)").why == \
+        "continue-on-error"  # pip has no index here: the install fails, and the job goes on
+    assert ran["Push the stopped state"] == ran["Open or update the issue"] == "skipped"
+    spec = job.step("Sync").outputs["spec"]
+    assert job.step("Carry the series with the sync loop (it compiles every profile before it finishes)").outputs[
+        "stage"] == "finished"
+    check = job.step("Compile check (what the pull request says was compiled)").outputs
+    assert (check["ok"], check["compiled"], check["not_compiled"]) == ("true", "cpu", "cuda")
+    branch = "upstream-sync/" + re.sub(r"[^A-Za-z0-9.]", "-", spec)
+    calls = forge.gh_log.read_text().splitlines()
+    assert calls == [f"pr view {branch} --json number",
+                     f"pr create --head {branch} --title Upstream sync: {spec} --body-file dist/sync/pr.md"]
+    # the pushed branch: the new pin, its lock, the carried patch, and the registry's site where the loop found it
+    assert _branch_files(forge, branch) == {"vendor/vendor.yaml", "vendor/vendor.lock", "patches/0001-impl.patch",
+                                            "registry/UPSTREAM_SYNC.yaml", "registry/UPSTREAM_SYNC.md"}
+    reg = yaml.safe_load(git(forge.origin, "show", f"{branch}:registry/UPSTREAM_SYNC.yaml"))
+    assert reg["hooks"]["impl-patched"]["sites"][0]["line"] == 11
+    assert commit in git(forge.origin, "show", f"{branch}:vendor/vendor.yaml")
+    body = (forge.work / "dist" / "sync" / "pr.md").read_text()
+    nvcc = tmp_path / "runner" / "cuda-toolkit" / "bin" / "nvcc"
+    assert "- cpu: compiled (1 translation unit(s) the series feeds)" in body
+    assert f"- cuda: not compiled (nvcc not found: $CUDACXX names {nvcc}, which is not an executable file)" in body
+    assert "cuda: compiled" not in body and "OK" not in body.split("\n\n", 1)[0]
+    assert len(body) < 65_536 and "# upstream sync" in body.lower()  # the trial's report follows
+
+    # CI on that pull request: ci.yml's verify job on a fresh checkout of the branch passes (fetch, apply,
+    # verify --no-cache against the pushed lock, registry check, cpu build)
+    pr = tmp_path / "pr"
+    git(tmp_path, "clone", "-q", "-b", branch, str(forge.origin), str(pr))
+    ci = _run_job(forge, "ci.yml", "verify", pr, tmp_path / "ci-runner")
+    assert not ci.failed, [(r.name, r.stdout[-1500:], r.stderr[-1500:]) for r in ci.failed]
+    assert [r.name for r in ci.runs if r.outcome == "success"] == [
+        "No remembered state from the checkout", "Fetch the pinned upstream", "Apply the series",
+        "Verify (from the files, no remembered verdict, check or parse)", "Registry check",
+        "Build (cpu profile, through sccache)"]
+    verify = ci.step("Verify (from the files, no remembered verdict, check or parse)")
+    assert "verify: OK; not compiled: cpu, cuda" in verify.stderr + verify.stdout
+
+
+def test_a_move_that_does_not_compile_opens_an_issue_naming_the_error_and_no_pr(forge: Forge, tmp_path: Path):
+    from tests.helpers.project import git
+
+    commit = _move_upstream(forge, MOVES["breaks"])
+    job = _run_job(forge, "upstream-sync.yml", "sync", forge.work, tmp_path / "runner", to=commit, build=False)
+    assert not job.failed, [(r.name, r.stderr[-2000:]) for r in job.failed]
+    spec = job.step("Sync").outputs["spec"]
+    assert job.step("Sync").outputs["acceptable"] == "true"  # the trial applies it cleanly: only a compile sees it
+    carry = job.step("Carry the series with the sync loop (it compiles every profile before it finishes)").outputs
+    assert (carry["stage"], carry["kind"]) == ("stopped", "compile")
+    ran = {r.name: r.outcome for r in job.runs}
+    assert ran["Compile check (what the pull request says was compiled)"] == "skipped"
+    assert ran["Open or update the pull request"] == "skipped"
+    branch = carry["branch"]
+    calls = forge.gh_log.read_text().splitlines()
+    assert not any(c.startswith("pr ") for c in calls)
+    assert calls[-1] == f"issue create --title Upstream sync to {spec} needs a human --body-file dist/sync/issue.md"
+    body = (forge.work / "dist" / "sync" / "issue.md").read_text()
+    assert f"Patch 0001 carries onto {spec} but does not compile there (cpu profile)" in body
+    assert "llama.cpp/src/impl.c:" in body and "cfg_t" in body
+    assert f"git fetch origin {branch} && git switch {branch} && forktool vendor fetch && forktool apply && " \
+           "forktool sync --start" in body
+    assert len(body) < 20_000
+    # the stopped state went to the branch (pin, the patches so far, the state file), never the tree
+    files = set(git(forge.origin, "ls-tree", "-r", "--name-only", branch).splitlines())
+    assert ".opencoti/sync/state.json" in files and not any(f.startswith("vendor/llamafile") for f in files)
+    # and a maintainer reaches the same stop from a fresh clone of it, with the issue's command
+    here = tmp_path / "maintainer"
+    git(tmp_path, "clone", "-q", "-b", branch, str(forge.origin), str(here))
+    env = dict(forge.env, FORKTOOL_ROOT=str(here), FORKTOOL_CACHE=str(tmp_path / "maintainer-cache"),
+               CUDACXX="/nonexistent/nvcc")
+    command = "forktool vendor fetch && forktool apply && forktool sync --start"
+    assert command in body
+    r = subprocess.run(command.replace("sync --start", "sync --start --json"), shell=True, cwd=here, env=env,
+                       capture_output=True, text=True)
+    stop = json.loads(r.stdout[r.stdout.index("{"):])
+    assert r.returncode == 1 and stop["stage"] == "stopped", r.stderr[-2000:]
+    assert (stop["stop"]["id"], stop["stop"]["kind"], stop["stop"]["compile"]["profile"]) == ("0001", "compile", "cpu")
+
+
+def test_a_conflicting_move_pushes_the_stopped_state_and_opens_an_issue(forge: Forge, tmp_path: Path):
+    from tests.helpers.project import git
+
+    # upstream adds its own function where 0001 adds one: the trial says conflict, the loop stops there
+    commit = _move_upstream(forge, {"src/impl.c": IMPL + "\nint upstream_fn(void)\n{\n    return 3;\n}\n"})
+    job = _run_job(forge, "upstream-sync.yml", "sync", forge.work, tmp_path / "runner", to=commit, build=False)
+    assert not job.failed, [(r.name, r.stderr[-2000:]) for r in job.failed]
+    assert job.step("Sync").outputs["acceptable"] == "false"
+    carry = job.step("Carry the series with the sync loop (it compiles every profile before it finishes)").outputs
+    assert (carry["stage"], carry["kind"]) == ("stopped", "conflict")
+    ran = {r.name: r.outcome for r in job.runs}
+    assert ran["Push the stopped state"] == ran["Open or update the issue"] == "success"
+    assert ran["Compile check (what the pull request says was compiled)"] == "skipped"
+    calls = forge.gh_log.read_text().splitlines()
+    assert not any(c.startswith("pr ") for c in calls) and calls[-1].startswith("issue create --title Upstream sync")
+    body = (forge.work / "dist" / "sync" / "issue.md").read_text()
+    assert "carried up to that stop (patch 0001, conflict)" in body and "| 0001 impl: patched | conflict |" in body
+    assert "does not compile" not in body
+    files = set(git(forge.origin, "ls-tree", "-r", "--name-only", carry["branch"]).splitlines())
+    assert ".opencoti/sync/state.json" in files and not any(f.startswith("vendor/llamafile") for f in files)

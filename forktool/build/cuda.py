@@ -28,8 +28,10 @@ class Toolkit:
     driver: Path | None  # libcuda found on this machine; None: a stub is made at configure time
 
     def cmake_flags(self, bdir: Path) -> list[str]:
-        """What CMake's FindCUDAToolkit needs beyond the toolkit itself (nothing on a full toolkit with a driver)."""
-        flags = []
+        """What CMake's FindCUDAToolkit needs: the toolkit of this nvcc (FindCUDAToolkit runs before the CUDA
+        language is enabled and would otherwise take the first nvcc on PATH, not $CUDACXX's), and where cuBLAS and
+        libcuda are when the toolkit lacks them."""
+        flags = [f"-DCUDAToolkit_ROOT={self.root}"]
         if self.cublas and self.cublas_lt and self.cublas_include:
             flags += [f"-DCUDA_cublas_LIBRARY={self.cublas}", f"-DCUDA_cublasLt_LIBRARY={self.cublas_lt}",
                       f"-DCMAKE_CUDA_STANDARD_INCLUDE_DIRECTORIES={self.cublas_include}"]
@@ -41,8 +43,11 @@ class Toolkit:
 
 
 def find_nvcc() -> str | None:
-    """nvcc as CMake would find it: $CUDACXX, PATH, then /usr/local/cuda/bin."""
-    for cand in (os.environ.get("CUDACXX", ""), shutil.which("nvcc") or "", "/usr/local/cuda/bin/nvcc"):
+    """nvcc as CMake would find it: $CUDACXX when it is set (CMake takes that one or fails, so no other counts),
+    else PATH, then /usr/local/cuda/bin."""
+    cudacxx = os.environ.get("CUDACXX", "")
+    cands = (cudacxx,) if cudacxx else (shutil.which("nvcc") or "", "/usr/local/cuda/bin/nvcc")
+    for cand in cands:
         if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
             return cand
     return None
@@ -72,8 +77,13 @@ def find_toolkit() -> Toolkit:
     """The toolkit on this machine; ConfigError naming what is missing and how to get it."""
     nvcc = find_nvcc()
     if nvcc is None:
+        cudacxx = os.environ.get("CUDACXX", "")
+        if cudacxx:
+            raise ConfigError(f"nvcc not found: $CUDACXX names {cudacxx}, which is not an executable file",
+                              where="cuda profile", hint="point CUDACXX at nvcc, or unset it to use PATH")
         raise ConfigError("nvcc not found ($CUDACXX, PATH, /usr/local/cuda/bin)", where="cuda profile",
-                          hint="install the CUDA toolkit (nvcc) to compile the cuda profile")
+                          hint="install the CUDA toolkit (nvcc) to compile the cuda profile "
+                               "(`make cuda-toolkit` installs one from PyPI, docs/ci.md)")
     root = toolkit_root(nvcc)
     libs = _lib_dirs(root)
     cublas = cublas_lt = include = None
