@@ -52,7 +52,7 @@ class Server:
         env.pop(WINDOW_ENV, None)  # the resident server must never inherit a forced window
         env.update(env_extra)
         argv = [str(binary), "-m", str(model), "-c", str(a.ctx), "-t", str(a.threads), "-tb", str(a.threads),
-                "-fa", "on", "-np", "1", "-ngl", "0", "--host", "127.0.0.1", "--port", str(self.port),
+                "-fa", "on", "-np", "1", "-ngl", str(a.ngl), "--host", "127.0.0.1", "--port", str(self.port),
                 "-lv", "4",  # llama's own INFO lines (the position-window line) print only at -lv 4
                 *argv_extra]
         self.argv, self.env_extra = argv, env_extra
@@ -162,6 +162,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="run only the reference config (harness check on an unpatched build)")
     p.add_argument("--ctx", type=int, default=8192)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--ngl", type=int, default=0, help="layers on the GPU (-ngl); 99 runs the model on the GPU")
     p.add_argument("--n-predict", type=int, default=8)
     p.add_argument("--n-continue", type=int, default=24)
     p.add_argument("--seed", type=int, default=42)
