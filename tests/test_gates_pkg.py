@@ -455,3 +455,17 @@ def test_make_model_jamba_alternates_mamba_and_attention_layers(tmp_path: Path):
     assert {"blk.0.ssm_in.weight", "blk.0.ssm_dt_norm.weight", "blk.1.attn_k.weight", "blk.1.ffn_up.weight",
             "blk.0.ffn_up.weight"} <= names
     assert "blk.1.ssm_in.weight" not in names and "blk.0.attn_k.weight" not in names
+
+
+def test_needle_divergence_names_the_first_differing_token_and_each_side_s_margin():
+    from gates.needle import divergence
+
+    def step(i: int, tok: str, top: list) -> dict:
+        return {"id": i, "token": tok, "logprob": top[0][1], "top": top}
+
+    res = {"steps": [step(1, "4", [("4", -0.1), ("5", -3.0)]), step(8, "8", [("8", -1.95), ("9", -1.99)])]}
+    win = {"steps": [step(1, "4", [("4", -0.1), ("5", -3.0)]), step(9, "9", [("9", -2.012), ("8", -2.014)])]}
+    d = divergence(res, win)
+    assert d["step"] == 1 and d["resident"]["token"] == "8" and d["window"]["token"] == "9"
+    assert d["resident"]["margin"] == 0.04 and d["window"]["margin"] == 0.002
+    assert divergence(res, res) is None
