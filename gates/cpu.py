@@ -414,8 +414,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--patched-bin", type=Path, required=True, help="bin dir of the patched build")
     p.add_argument("--upstream-bin", type=Path, required=True, help="bin dir of the unpatched build")
     p.add_argument("--model", type=Path, action="append",
-                   help="GGUF to test (repeatable); default: generate tiny llama and gemma3 (iSWA) models")
-    p.add_argument("--archs", default="llama,gemma3", help="archs to generate when --model is not given")
+                   help="GGUF to test (repeatable); default: generate tiny llama, gemma3 (iSWA) and jamba (hybrid) models")
+    p.add_argument("--archs", default="llama,gemma3,jamba",
+                   help="archs to generate when --model is not given (jamba: the hybrid memory, Mamba + attention)")
     p.add_argument("--work-dir", type=Path, help="keep logs and files here (default: a temp dir, removed on pass)")
     p.add_argument("--ctx", type=int, default=512)
     p.add_argument("--ubatch", type=int, default=128)

@@ -2,7 +2,9 @@
 # On a CUDA machine: build the cuda profile from the full-series source archive once, then switch the
 # sources to the other series positions writing only files whose bytes differ, so `make` rebuilds just
 # the host objects (the series is host-only: the CUDA DSO must come out byte-identical every time).
-# A position whose archive has the same sha256 as at its last build is not rebuilt (OUT/<position>/.archive).
+# A position whose archive has the same sha256 as at its last build is not rebuilt (OUT/<position>/.archive); a
+# position whose archive is not in the bundle is not built (full is required).
+#   DEVICE_BUILD_SERVER=1  also build llama-server for the full series (the needle gate boots it)
 # usage: gates/device_build.sh BUNDLE_DIR OUT_DIR [JOBS]
 set -euo pipefail
 bundle=$1; out=$2; jobs=${3:-16}
@@ -11,16 +13,21 @@ mkdir -p "$work" "$out"
 flags=(-G "Unix Makefiles" -DCMAKE_BUILD_TYPE=Release -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF
        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON
        -DGGML_CPU_ALL_VARIANTS=OFF -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON
-       -DGGML_CUDA=ON -DGGML_CUDA_NCCL=OFF -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_SERVER=OFF)
+       -DGGML_CUDA=ON -DGGML_CUDA_NCCL=OFF -DCMAKE_CUDA_ARCHITECTURES=90)
+server=${DEVICE_BUILD_SERVER:-0}
+if [ "$server" = 1 ]; then flags+=(-DLLAMA_BUILD_SERVER=ON); else flags+=(-DLLAMA_BUILD_SERVER=OFF); fi
 targets=(llama-completion llama-perplexity llama-bench ggml-cuda)
+[ -f "$bundle/full.tar.gz" ] || { echo "device_build: $bundle/full.tar.gz missing" >&2; exit 2; }
 positions=(full)
-[ -f "$bundle/before.tar.gz" ] && positions+=(before)
-positions+=(pre0089 upstream)
+for v in before pre0089 upstream; do
+  if [ -f "$bundle/$v.tar.gz" ]; then positions+=("$v"); fi
+done
 src=$work/src
 export GIT_CEILING_DIRECTORIES=$PWD/$work
 for v in "${positions[@]}"; do
   sum=$(sha256sum "$bundle/$v.tar.gz" | cut -d' ' -f1)
-  if [ -f "$out/$v/.archive" ] && [ "$(cat "$out/$v/.archive")" = "$sum" ] && [ -x "$out/$v/llama-completion" ]; then
+  if [ -f "$out/$v/.archive" ] && [ "$(cat "$out/$v/.archive")" = "$sum" ] && [ -x "$out/$v/llama-completion" ] \
+     && { [ "$server" != 1 ] || [ "$v" != full ] || [ -x "$out/$v/llama-server" ]; }; then
     echo "$v: unchanged since its last build (archive ${sum:0:12}), reused"
     continue
   fi
@@ -50,7 +57,9 @@ PY
   if [ ! -f "$work/bld/CMakeCache.txt" ]; then
     cmake -S "$src" -B "$work/bld" "${flags[@]}" -DLLAMA_BUILD_COMMIT=device-gates >"$out/configure.log" 2>&1
   fi
-  make -C "$work/bld" -j"$jobs" "${targets[@]}" >"$out/make-$v.log" 2>&1
+  extra=()
+  if [ "$server" = 1 ] && [ "$v" = full ]; then extra=(llama-server); fi
+  make -C "$work/bld" -j"$jobs" "${targets[@]}" "${extra[@]}" >"$out/make-$v.log" 2>&1
   t1=$(date +%s)
   echo "$v: make $((t1-t0)) s, $(grep -c 'Building' "$out/make-$v.log" || true) objects"
   rm -rf "${out:?}/$v" && mkdir -p "$out/$v" && cp -a "$work/bld/bin/." "$out/$v/"

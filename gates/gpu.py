@@ -1,6 +1,6 @@
 """GPU gates on a CUDA machine: (a) boot repro under a ballast, (b) resident unchanged, (c) window = resident,
 (d) the tail-share curve, plus the measurements behind the figures: (e) compute buffers, (f) per-token breakdown,
-(g) the budget curve at a declared context."""
+(g) the budget curve at a declared context, (h) its missed prefill points repeated."""
 
 from __future__ import annotations
 
@@ -643,6 +643,76 @@ def gate_g(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
             "csv": str(csv_path), "contexts": refs, "goals": [g for g in goals if g["ctx"] in a.budget_ctxs]}
 
 
+def read_budget_csv(path: Path) -> list[dict]:
+    """budget_curve.csv as budget_goals reads it (numbers and booleans typed back)."""
+    with open(path, newline="") as f:
+        return [r | {"ctx": int(r["ctx"]), "budget_mib": int(r["budget_mib"]),
+                     "kv_ctx": int(r["kv_ctx"]) if r["kv_ctx"] else r["kv_ctx"], "fits_budget": r["fits_budget"] == "True"}
+                for r in csv.DictReader(f)]
+
+
+def missed_prefill_points(rows: list[dict], share: float = 0.95) -> list[dict]:
+    """The (ctx, budget) points of a budget curve whose goal an upstream configuration sets and whose best window
+    misses it in prefill: the reference configuration, the best window configuration and its --vram-target."""
+    points = []
+    for g in budget_goals(rows, share):
+        if g.get("prefill_ratio") is None or g["prefill_ratio"] >= share or not g.get("best_window"):
+            continue
+        win = next(r for r in rows if r["ctx"] == g["ctx"] and r["budget_mib"] == g["budget_mib"]
+                   and r["config"] == g["best_window"])
+        points.append({"ctx": g["ctx"], "budget_mib": g["budget_mib"], "reference": g["reference"],
+                       "window": g["best_window"], "vram_target_mib": int(win["vram_target_mib"]),
+                       "curve_prefill_ratio": g["prefill_ratio"], "curve_decode_ratio": g["decode_ratio"]})
+    return points
+
+
+def gate_h(a: argparse.Namespace, model: Path, work: Path) -> dict:
+    """The budget-curve points whose prefill goal a single run missed, repeated: at each point, in --repeat-reps
+    interleaved rounds (each configuration leads in turn), the upstream reference, the same cache type in the full
+    build's head mode (upstream's code path in the patched build: what the build costs apart from the window), the
+    same with -fit off (the window runs' flag) and the best window configuration at the --vram-target the curve gave
+    it; medians, ratios of medians to the reference."""
+    points = missed_prefill_points(read_budget_csv(a.repeat_csv))
+    prompt = work / "prompt-d.txt"
+    prompt.write_text(make_text(a.curve_words, 5))
+    n = a.curve_n
+    # one discarded run first: the first prefill after the GPU idled is the slowest of a call
+    run("h-warmup", completion(a.upstream_bin, model, 36864, prompt, n, []), work)
+    out = []
+    for pt in points:
+        ctx, ref_cache, win_cache = pt["ctx"], pt["reference"].split()[1], pt["window"].split()[1]
+        configs = [
+            ("reference", completion(a.upstream_bin, model, ctx, prompt, n, [], ref_cache)),
+            ("head", completion(a.full_bin, model, ctx, prompt, n, ["--kv-residency-mode", "head"], ref_cache)),
+            ("head -fit off", completion(a.full_bin, model, ctx, prompt, n, ["--kv-residency-mode", "head", "-fit", "off"],
+                                         ref_cache)),
+            ("window", completion(a.full_bin, model, ctx, prompt, n, ["--kv-residency-mode", "window", "-fit", "off",
+                                  "--vram-target", str(pt["vram_target_mib"])], win_cache)),
+        ]
+        runs: dict = {name: [] for name, _ in configs}
+        for rep in range(a.repeat_reps):
+            for name, argv in configs[rep % len(configs):] + configs[:rep % len(configs)]:
+                r = run(f"h-{ctx}-{pt['budget_mib']}-{name.replace(' ', '')}-{rep}", argv, work, measure=True)
+                runs[name].append(strip(r))
+        med = {name: {k: statistics.median([r[k] for r in rs if r.get(k)] or [0])
+                      for k in ("prefill_tps", "decode_tps", "device_mib_peak")} for name, rs in runs.items()}
+        ref = med["reference"]
+        ratio = {name: {k: round(m[k] / ref[k], 3) if ref[k] else None for k in ("prefill_tps", "decode_tps")}
+                 for name, m in med.items()}
+        last_win = runs["window"][-1]
+        cells = (last_win.get("window") or {}).get("resident", "all" if last_win.get("fully_resident") else None)
+        row = pt | {"medians": med, "ratios_to_reference": ratio, "window_cells": cells,
+                    "samples": {name: [(r.get("prefill_tps"), r.get("decode_tps")) for r in rs] for name, rs in runs.items()},
+                    "window_fits_budget": all((r.get("device_mib_peak") or 1e9) <= pt["budget_mib"] for r in runs["window"]),
+                    "rc": {name: [r["rc"] for r in rs] for name, rs in runs.items()}}
+        row["prefill_goal_met"] = (ratio["window"]["prefill_tps"] or 0) >= 0.95
+        row["decode_goal_met"] = (ratio["window"]["decode_tps"] or 0) >= 0.95
+        log(f"repeat: ctx {ctx} budget {pt['budget_mib']}: {json.dumps(med)} ratios {json.dumps(ratio)}")
+        out.append(row)
+    return {"pass": bool(points) and all(rc == 0 for p in out for rcs in p["rc"].values() for rc in rcs),
+            "reps": a.repeat_reps, "points": out}
+
+
 def linear_fit(pts: list[dict]) -> dict:
     if len(pts) < 2:
         return {}
@@ -697,6 +767,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--buffer-ctxs", type=int, nargs="+", default=[131072, 524288, 1048576])
     ap.add_argument("--fit-windows", type=int, nargs="+", default=[256, 12288, 24576])
     ap.add_argument("--budget-ctxs", type=int, nargs="+", default=[131072, 1048576], help="gate g: declared contexts")
+    ap.add_argument("--repeat-csv", type=Path, default=Path("docs/gpu/budget_curve.csv"),
+                    help="gate h: the budget curve whose missed prefill points are repeated")
+    ap.add_argument("--repeat-reps", type=int, default=3, help="gate h: runs of each configuration at each point")
     ap.add_argument("--budget-margin", type=int, default=48,
                     help="gate g: MiB kept below a budget beyond the measured overhead (it moved by up to 24 MiB)")
     ap.add_argument("--budgets-128k", type=int, nargs="+", default=[1900, 2100, 2400, 2800, 3300, 3900],
@@ -719,7 +792,7 @@ def main(argv: list[str] | None = None) -> int:
     model = ensure_model(a.work / "synthetic-8l-2048.gguf", MODEL_ARGS)
     results: dict = {}
     names = {"a": "a_boot_repro", "b": "b_resident_unchanged", "c": "c_window_equals_resident", "d": "d_curve",
-             "e": "e_compute_buffers", "f": "f_breakdown", "g": "g_budget_curve"}
+             "e": "e_compute_buffers", "f": "f_breakdown", "g": "g_budget_curve", "h": "h_prefill_repeats"}
     for g in a.only.split(","):
         t0 = time.monotonic()
         log(f"== gate {g}")
@@ -738,6 +811,8 @@ def main(argv: list[str] | None = None) -> int:
                 res = gate_f(a, model, a.work)
             elif g == "g":
                 res = gate_g(a, model, a.work, a.out)
+            elif g == "h":
+                res = gate_h(a, model, a.work)
             else:
                 res = {"pass": False, "error": f"unknown gate {g!r}"}
         except Exception as e:  # keep going: one broken gate must not hide the others' results

@@ -1,4 +1,4 @@
-"""Write a deterministic synthetic GGUF (llama / qwen2 / gemma3) with a byte-level SPM vocabulary."""
+"""Write a deterministic synthetic GGUF (llama / qwen2 / gemma3 / mamba / jamba) with a byte-level SPM vocabulary."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def build_vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
 
 def tensor_plan(a: argparse.Namespace) -> list[tuple[str, tuple[int, ...], float, float]]:
     """(name, numpy shape, std, mean) for every tensor; numpy shape is ggml's ne reversed."""
-    E, H, KV, D, F, V = a.n_embd, a.n_head, a.n_head_kv, a.head_dim, a.n_ff, a.vocab
+    E, H, KV, D, V = a.n_embd, a.n_head, a.n_head_kv, a.head_dim, a.vocab
     q_dim, kv_dim = H * D, KV * D
     plan: list[tuple[str, tuple[int, ...], float, float]] = []
     # Embedding std 1 keeps the residual stream O(1) for llama/qwen2; gemma3 scales by sqrt(n_embd) itself.
@@ -69,6 +69,10 @@ def tensor_plan(a: argparse.Namespace) -> list[tuple[str, tuple[int, ...], float
                                          ("output.weight", (V, E), 3.0 / np.sqrt(E), 0.0)]
     for i in range(a.layers):
         p = f"blk.{i}."
+        if a.arch == "jamba" and not jamba_is_attention(i):
+            plan += mamba_layer(a, i, jamba=True)
+            plan += ffn_tensors(a, p)
+            continue
         plan.append((p + "attn_norm.weight", (E,), 0.02, 1.0))
         # q/k std a bit above 1/sqrt(fan_in) so attention is not flat: a window/tail bug must move logits.
         plan.append((p + "attn_q.weight", (q_dim, E), 1.5 / np.sqrt(E), 0.0))
@@ -83,10 +87,7 @@ def tensor_plan(a: argparse.Namespace) -> list[tuple[str, tuple[int, ...], float
             plan.append((p + "attn_q_norm.weight", (D,), 0.02, 1.0))
             plan.append((p + "attn_k_norm.weight", (D,), 0.02, 1.0))
             plan.append((p + "post_attention_norm.weight", (E,), 0.02, 1.0))
-        plan.append((p + "ffn_norm.weight", (E,), 0.02, 1.0))
-        plan.append((p + "ffn_gate.weight", (F, E), 1.0 / np.sqrt(E), 0.0))
-        plan.append((p + "ffn_up.weight", (F, E), 1.0 / np.sqrt(E), 0.0))
-        plan.append((p + "ffn_down.weight", (E, F), 1.0 / np.sqrt(F), 0.0))
+        plan += ffn_tensors(a, p)
         if a.arch == "gemma3":
             plan.append((p + "post_ffw_norm.weight", (E,), 0.02, 1.0))
     plan.append(("output_norm.weight", (E,), 0.02, 1.0))
@@ -95,23 +96,47 @@ def tensor_plan(a: argparse.Namespace) -> list[tuple[str, tuple[int, ...], float
     return plan
 
 
+def ffn_tensors(a: argparse.Namespace, p: str) -> list[tuple[str, tuple[int, ...], float, float]]:
+    E, F = a.n_embd, a.n_ff
+    return [(p + "ffn_norm.weight", (E,), 0.02, 1.0),
+            (p + "ffn_gate.weight", (F, E), 1.0 / np.sqrt(E), 0.0),
+            (p + "ffn_up.weight", (F, E), 1.0 / np.sqrt(E), 0.0),
+            (p + "ffn_down.weight", (E, F), 1.0 / np.sqrt(F), 0.0)]
+
+
+def jamba_is_attention(il: int) -> bool:
+    """jamba (hybrid): odd layers are attention layers (KV cache), even layers Mamba layers (recurrent state)."""
+    return il % 2 == 1
+
+
 def mamba_layers(a: argparse.Namespace) -> list[tuple[str, tuple[int, ...], float, float]]:
     """A Mamba (recurrent, no KV cache) layer stack: llama.cpp supports only d_inner = 2 x n_embd."""
-    E, DI, DS, DC, R = a.n_embd, 2 * a.n_embd, a.ssm_state, a.ssm_conv, a.ssm_dt_rank
     plan: list[tuple[str, tuple[int, ...], float, float]] = []
     for i in range(a.layers):
-        p = f"blk.{i}."
-        plan.append((p + "attn_norm.weight", (E,), 0.02, 1.0))
-        plan.append((p + "ssm_in.weight", (2 * DI, E), 1.0 / np.sqrt(E), 0.0))
-        plan.append((p + "ssm_conv1d.weight", (DI, DC), 1.0 / np.sqrt(DC), 0.0))
-        plan.append((p + "ssm_conv1d.bias", (DI,), 0.1, 0.0))
-        plan.append((p + "ssm_x.weight", (R + 2 * DS, DI), 1.0 / np.sqrt(DI), 0.0))
-        plan.append((p + "ssm_dt.weight", (DI, R), 1.0 / np.sqrt(R), 0.0))
-        plan.append((p + "ssm_dt.bias", (DI,), 0.1, -2.0))
-        # A = -exp(A_log) in the converters: negative, so the state decays and the scan stays bounded
-        plan.append((p + "ssm_a", (DI, DS), 0.1, -1.0))
-        plan.append((p + "ssm_d", (DI,), 0.1, 1.0))
-        plan.append((p + "ssm_out.weight", (E, DI), 1.0 / np.sqrt(DI), 0.0))
+        plan += mamba_layer(a, i)
+    return plan
+
+
+def mamba_layer(a: argparse.Namespace, i: int, jamba: bool = False) -> list[tuple[str, tuple[int, ...], float, float]]:
+    """One Mamba layer; jamba's also has RMS norms on dt, B and C."""
+    E, DI, DS, DC, R = a.n_embd, 2 * a.n_embd, a.ssm_state, a.ssm_conv, a.ssm_dt_rank
+    plan: list[tuple[str, tuple[int, ...], float, float]] = []
+    p = f"blk.{i}."
+    plan.append((p + "attn_norm.weight", (E,), 0.02, 1.0))
+    plan.append((p + "ssm_in.weight", (2 * DI, E), 1.0 / np.sqrt(E), 0.0))
+    plan.append((p + "ssm_conv1d.weight", (DI, DC), 1.0 / np.sqrt(DC), 0.0))
+    plan.append((p + "ssm_conv1d.bias", (DI,), 0.1, 0.0))
+    plan.append((p + "ssm_x.weight", (R + 2 * DS, DI), 1.0 / np.sqrt(DI), 0.0))
+    plan.append((p + "ssm_dt.weight", (DI, R), 1.0 / np.sqrt(R), 0.0))
+    plan.append((p + "ssm_dt.bias", (DI,), 0.1, -2.0))
+    # A = -exp(A_log) in the converters: negative, so the state decays and the scan stays bounded
+    plan.append((p + "ssm_a", (DI, DS), 0.1, -1.0))
+    plan.append((p + "ssm_d", (DI,), 0.1, 1.0))
+    plan.append((p + "ssm_out.weight", (E, DI), 1.0 / np.sqrt(DI), 0.0))
+    if jamba:
+        plan.append((p + "ssm_dt_norm.weight", (R,), 0.02, 1.0))
+        plan.append((p + "ssm_b_norm.weight", (DS,), 0.02, 1.0))
+        plan.append((p + "ssm_c_norm.weight", (DS,), 0.02, 1.0))
     return plan
 
 
@@ -155,7 +180,14 @@ def write_model(a: argparse.Namespace) -> dict:
     else:
         w.add_feed_forward_length(a.n_ff)
         w.add_head_count(a.n_head)
-        w.add_head_count_kv(a.n_head_kv)
+        if a.arch == "jamba":  # a Mamba layer is one with no KV heads
+            w.add_head_count_kv([a.n_head_kv if jamba_is_attention(i) else 0 for i in range(a.layers)])
+            w.add_ssm_conv_kernel(a.ssm_conv)
+            w.add_ssm_inner_size(2 * a.n_embd)
+            w.add_ssm_state_size(a.ssm_state)
+            w.add_ssm_time_step_rank(a.ssm_dt_rank)
+        else:
+            w.add_head_count_kv(a.n_head_kv)
         w.add_key_length(a.head_dim)
         w.add_value_length(a.head_dim)
         w.add_rope_dimension_count(a.head_dim)
@@ -208,8 +240,9 @@ def write_model(a: argparse.Namespace) -> dict:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("-o", "--output", type=Path, required=True, help="GGUF file to write")
-    p.add_argument("--arch", choices=("llama", "qwen2", "gemma3", "mamba"), default="llama",
-                   help="mamba: a recurrent model (no KV cache), d_inner = 2 x n_embd")
+    p.add_argument("--arch", choices=("llama", "qwen2", "gemma3", "mamba", "jamba"), default="llama",
+                   help="mamba: a recurrent model (no KV cache), d_inner = 2 x n_embd; jamba: hybrid, Mamba and "
+                        "attention layers alternating (needs --n-head x --head-dim == --n-embd)")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--n-embd", type=int, default=256)
     p.add_argument("--n-head", type=int, default=4)
@@ -228,6 +261,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--swa-pattern", type=int, default=2,
                    help="gemma3 only: every N-th layer is full attention (real Gemma 3 uses 6)")
     a = p.parse_args(argv)
+    if a.arch == "jamba" and a.n_head * a.head_dim != a.n_embd:
+        p.error("jamba needs --n-head x --head-dim == --n-embd (llama.cpp's jamba loader assumes it)")
     if a.arch == "qwen2" and a.n_head * a.head_dim != a.n_embd:
         p.error("qwen2 needs --n-head x --head-dim == --n-embd (llama.cpp's qwen2 loader assumes it)")
     if a.n_head % a.n_head_kv:

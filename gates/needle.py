@@ -52,7 +52,7 @@ class Server:
         env.pop(WINDOW_ENV, None)  # the resident server must never inherit a forced window
         env.update(env_extra)
         argv = [str(binary), "-m", str(model), "-c", str(a.ctx), "-t", str(a.threads), "-tb", str(a.threads),
-                "-fa", "on", "-np", "1", "-ngl", "0", "--host", "127.0.0.1", "--port", str(self.port),
+                "-fa", "on", "-np", "1", "-ngl", str(a.ngl), "--host", "127.0.0.1", "--port", str(self.port),
                 "-lv", "4",  # llama's own INFO lines (the position-window line) print only at -lv 4
                 *argv_extra]
         self.argv, self.env_extra = argv, env_extra
@@ -79,10 +79,11 @@ class Server:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return json.loads(r.read())
 
-    def complete(self, prompt: str, n_predict: int) -> dict:
-        # Greedy and stateless: no prompt cache, so each probe is one full prefill in both configs.
+    def complete(self, prompt: str, n_predict: int, n_probs: int = 0) -> dict:
+        # Greedy and stateless: no prompt cache, so each probe is one full prefill in both configs. n_probs asks
+        # for the model's (pre-sampling) top log-probabilities at every generated token.
         return self.post("/completion", {"prompt": prompt, "n_predict": n_predict, "temperature": 0.0,
-                                         "top_k": 1, "seed": 1, "cache_prompt": False})
+                                         "top_k": 1, "seed": 1, "cache_prompt": False, "n_probs": n_probs})
 
     def n_tokens(self, text: str) -> int:
         return len(self.post("/tokenize", {"content": text})["tokens"])
@@ -132,10 +133,13 @@ def run_config(name: str, binary: Path, model: Path, extra: list[str], env: dict
             probes = build_probes(srv, a.lengths, a.depths, a.seed)
         for p in probes:
             n_predict = a.n_predict if p["kind"] == "passkey" else a.n_continue
-            r = srv.complete(p["prompt"], n_predict)
+            r = srv.complete(p["prompt"], n_predict, a.n_probs)
             t = r.get("timings", {})
+            steps = [{"id": c.get("id"), "token": c.get("token"), "logprob": c.get("logprob"),
+                      "top": [(x.get("token"), x.get("logprob")) for x in c.get("top_logprobs", [])]}
+                     for c in r.get("completion_probabilities", [])]
             out["answers"].append({"content": r.get("content", ""), "prompt_tokens": r.get("tokens_evaluated"),
-                                   "prompt_tps": t.get("prompt_per_second")})
+                                   "prompt_tps": t.get("prompt_per_second"), "steps": steps})
             if t.get("prompt_per_second"):
                 out["prefill_tps"].append(t["prompt_per_second"])
             print(f"   {name:>9}: {p['kind']:<12} ~{p['target']:>5} tok depth={p['depth']!s:<4} "
@@ -147,6 +151,19 @@ def run_config(name: str, binary: Path, model: Path, extra: list[str], env: dict
     out["fully_resident_logged"] = "FULLY RESIDENT" in log
     return out, probes
 
+
+
+def divergence(res: dict, win: dict) -> dict | None:
+    """Where two greedy answers first pick different tokens, and how sure each configuration was there: the top
+    log-probabilities at that step and the margin (nats) between the first two."""
+    for i, (x, y) in enumerate(zip(res["steps"], win["steps"], strict=False)):
+        if x["id"] != y["id"]:
+            def margin(step: dict) -> float | None:
+                lp = [v for _, v in step["top"][:2]]
+                return round(lp[0] - lp[1], 4) if len(lp) == 2 and None not in lp else None
+            return {"step": i, "resident": {"token": x["token"], "top": x["top"], "margin": margin(x)},
+                    "window": {"token": y["token"], "top": y["top"], "margin": margin(y)}}
+    return None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -162,8 +179,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="run only the reference config (harness check on an unpatched build)")
     p.add_argument("--ctx", type=int, default=8192)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--ngl", type=int, default=0, help="layers on the GPU (-ngl); 99 runs the model on the GPU")
     p.add_argument("--n-predict", type=int, default=8)
     p.add_argument("--n-continue", type=int, default=24)
+    p.add_argument("--n-probs", type=int, default=2,
+                   help="top log-probabilities kept per generated token (where two answers part, they show how close it was)")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--boot-timeout", type=int, default=120)
     p.add_argument("--work-dir", type=Path)
@@ -210,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
                 row[r["name"] + "_found"] = p["key"] in ans["content"]
         if len(runs) > 1:
             row["equal"] = row["resident"] == row["window"]
+            if not row["equal"]:
+                row["divergence"] = divergence(runs[0]["answers"][i], runs[1]["answers"][i])
             held = (not p["key"]) or (row["window_found"] or not row["resident_found"])
             ok = ok and row["equal"] and held
         rows.append(row)
@@ -233,6 +255,10 @@ def main(argv: list[str] | None = None) -> int:
             return "" if r["key"] is None else (" +" if r.get(k + "_found") else " -")
         pr(f"{r['kind']:<12} {r['prompt_tokens'] or 0:>6} {r['depth'] if r['depth'] is not None else '':>5} "
            f"{r['key'] or '':>6} | {res + mark('resident'):<22} | {win + mark('window'):<22} | {r.get('equal', '-')}")
+        if r.get("divergence"):
+            d = r["divergence"]
+            pr(f"{'':<12} parted at generated token {d['step']}: resident top {d['resident']['top']} (margin "
+               f"{d['resident']['margin']}), window top {d['window']['top']} (margin {d['window']['margin']})")
     for c in result["configs"]:
         tps = c["prefill_tps"]
         pr(f"{c['name']}: prefill {min(tps):.0f}-{max(tps):.0f} tok/s; FULLY RESIDENT logged={c['fully_resident_logged']};"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MODULES = ["gates.cpu", "gates.gpu", "gates.needle", "gates.demo", "gates.make_model", "gates.bundle"]
+MODULES = ["gates.cpu", "gates.gpu", "gates.needle", "gates.demo", "gates.make_model", "gates.bundle", "gates.model_bench"]
 
 
 def run_module(mod: str, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -363,3 +363,109 @@ def test_cpu_gate_d_wants_the_fallback_line_no_window_and_head_modes_bytes(tmp_p
     assert not gate_d(c, "mamba", tmp_path / "m.gguf", text)["ok"]
     tool(warn=True, window_bytes="other")  # other logits: fails
     assert not gate_d(c, "mamba", tmp_path / "m.gguf", text)["ok"]
+
+
+def test_missed_prefill_points_are_the_goals_a_window_misses_in_prefill(tmp_path: Path):
+    from gates.gpu import budget_rows, missed_prefill_points, read_budget_csv, write_budget_csv
+
+    def r(prefill: float, decode: float, peak: int, window: dict | None = None, resident: bool = False) -> dict:
+        return {"rc": 0, "prefill_tps": prefill, "decode_tps": decode, "device_mib_peak": peak, "prompt_tokens": 100,
+                "window": window, "fully_resident": resident}
+
+    rows = budget_rows(4096, [1000, 2000], "upstream q4_0", r(100.0, 50.0, 900), 4096)
+    rows += budget_rows(4096, [1000], "window f16", r(90.0, 60.0, 990, {"resident": 512}), 4096, target=800)
+    rows += budget_rows(4096, [2000], "window f16", r(99.0, 60.0, 1900, resident=True), 4096, target=1800)
+    path = tmp_path / "budget_curve.csv"
+    write_budget_csv(path, rows, [4096])
+    points = missed_prefill_points(read_budget_csv(path))
+    # at 1000 MiB the window reaches 0.90 of upstream's prefill (missed); at 2000 MiB 0.99 (met): one point
+    assert points == [{"ctx": 4096, "budget_mib": 1000, "reference": "upstream q4_0", "window": "window f16",
+                       "vram_target_mib": 800, "curve_prefill_ratio": 0.9, "curve_decode_ratio": 1.2}]
+
+
+def test_gate_h_repeats_each_missed_point_with_every_configuration(tmp_path: Path):
+    from gates.gpu import budget_rows, gate_h, parse_args, write_budget_csv
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls.txt"
+    # a stand-in llama-completion: records its arguments; window runs prefill slower than head mode
+    fake_tool(bin_dir / "llama-completion", "\n".join([
+        f'echo "$*" >> {calls}',
+        'case "$*" in *window*) pp=45000.00;; *) pp=60000.00;; esac',
+        'echo "common_perf_print: prompt eval time =     573.10 ms / 35131 tokens (    0.02 ms per token, '
+        '$pp tokens per second)"',
+        'echo "common_perf_print:        eval time =      26.69 ms /    63 runs   (    0.86 ms per token, '
+        '700.00 tokens per second)"']), script=True)
+    rows = budget_rows(131072, [2800], "upstream q4_0", {"rc": 0, "prefill_tps": 60000.0, "decode_tps": 700.0,
+                                                          "device_mib_peak": 2600}, 131072)
+    rows += budget_rows(131072, [2800], "window q8_0", {"rc": 0, "prefill_tps": 50000.0, "decode_tps": 720.0,
+                                                         "device_mib_peak": 2700, "window": {"resident": 90112}},
+                        131072, target=2336)
+    csv_path = tmp_path / "curve.csv"
+    write_budget_csv(csv_path, rows, [131072])
+    a = parse_args(["--full-bin", str(bin_dir), "--pre-bin", str(bin_dir), "--upstream-bin", str(bin_dir),
+                    "--repeat-csv", str(csv_path), "--repeat-reps", "3", "--curve-words", "50"])
+    res = gate_h(a, tmp_path / "m.gguf", tmp_path)
+    assert res["pass"] and len(res["points"]) == 1
+    pt = res["points"][0]
+    assert pt["ratios_to_reference"]["window"]["prefill_tps"] == 0.75
+    assert pt["ratios_to_reference"]["head"]["prefill_tps"] == 1.0
+    assert not pt["prefill_goal_met"] and pt["decode_goal_met"]
+    lines = calls.read_text().splitlines()
+    assert len(lines) == 1 + 4 * 3  # a warm-up, then 4 configurations x 3 rounds
+    window_runs = [ln for ln in lines if "window" in ln]
+    assert len(window_runs) == 3 and all("--vram-target 2336" in ln and "-ctk q8_0" in ln for ln in window_runs)
+    assert sum("-ctk q4_0" in ln and "head" in ln and "-fit off" in ln for ln in lines) == 3
+
+
+def test_model_bench_runs_resident_and_each_window_and_wants_a_tail(tmp_path: Path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    doc = [{"n_prompt": 4096, "n_gen": 0, "n_depth": 12288, "samples_ts": [50000.0, 52000.0]},
+           {"n_prompt": 0, "n_gen": 128, "n_depth": 12288, "samples_ts": [800.0, 810.0]}]
+    # a stand-in llama-bench: the window the environment asks for shows in its log, as with -v
+    fake_tool(bin_dir / "llama-bench", "\n".join([
+        'if [ -n "$OPENCOTI_KV_WINDOW_CELLS" ]; then echo "llama_kv_cache: position window = $OPENCOTI_KV_WINDOW_CELLS '
+        '/ 16384 cells resident + host tail 100 cells (1.00 MiB host) [CUDA0, forced]" >&2; fi',
+        f"cat <<'EOF'\n{json.dumps(doc)}\nEOF"]), script=True)
+    r = run_module("gates.model_bench", "--bin", str(bin_dir), "--model", str(tmp_path / "m.gguf"),
+                   "--rounds", "2", "--work", str(tmp_path / "w"))
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert [row["config"] for row in res["rows"]] == ["resident", "window 4096", "window 8192"]
+    assert res["rows"][1]["tail_engaged"] and res["rows"][1]["prefill_median"] == 51000.0
+    assert res["rows"][2]["position_windows"][0]["window"] == 8192
+    # a window that never reached the host tail proves nothing: the gate fails
+    fake_tool(bin_dir / "llama-bench", json.dumps(doc))
+    assert run_module("gates.model_bench", "--bin", str(bin_dir), "--model", str(tmp_path / "m.gguf"),
+                      "--rounds", "1", "--work", str(tmp_path / "w")).returncode == 1
+
+
+def test_make_model_jamba_alternates_mamba_and_attention_layers(tmp_path: Path):
+    gguf = pytest.importorskip("gguf")
+    from gates import make_model
+
+    out = tmp_path / "j.gguf"
+    assert make_model.main(["-o", str(out), "--arch", "jamba", "--layers", "4"]) == 0
+    rd = gguf.GGUFReader(str(out))
+    kv = rd.fields["jamba.attention.head_count_kv"]
+    assert [int(kv.parts[i][0]) for i in kv.data] == [0, 2, 0, 2]
+    names = {t.name for t in rd.tensors}
+    assert {"blk.0.ssm_in.weight", "blk.0.ssm_dt_norm.weight", "blk.1.attn_k.weight", "blk.1.ffn_up.weight",
+            "blk.0.ffn_up.weight"} <= names
+    assert "blk.1.ssm_in.weight" not in names and "blk.0.attn_k.weight" not in names
+
+
+def test_needle_divergence_names_the_first_differing_token_and_each_side_s_margin():
+    from gates.needle import divergence
+
+    def step(i: int, tok: str, top: list) -> dict:
+        return {"id": i, "token": tok, "logprob": top[0][1], "top": top}
+
+    res = {"steps": [step(1, "4", [("4", -0.1), ("5", -3.0)]), step(8, "8", [("8", -1.95), ("9", -1.99)])]}
+    win = {"steps": [step(1, "4", [("4", -0.1), ("5", -3.0)]), step(9, "9", [("9", -2.012), ("8", -2.014)])]}
+    d = divergence(res, win)
+    assert d["step"] == 1 and d["resident"]["token"] == "8" and d["window"]["token"] == "9"
+    assert d["resident"]["margin"] == 0.04 and d["window"]["margin"] == 0.002
+    assert divergence(res, res) is None
