@@ -40,6 +40,7 @@ def scratch_project(dest: Path) -> Path:
         shutil.copy(REPO / rel, dest / rel)
     (dest / "patches").mkdir()
     (dest / "patches" / "series").write_text("# bench series\n")
+    forktool(dest, "vendor", "fetch")  # opening a project never downloads: the pristine comes from here
     forktool(dest, "apply")
     forktool(dest, "new", "bench-host", "--title", "bench: host-only edit in the KV cache")
     edit_host_file(dest, 0)
@@ -53,6 +54,7 @@ def clone_project(src: Path, dest: Path, env: dict[str, str] | None = None) -> P
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(src / rel, dest / rel)
     shutil.copytree(src / "patches", dest / "patches")
+    forktool(dest, "vendor", "fetch", env=env)
     forktool(dest, "apply", env=env)
     return dest
 
