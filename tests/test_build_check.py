@@ -16,7 +16,7 @@ from forktool.build import check, cmakeapi, cuda, diagnose
 from forktool.errors import ForktoolError
 from forktool.project import Project
 from forktool.tree import sha256_file
-from tests.helpers.build import tiny_project
+from tests.helpers.build import CUDA_BUILD_YAML, CUDA_CMAKE, tiny_project
 
 needs_cmake = pytest.mark.skipif(not (shutil.which("cmake") and shutil.which("make") and shutil.which("cc")),
                                  reason="needs cmake, make and a C compiler")
@@ -148,29 +148,6 @@ def test_the_record_answers_only_for_the_same_series_and_tree(tmp_path: Path) ->
     (project.state_dir / check.RECORD).write_text("{broken")
     assert check.status_for(project, ["cpu"], "s1", "t1") == {"cpu": "not compiled"}
 
-
-CUDA_CMAKE = """\
-cmake_minimum_required(VERSION 3.18)
-project(demo C CXX)
-find_package(CUDAToolkit REQUIRED)
-enable_language(CUDA)
-add_library(kern SHARED src/k.cu)
-target_link_libraries(kern PRIVATE CUDA::cudart CUDA::cublas CUDA::cuda_driver)
-"""
-
-CUDA_BUILD_YAML = """\
-artifacts:
-  - name: kern
-    impact: cuda-dso
-    paths: ["llama.cpp/src"]
-    targets: [kern]
-    outputs: [libkern.so]
-profiles:
-  gpu:
-    flags: [-DCMAKE_BUILD_TYPE=Release]
-    targets: [kern]
-    cuda_architectures: "90"
-"""
 
 KERNEL = """\
 #include <cublas_v2.h>

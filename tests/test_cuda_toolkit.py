@@ -17,7 +17,7 @@ from forktool import build as b
 from forktool.build import check, cuda
 from forktool.errors import ConfigError
 from forktool.tree import digest, scan
-from tests.helpers.build import tiny_project
+from tests.helpers.build import CUDA_BUILD_YAML, CUDA_CMAKE, tiny_project
 from tests.helpers.project import REPO
 
 SCRIPT = REPO / "scripts" / "install-cuda-toolkit.sh"
@@ -112,29 +112,6 @@ def test_cudacxx_names_the_only_nvcc(tmp_path: Path, monkeypatch: pytest.MonkeyP
     toolkit = cuda.Toolkit(str(tk / "bin" / "nvcc"), tk, None, None, None, tk / "lib" / "libcuda.so")
     assert toolkit.cmake_flags(tmp_path / "build") == [f"-DCUDAToolkit_ROOT={tk}"]
 
-
-CUDA_CMAKE = """\
-cmake_minimum_required(VERSION 3.18)
-project(demo C CXX)
-find_package(CUDAToolkit REQUIRED)
-enable_language(CUDA)
-add_library(kern SHARED src/k.cu)
-target_link_libraries(kern PRIVATE CUDA::cudart CUDA::cublas CUDA::cuda_driver)
-"""
-
-CUDA_BUILD_YAML = """\
-artifacts:
-  - name: kern
-    impact: cuda-dso
-    paths: ["llama.cpp/src"]
-    targets: [kern]
-    outputs: [libkern.so]
-profiles:
-  gpu:
-    flags: [-DCMAKE_BUILD_TYPE=Release]
-    targets: [kern]
-    cuda_architectures: "90"
-"""
 
 KERNEL = """\
 #include <cublas_v2.h>

@@ -34,6 +34,30 @@ profiles:
     targets: [demo-cli]
 """
 
+# a CUDA library (runtime, cuBLAS, driver) in a gpu profile: what the cuda compile checks build
+CUDA_CMAKE = """\
+cmake_minimum_required(VERSION 3.18)
+project(demo C CXX)
+find_package(CUDAToolkit REQUIRED)
+enable_language(CUDA)
+add_library(kern SHARED src/k.cu)
+target_link_libraries(kern PRIVATE CUDA::cudart CUDA::cublas CUDA::cuda_driver)
+"""
+
+CUDA_BUILD_YAML = """\
+artifacts:
+  - name: kern
+    impact: cuda-dso
+    paths: ["llama.cpp/src"]
+    targets: [kern]
+    outputs: [libkern.so]
+profiles:
+  gpu:
+    flags: [-DCMAKE_BUILD_TYPE=Release]
+    targets: [kern]
+    cuda_architectures: "90"
+"""
+
 CMAKE = """\
 cmake_minimum_required(VERSION 3.16)
 project(demo C)
