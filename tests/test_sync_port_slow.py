@@ -22,7 +22,7 @@ import resolve  # noqa: E402  (the recorded hand resolutions, kept beside the po
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 JOBS = os.environ.get("FORKTOOL_TEST_JOBS", "2")
-STOPS = ["0070", "0072", "0073", "0089"]
+STOPS = ["0070", "0071", "0072", "0073", "0089"]
 
 
 def forktool(root: Path, *args: str, expect: int | None = 0) -> tuple[int, dict]:
@@ -100,7 +100,7 @@ def test_port_to_0_3_35_and_abort(cache, tmp_path: Path) -> None:
                          lambda pid: resolve.resolve(root / "vendor" / "llamafile" / "llama.cpp", pid))
     assert [r["stop"]["id"] for r in runs if r["stage"] == "stopped"] == STOPS
     assert [(d["id"], d["status"]) for d in runs[-1]["done"]] == [
-        ("0070", "resolved"), ("0071", "offset"), ("0072", "resolved"), ("0073", "resolved"), ("0089", "resolved")]
+        ("0070", "resolved"), ("0071", "resolved"), ("0072", "resolved"), ("0073", "resolved"), ("0089", "resolved")]
     # the recorded port is exactly what the tool makes of these resolutions
     rels = [f"patches/{p.name}" for p in (DATA / "patches").iterdir()] + ["vendor/vendor.yaml", "vendor/vendor.lock"]
     assert same(root, DATA, rels) == []
