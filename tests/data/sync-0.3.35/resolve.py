@@ -120,10 +120,13 @@ RESOLUTIONS: dict[str, dict[str, list[Block]]] = {
 # without name_tag, as 0.3.35 names its own)
 EDITS: dict[str, dict[str, tuple[str, str, int]]] = {
     "0071": {
-        "src/llama-model.cpp": ('        else if (dynamic_cast<llama_memory_hybrid_idx  *>(res)) { type = "llama_memory_hybrid_idx"; }\n'
-                                '        else if (dynamic_cast<llama_kv_cache_msa       *>(res)) { type = "llama_kv_cache_msa"; }\n'
-                                '        else if (dynamic_cast<llama_kv_cache_dsa_iswa  *>(res)) { type = "llama_kv_cache_dsa_iswa"; }\n',
-                                '        else if (dynamic_cast<llama_kv_cache_msa       *>(res)) { type = "llama_kv_cache_msa"; }\n', 1),
+        "src/llama-model.cpp": (
+            '        else if (dynamic_cast<llama_memory_hybrid_idx  *>(res)) '
+            '{ type = "llama_memory_hybrid_idx"; }\n'
+            '        else if (dynamic_cast<llama_kv_cache_msa       *>(res)) { type = "llama_kv_cache_msa"; }\n'
+            '        else if (dynamic_cast<llama_kv_cache_dsa_iswa  *>(res)) '
+            '{ type = "llama_kv_cache_dsa_iswa"; }\n',
+            '        else if (dynamic_cast<llama_kv_cache_msa       *>(res)) { type = "llama_kv_cache_msa"; }\n', 1),
     },
     "0072": {
         "src/llama-kv-cache.cpp": ('            ggml_format_name(k,  "cache_%sk_l%d",      name_tag, il);\n'
