@@ -22,7 +22,7 @@ import resolve  # noqa: E402  (the recorded hand resolutions, kept beside the po
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 JOBS = os.environ.get("FORKTOOL_TEST_JOBS", "2")
-STOPS = ["0070", "0072", "0073", "0089"]
+STOPS = ["0070", "0071", "0072", "0073", "0089"]
 
 
 def forktool(root: Path, *args: str, expect: int | None = 0) -> tuple[int, dict]:
@@ -100,7 +100,7 @@ def test_port_to_0_3_35_and_abort(cache, tmp_path: Path) -> None:
                          lambda pid: resolve.resolve(root / "vendor" / "llamafile" / "llama.cpp", pid))
     assert [r["stop"]["id"] for r in runs if r["stage"] == "stopped"] == STOPS
     assert [(d["id"], d["status"]) for d in runs[-1]["done"]] == [
-        ("0070", "resolved"), ("0071", "offset"), ("0072", "resolved"), ("0073", "resolved"), ("0089", "resolved")]
+        ("0070", "resolved"), ("0071", "resolved"), ("0072", "resolved"), ("0073", "resolved"), ("0089", "resolved")]
     # the recorded port is exactly what the tool makes of these resolutions
     rels = [f"patches/{p.name}" for p in (DATA / "patches").iterdir()] + ["vendor/vendor.yaml", "vendor/vendor.lock"]
     assert same(root, DATA, rels) == []
@@ -114,8 +114,9 @@ def test_forward_to_the_pin_builds_and_passes_the_gates(cache, tmp_path: Path) -
     pristine = json.loads((REPO / "vendor" / "vendor.lock").read_text())["pristine_digest"]
     pin = next(c for c in load_vendor_config(REPO / "vendor" / "vendor.yaml").components if c.kind == "sdist")
     runs, tool = carried(root, pin.spec, lambda pid: resolve.resolve_to_series(root, REPO / "patches", pristine, pid))
+    assert [r["stop"]["id"] for r in runs if r["stage"] == "stopped"] == STOPS
     assert [(d["id"], d["status"]) for d in runs[-1]["done"]] == [
-        ("0070", "resolved"), ("0071", "offset"), ("0072", "resolved"), ("0073", "resolved"), ("0089", "resolved")]
+        ("0070", "resolved"), ("0071", "resolved"), ("0072", "resolved"), ("0073", "resolved"), ("0089", "resolved")]
     hooks = runs[-1]["hooks"]
     assert {h["status"] for h in hooks} <= {"found", "moved_lines", "added"}
     assert [(h["hook"], h["symbol"]) for h in hooks if h["status"] == "added"] == [

@@ -4,6 +4,10 @@
 llama_memory_hybrid_idx branch in llama_model::create_memory: the residency parameters follow `share`
 directly, and the callers that passed name_tag's default "" before them stop doing so.
 
+0071: 0.3.35 has the four branches that hand their cache the window (hybrid-iSWA, hybrid, iSWA, the plain cache),
+each of which keeps its flag, and no llama_memory_hybrid_idx or llama_kv_cache_dsa_iswa (0.3.36 added both): the
+fallback line's type names go without those two.
+
 0072: in build_attn 0.3.35 stores K/V first and reads the views after the store block (0.3.36 reads them
 inside it): the tail staging and stream pinning follow the reads. 0.3.35 restores K/V state cell by cell
 (0.3.36 batches contiguous runs) and has no state_clear():
@@ -64,6 +68,7 @@ def scatter_read(kind: str, indent: str) -> Block:
 
 
 RESOLUTIONS: dict[str, dict[str, list[Block]]] = {
+    "0071": {},  # merged without conflict: the classes 0.3.35 lacks go in EDITS
     "0070": {
         "src/llama-kv-cache.cpp": [text(
             "    const  layer_share_cb & share,\n"
@@ -114,6 +119,15 @@ RESOLUTIONS: dict[str, dict[str, list[Block]]] = {
 # the K/V views read after the store block in 0.3.35's build_attn; the window, tail and mapped K/V tensors named
 # without name_tag, as 0.3.35 names its own)
 EDITS: dict[str, dict[str, tuple[str, str, int]]] = {
+    "0071": {
+        "src/llama-model.cpp": (
+            '        else if (dynamic_cast<llama_memory_hybrid_idx  *>(res)) '
+            '{ type = "llama_memory_hybrid_idx"; }\n'
+            '        else if (dynamic_cast<llama_kv_cache_msa       *>(res)) { type = "llama_kv_cache_msa"; }\n'
+            '        else if (dynamic_cast<llama_kv_cache_dsa_iswa  *>(res)) '
+            '{ type = "llama_kv_cache_dsa_iswa"; }\n',
+            '        else if (dynamic_cast<llama_kv_cache_msa       *>(res)) { type = "llama_kv_cache_msa"; }\n', 1),
+    },
     "0072": {
         "src/llama-kv-cache.cpp": ('            ggml_format_name(k,  "cache_%sk_l%d",      name_tag, il);\n'
                                    '            ggml_format_name(v,  "cache_%sv_l%d",      name_tag, il);\n'
