@@ -109,6 +109,14 @@ def jamba_is_attention(il: int) -> bool:
     return il % 2 == 1
 
 
+
+def add_ssm_keys(w, a) -> None:
+    """The Mamba (SSM) hyperparameters, shared by the mamba and jamba models."""
+    w.add_ssm_conv_kernel(a.ssm_conv)
+    w.add_ssm_inner_size(2 * a.n_embd)
+    w.add_ssm_state_size(a.ssm_state)
+    w.add_ssm_time_step_rank(a.ssm_dt_rank)
+
 def mamba_layers(a: argparse.Namespace) -> list[tuple[str, tuple[int, ...], float, float]]:
     """A Mamba (recurrent, no KV cache) layer stack: llama.cpp supports only d_inner = 2 x n_embd."""
     plan: list[tuple[str, tuple[int, ...], float, float]] = []
@@ -173,19 +181,13 @@ def write_model(a: argparse.Namespace) -> dict:
     if a.arch == "mamba":
         w.add_feed_forward_length(0)
         w.add_head_count(0)
-        w.add_ssm_conv_kernel(a.ssm_conv)
-        w.add_ssm_inner_size(2 * a.n_embd)
-        w.add_ssm_state_size(a.ssm_state)
-        w.add_ssm_time_step_rank(a.ssm_dt_rank)
+        add_ssm_keys(w, a)
     else:
         w.add_feed_forward_length(a.n_ff)
         w.add_head_count(a.n_head)
         if a.arch == "jamba":  # a Mamba layer is one with no KV heads
             w.add_head_count_kv([a.n_head_kv if jamba_is_attention(i) else 0 for i in range(a.layers)])
-            w.add_ssm_conv_kernel(a.ssm_conv)
-            w.add_ssm_inner_size(2 * a.n_embd)
-            w.add_ssm_state_size(a.ssm_state)
-            w.add_ssm_time_step_rank(a.ssm_dt_rank)
+            add_ssm_keys(w, a)
         else:
             w.add_head_count_kv(a.n_head_kv)
         w.add_key_length(a.head_dim)
