@@ -22,6 +22,7 @@ from pathlib import Path
 from gates.common import WINDOW_ENV, parse_windows
 
 MODE_ENV = "OPENCOTI_KV_RESIDENCY_MODE"
+DEBUG_ENV = "OPENCOTI_KV_DEBUG"
 
 
 def bench_once(a: argparse.Namespace, name: str, env_extra: dict, rnd: int) -> dict:
@@ -29,6 +30,7 @@ def bench_once(a: argparse.Namespace, name: str, env_extra: dict, rnd: int) -> d
             "-n", str(a.tg), "-d", str(a.depth), "-r", str(a.reps), "-o", "json", "-v"]
     env = dict(os.environ)
     env.pop(WINDOW_ENV, None)
+    env.pop(DEBUG_ENV, None)
     env.update(env_extra)
     p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=a.timeout)
     (a.work / f"{name}-r{rnd}.log").write_text(" ".join(argv) + "\n" + json.dumps(env_extra) + "\n\n" + p.stderr)
@@ -54,11 +56,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--work", type=Path, default=Path("build/model-bench"))
+    ap.add_argument("--debug", default="",
+                    help="comma-separated OPENCOTI_KV_DEBUG flags; each window also runs once more with each flag "
+                         "(e.g. mma-tail: the MMA kernel over a host tail), in the same interleaved rounds")
     a = ap.parse_args(argv)
     a.work.mkdir(parents=True, exist_ok=True)
     windows = [int(x) for x in a.windows.split(",") if x]
-    configs = [("resident", {MODE_ENV: "head"})] + [(f"window {w}", {MODE_ENV: "window", WINDOW_ENV: str(w)})
-                                                    for w in windows]
+    flags = [f for f in a.debug.split(",") if f]
+    configs = [("resident", {MODE_ENV: "head"})]
+    for w in windows:
+        configs.append((f"window {w}", {MODE_ENV: "window", WINDOW_ENV: str(w)}))
+        configs += [(f"window {w} {f}", {MODE_ENV: "window", WINDOW_ENV: str(w), DEBUG_ENV: f}) for f in flags]
     t0 = time.monotonic()
     samples: dict = {n: {"prefill": [], "decode": [], "windows": [], "fully_resident": []} for n, _ in configs}
     for rnd in range(a.rounds):
@@ -92,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(result, indent=2))
     for r in rows:
         wl = ",".join(f"{w['window']}/{w['kv_size']}+{w['tail']}" for w in r["position_windows"]) or "-"
-        print(f"{r['config']:>12}: prefill {r['prefill_median']:10.1f} tok/s ({r['prefill_ratio']:.3f}), decode "
+        print(f"{r['config']:>22}: prefill {r['prefill_median']:10.1f} tok/s ({r['prefill_ratio']:.3f}), decode "
               f"{r['decode_median']:8.1f} tok/s ({r['decode_ratio']:.3f}), windows {wl}", file=sys.stderr)
     return 0 if ok else 1
 
