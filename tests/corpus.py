@@ -33,7 +33,8 @@ import yaml
 
 from tests.helpers.cli import run_cli
 from tests.helpers.patches import make_patch
-from tests.helpers.project import REPO, UPSTREAM, make_project
+from tests.helpers.project import REPO, UPSTREAM, bare_project, make_project
+from tests.helpers.pypi import sdist_pin
 
 TIME_LIMIT = 10.0  # seconds; a case still running then counts as a hang
 
@@ -972,13 +973,7 @@ def sdist_cases() -> Iterator[Case]:
         def setup(c: Ctx, a=archive) -> None:
             sd = c.work / "pkg-1.0.tar.gz"
             sd.write_bytes(a)
-            (c.root / "vendor").mkdir(parents=True)
-            (c.root / "patches").mkdir()
-            (c.root / "patches" / "series").write_text("")
-            sha = hashlib.sha256(a).hexdigest()
-            (c.root / "vendor" / "vendor.yaml").write_text(
-                f"components:\n  - name: up\n    kind: sdist\n    package: pkg\n    version: '1.0'\n"
-                f"    sha256: '{sha}'\n    subdir: vendor/up\n    include: [src, '*.c']\n    exclude: ['*.md']\n")
+            bare_project(c.root, sdist_pin(hashlib.sha256(a).hexdigest(), include="[src, '*.c']", exclude="['*.md']"))
         yield Case("sdist", lbl, setup, ["vendor", "fetch", "--sdist", "@SDIST@"], must=must, fresh=True)
 
 

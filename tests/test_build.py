@@ -14,6 +14,7 @@ from forktool.impact import impact_label
 from forktool.project import Project
 from forktool.series import Patch, parse_patch
 from tests.helpers.patches import make_patch
+from tests.helpers.project import bare_project
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -28,12 +29,9 @@ def build_patch(pid: str, slug: str, changes: dict[str, tuple[bytes | None, byte
 
 @pytest.fixture
 def project(tmp_path: Path) -> Project:
-    (tmp_path / "vendor").mkdir()
-    (tmp_path / "patches").mkdir()
+    bare_project(tmp_path)
     (tmp_path / "registry").mkdir()
-    shutil.copy(REPO / "vendor" / "vendor.yaml", tmp_path / "vendor" / "vendor.yaml")
     shutil.copy(REPO / "registry" / "build.yaml", tmp_path / "registry" / "build.yaml")
-    (tmp_path / "patches" / "series").write_text("")
     return Project(tmp_path)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -12,7 +11,7 @@ import pytest
 
 from forktool.build import _which as which
 from forktool.project import Project
-from tests.helpers.project import REPO
+from tests.helpers.project import bare_project
 
 BUILD_YAML = """\
 artifacts:
@@ -72,11 +71,9 @@ target_compile_definitions(demo-cli PRIVATE STAMP="${LLAMA_BUILD_COMMIT}")
 
 def tiny_project(root: Path, cmake: str, files: dict[str, str]) -> Project:
     """A project whose vendored llama.cpp/ is a small CMake tree (files: path under llama.cpp/ -> text)."""
-    for d in ("vendor", "patches", "registry"):
-        (root / d).mkdir()
-    shutil.copy(REPO / "vendor" / "vendor.yaml", root / "vendor" / "vendor.yaml")
+    bare_project(root)
+    (root / "registry").mkdir()
     (root / "registry" / "build.yaml").write_text(BUILD_YAML)
-    (root / "patches" / "series").write_text("")
     src = root / "vendor" / "llamafile" / "llama.cpp"
     for rel, text in {"CMakeLists.txt": cmake, **files}.items():
         (src / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -114,6 +114,18 @@ def make_project(tmp_path: Path, files: dict[str, str]) -> Proj:
     return Proj(root, up)
 
 
+def bare_project(root: Path, pin: str | None = None) -> Path:
+    """root made a project with an empty series: vendor/vendor.yaml is pin (its text), else this repository's."""
+    (root / "vendor").mkdir(parents=True)
+    (root / "patches").mkdir()
+    (root / "patches" / "series").write_text("")
+    if pin is None:
+        shutil.copy(REPO / "vendor" / "vendor.yaml", root / "vendor" / "vendor.yaml")
+    else:
+        (root / "vendor" / "vendor.yaml").write_text(pin)
+    return root
+
+
 def copy_real_project(root: Path) -> Path:
     """A copy of this repository's project (pin, lock, series, registry), without its vendored tree or state."""
     for d in ("vendor", "patches", "registry"):
