@@ -100,3 +100,32 @@ def private_sccache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator
         monkeypatch.delenv(var, raising=False)
     yield sccache
     subprocess.run([sccache, "--stop-server"], capture_output=True)
+
+
+# a one-library CMake upstream in a git repository, vendored whole as llama.cpp/: libdemo from the given sources
+# under src/, include/api.h's cfg_t; its build.yaml has one cpu profile
+DEMO_HEADER = "#pragma once\ntypedef struct { int x; } cfg_t;\n"
+DEMO_BUILD_YAML = """\
+artifacts:
+  - name: lib
+    impact: host
+    paths: ["llama.cpp"]
+    targets: [demo]
+    outputs: [libdemo.so]
+profiles:
+  cpu:
+    flags: [-DCMAKE_BUILD_TYPE=Release]
+    targets: [demo]
+"""
+
+
+def demo_cmake(*sources: str) -> str:
+    """The demo upstream's CMakeLists.txt: libdemo built from sources (paths in the upstream)."""
+    return ("cmake_minimum_required(VERSION 3.16)\nproject(demo C)\n"
+            f"add_library(demo SHARED {' '.join(sources)})\ntarget_include_directories(demo PRIVATE include)\n")
+
+
+def demo_pin(url: Path, commit: str) -> str:
+    """vendor.yaml vendoring the demo upstream (its git repository at url, at commit) as llama.cpp/."""
+    return (f"components:\n  - name: llama.cpp\n    kind: git\n    url: {url}\n    commit: {commit}\n"
+            "    include: [CMakeLists.txt, src, include]\n")
