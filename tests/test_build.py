@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -16,8 +15,6 @@ from forktool.series import Patch, parse_patch
 from tests.helpers.patches import make_patch
 from tests.helpers.project import bare_project
 
-REPO = Path(__file__).resolve().parents[1]
-
 
 def build_patch(pid: str, slug: str, changes: dict[str, tuple[bytes | None, bytes | None]],
                 impact: str = "") -> Patch:
@@ -29,10 +26,7 @@ def build_patch(pid: str, slug: str, changes: dict[str, tuple[bytes | None, byte
 
 @pytest.fixture
 def project(tmp_path: Path) -> Project:
-    bare_project(tmp_path)
-    (tmp_path / "registry").mkdir()
-    shutil.copy(REPO / "registry" / "build.yaml", tmp_path / "registry" / "build.yaml")
-    return Project(tmp_path)
+    return Project(bare_project(tmp_path, build_yaml=True))
 
 
 KV = "llama.cpp/src/llama-kv-cache.cpp"
