@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from forktool import cache as fcache
 from tests.helpers.build import private_sccache
 from tests.helpers.project import UPSTREAM, Proj, make_project
 from tests.helpers.registry import registry_project
@@ -53,6 +54,13 @@ def proj(tmp_path: Path, cache: Path) -> Proj:
 def rp(tmp_path: Path, cache: Path) -> Proj:
     """A project with one patch applied and a registry that agrees with it (tests.helpers.registry)."""
     return registry_project(tmp_path)
+
+
+@pytest.fixture
+def memo(tmp_path: Path) -> Iterator[fcache.Checks]:
+    """Checks remembered under tmp_path, as during a command of a project whose state is there."""
+    with fcache.remembering(tmp_path) as m:
+        yield m
 
 
 @pytest.fixture

@@ -33,22 +33,11 @@ import yaml
 
 from tests.helpers.cli import run_cli
 from tests.helpers.patches import make_patch
-from tests.helpers.project import REPO, UPSTREAM, make_project
+from tests.helpers.project import REPO, UPSTREAM, bare_project, make_project
+from tests.helpers.pypi import sdist_pin
+from tests.helpers.series import SERIES, three_patches
 
 TIME_LIMIT = 10.0  # seconds; a case still running then counts as a hang
-
-A = UPSTREAM["src/a.c"]
-B = UPSTREAM["src/b.c"]
-A1 = A.replace("    return 1;\n", "    // opencoti-hook: one\n    return 2;\n")
-B1 = B.replace("line 10\n", "line 10\n// opencoti-hook: two\n")
-B2 = B1.replace("line 25\n", "line 25\n// opencoti-hook: three\nextra\n")
-
-SERIES = {
-    "0070-one.patch": make_patch("0070-one.patch", {"up/src/a.c": (A, A1)}, "one", "one"),
-    "0071-two.patch": make_patch("0071-two.patch", {"up/src/b.c": (B, B1)}, "two", "two"),
-    "0089-three.patch": make_patch("0089-three.patch", {"up/src/b.c": (B1, B2), "up/src/new.c": (None, "int n;\n")},
-                                   "three", "three"),
-}
 
 BUILD_YAML = ("artifacts:\n  - name: lib\n    impact: host\n    paths: ['up/src', 'up/include']\n    targets: [lib]\n"
               "    outputs: [bin/lib.so]\n  - name: tools\n    impact: host\n    paths: ['up/tools']\n"
@@ -99,8 +88,7 @@ def template(base: Path) -> Template:
     os.environ["FORKTOOL_CACHE"] = str(cache)
     proj = make_project(base / "t", UPSTREAM)
     (proj.root / "registry" / "build.yaml").write_text(BUILD_YAML)
-    for name, text in SERIES.items():
-        proj.write_patch(name, text)
+    three_patches(proj)
     (proj.root / "registry" / "UPSTREAM_SYNC.yaml").write_text(yaml.safe_dump(registry_doc(), sort_keys=False))
     run_cli(proj.root, ["apply"])
     run_cli(proj.root, ["registry", "render"])
@@ -972,13 +960,7 @@ def sdist_cases() -> Iterator[Case]:
         def setup(c: Ctx, a=archive) -> None:
             sd = c.work / "pkg-1.0.tar.gz"
             sd.write_bytes(a)
-            (c.root / "vendor").mkdir(parents=True)
-            (c.root / "patches").mkdir()
-            (c.root / "patches" / "series").write_text("")
-            sha = hashlib.sha256(a).hexdigest()
-            (c.root / "vendor" / "vendor.yaml").write_text(
-                f"components:\n  - name: up\n    kind: sdist\n    package: pkg\n    version: '1.0'\n"
-                f"    sha256: '{sha}'\n    subdir: vendor/up\n    include: [src, '*.c']\n    exclude: ['*.md']\n")
+            bare_project(c.root, sdist_pin(hashlib.sha256(a).hexdigest(), include="[src, '*.c']", exclude="['*.md']"))
         yield Case("sdist", lbl, setup, ["vendor", "fetch", "--sdist", "@SDIST@"], must=must, fresh=True)
 
 

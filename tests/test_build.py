@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -14,8 +13,7 @@ from forktool.impact import impact_label
 from forktool.project import Project
 from forktool.series import Patch, parse_patch
 from tests.helpers.patches import make_patch
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers.project import bare_project
 
 
 def build_patch(pid: str, slug: str, changes: dict[str, tuple[bytes | None, bytes | None]],
@@ -28,13 +26,7 @@ def build_patch(pid: str, slug: str, changes: dict[str, tuple[bytes | None, byte
 
 @pytest.fixture
 def project(tmp_path: Path) -> Project:
-    (tmp_path / "vendor").mkdir()
-    (tmp_path / "patches").mkdir()
-    (tmp_path / "registry").mkdir()
-    shutil.copy(REPO / "vendor" / "vendor.yaml", tmp_path / "vendor" / "vendor.yaml")
-    shutil.copy(REPO / "registry" / "build.yaml", tmp_path / "registry" / "build.yaml")
-    (tmp_path / "patches" / "series").write_text("")
-    return Project(tmp_path)
+    return Project(bare_project(tmp_path, build_yaml=True))
 
 
 KV = "llama.cpp/src/llama-kv-cache.cpp"

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from forktool.tree import digest, scan
+from tests.helpers.build import DEMO_BUILD_YAML, DEMO_HEADER, demo_cmake, demo_pin
 from tests.helpers.cli import run_cli
 from tests.helpers.project import Proj, git, make_upstream
 from tests.helpers.sync import sync_patch as make_patch
@@ -17,23 +18,9 @@ from tests.helpers.sync import sync_patch as make_patch
 pytestmark = pytest.mark.skipif(not (shutil.which("cmake") and shutil.which("make") and shutil.which("cc")),
                                 reason="needs cmake, make and a C compiler")
 
-BUILD_YAML = """\
-artifacts:
-  - name: lib
-    impact: host
-    paths: ["llama.cpp"]
-    targets: [demo]
-    outputs: [libdemo.so]
-profiles:
-  cpu:
-    flags: [-DCMAKE_BUILD_TYPE=Release]
-    targets: [demo]
-"""
-
 UPSTREAM = {
-    "CMakeLists.txt": "cmake_minimum_required(VERSION 3.16)\nproject(demo C)\n"
-                      "add_library(demo SHARED src/impl.c src/other.c)\ntarget_include_directories(demo PRIVATE include)\n",
-    "include/api.h": "#pragma once\ntypedef struct { int x; } cfg_t;\n",
+    "CMakeLists.txt": demo_cmake("src/impl.c", "src/other.c"),
+    "include/api.h": DEMO_HEADER,
     "src/impl.c": '#include "api.h"\nint impl(void) { return 1; }\n',
     "src/other.c": "int other(void) { return 2; }\n",
 }
@@ -48,10 +35,8 @@ def proj(tmp_path: Path, cache: Path) -> Proj:
     root = tmp_path / "proj"
     for d in ("vendor", "patches", "registry"):
         (root / d).mkdir(parents=True)
-    (root / "registry" / "build.yaml").write_text(BUILD_YAML)
-    (root / "vendor" / "vendor.yaml").write_text(
-        f"components:\n  - name: llama.cpp\n    kind: git\n    url: {up}\n    commit: {commit}\n"
-        "    include: [CMakeLists.txt, src, include]\n")
+    (root / "registry" / "build.yaml").write_text(DEMO_BUILD_YAML)
+    (root / "vendor" / "vendor.yaml").write_text(demo_pin(up, commit))
     (root / "patches" / "series").write_text("# test series\n")
     run_cli(root, ["vendor", "fetch"])
     p = Proj(root, up)

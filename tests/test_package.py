@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import os
-import shutil
 import tarfile
 from pathlib import Path
 
@@ -13,8 +12,7 @@ import pytest
 from forktool import cli
 from forktool import package as pk
 from forktool.errors import VerifyError
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers.project import bare_project
 
 
 def _inputs(root: Path) -> pk.ReleaseSpec:
@@ -123,11 +121,7 @@ def test_verify_reads_the_archive_too(release: Path) -> None:
 
 def test_package_verify_cli_exits_1_on_tampering(release: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    proj = tmp_path / "proj"
-    (proj / "patches").mkdir(parents=True)
-    (proj / "vendor").mkdir()
-    (proj / "patches" / "series").write_text("")
-    shutil.copy(REPO / "vendor" / "vendor.yaml", proj / "vendor" / "vendor.yaml")
+    proj = bare_project(tmp_path / "proj")
     monkeypatch.setenv("FORKTOOL_ROOT", str(proj))
     assert cli.main(["package", "verify", str(release)]) == 0
     with gzip.open(release / f"{release.name}-source.tar.gz") as f:
@@ -169,11 +163,7 @@ def test_a_release_manifest_of_the_wrong_shape_is_refused(release: Path, tmp_pat
     with pytest.raises(VerifyError) as e:
         pk.verify_release(release)
     assert any(d.startswith("manifest.json: ") for d in e.value.details), e.value.details
-    proj = tmp_path / "proj"
-    (proj / "patches").mkdir(parents=True)
-    (proj / "vendor").mkdir()
-    (proj / "patches" / "series").write_text("")
-    shutil.copy(REPO / "vendor" / "vendor.yaml", proj / "vendor" / "vendor.yaml")
+    proj = bare_project(tmp_path / "proj")
     monkeypatch.setenv("FORKTOOL_ROOT", str(proj))
     capsys.readouterr()
     assert cli.main(["package", "verify", str(release)]) == 1

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests import corpus
-from tests.helpers.project import UPSTREAM, Proj, make_project
-from tests.helpers.pypi import local_sdist
+from tests.helpers.project import UPSTREAM, Proj, bare_project, make_project
+from tests.helpers.pypi import local_sdist, sdist_pin
 
 
 @pytest.fixture
@@ -198,13 +198,7 @@ def test_only_vendor_fetch_downloads_and_it_shows_pip_as_it_goes(tmp_path: Path,
     sha = local_sdist(tmp_path / "links", "1.0", b"int a;\n")
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "links"))
-    root = tmp_path / "proj"
-    (root / "vendor").mkdir(parents=True)
-    (root / "patches").mkdir()
-    (root / "patches" / "series").write_text("")
-    (root / "vendor" / "vendor.yaml").write_text(
-        f"components:\n  - name: up\n    kind: sdist\n    package: pkg\n    version: '1.0'\n    sha256: '{sha}'\n"
-        "    subdir: vendor/up\n    include: [src]\n")
+    root = bare_project(tmp_path / "proj", sdist_pin(sha))
     from tests.helpers.cli import run_cli
     code, out, err = run_cli(root, ["vendor", "fetch"])
     assert "downloading pkg==1.0 with pip" in err and "pip: Saved" in err

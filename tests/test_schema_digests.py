@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import copy
 import random
-from pathlib import Path
 
-import jsonschema
 import pytest
 
-from forktool import cache, schema, schemas
+from forktool import cache, schema
 from forktool.errors import ConfigError
+from tests.helpers.schema import shortcut_agrees
 
 HEX = ["0" * 64, "a" * 64, "f0" * 32, "0123456789abcdef" * 4]
 ODD = ["A" * 64, "0" * 63, "0" * 65, "g" * 64, "0" * 64 + "\n", "", "0070", 70, None, "x" * 64, "100644"]
@@ -58,31 +57,9 @@ def _docs(n: int) -> list[dict]:
     return out
 
 
-@pytest.fixture
-def memo(tmp_path: Path):
-    """Checks remembered under tmp_path, as during a command of a project whose state is there."""
-    with cache.remembering(tmp_path) as m:
-        yield m
-
-
-def _valid(doc: dict) -> bool:
-    return jsonschema.Draft202012Validator(schemas.SCHEMAS["state"]).is_valid(doc)
-
-
 def test_the_digest_shortcut_agrees_with_jsonschema(memo: cache.Checks, monkeypatch: pytest.MonkeyPatch) -> None:
-    fast = 0
-    for doc in _docs(400):
-        shape = schema.digest_shape(doc, "state")
-        known = shape is not None and memo.known_valid("state#digests", schemas.SCHEMAS["state"], shape)
-        if known:
-            fast += 1
-            assert _valid(doc), doc  # never accepts what jsonschema refuses
-        try:
-            schema.check(doc, "state", "state.json")
-            ok = True
-        except ConfigError:
-            ok = False
-        assert ok == _valid(doc), doc
+    fast = shortcut_agrees(memo, _docs(400), "state", "state.json", "state#digests",
+                           lambda doc: schema.digest_shape(doc, "state"))
     assert fast > 50  # the shortcut was taken, for documents jsonschema also accepts
 
 

@@ -8,11 +8,11 @@ import json
 import random
 from pathlib import Path
 
-import jsonschema
 import pytest
 
-from forktool import cache, schema, schemas
+from forktool import cache, schema
 from forktool.errors import ConfigError
+from tests.helpers.schema import shortcut_agrees
 
 REPO = Path(__file__).resolve().parent.parent
 VALUES = ["0" * 64, "a" * 64, "f0" * 32, "A" * 64, "0" * 63, "0" * 65, "g" * 64, "0" * 64 + "\n", "", "0070", "070",
@@ -33,34 +33,14 @@ def _docs(n: int) -> list[dict]:
     return out
 
 
-@pytest.fixture
-def memo(tmp_path: Path):
-    """Checks remembered under tmp_path, as during a command of a project whose state is there."""
-    with cache.remembering(tmp_path) as m:
-        yield m
-
-
-def _valid(doc: dict) -> bool:
-    return jsonschema.Draft202012Validator(schemas.SCHEMAS["vendor-lock"]).is_valid(doc)
-
-
 def test_the_shape_shortcut_agrees_with_jsonschema(memo: cache.Checks, monkeypatch: pytest.MonkeyPatch) -> None:
     docs = _docs(400)
-    fast = 0
     for doc in docs:
         shape = schema.volatile_shape(doc, "vendor-lock")
         if shape is not None:
             assert all(v is None for v in shape["patched"].values())
-        known = shape is not None and memo.known_valid("vendor-lock#shape", schemas.SCHEMAS["vendor-lock"], shape)
-        if known:
-            fast += 1
-            assert _valid(doc), doc["patched"]  # never accepts what jsonschema refuses
-        try:
-            schema.check(doc, "vendor-lock", "vendor.lock")
-            ok = True
-        except ConfigError:
-            ok = False
-        assert ok == _valid(doc), doc["patched"]
+    fast = shortcut_agrees(memo, docs, "vendor-lock", "vendor.lock", "vendor-lock#shape",
+                           lambda doc: schema.volatile_shape(doc, "vendor-lock"), shown=lambda doc: doc["patched"])
     assert fast > 20  # the shortcut was taken, for documents jsonschema also accepts
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from forktool import backup as bk
 from tests.helpers.project import Proj, git
-from tests.helpers.sync import NEW, everything, loop_series, new_upstream, resolve
+from tests.helpers.sync import NEW, everything, loop_series, new_upstream, pushed_copy, resolve
 
 
 @pytest.fixture
@@ -201,14 +201,7 @@ def test_a_recorded_stop_is_reached_again_on_a_fresh_checkout(moved, tmp_path):
     proj, commit, _ = moved
     proj.run("sync", "--to", commit, "--start", expect=1)
     stopped = (proj.tree / "up/src/a.c").read_bytes()
-    clone = tmp_path / "clone"
-    for rel in ("vendor/vendor.yaml", "vendor/vendor.lock", "registry/build.yaml", ".opencoti/sync/state.json"):
-        (clone / rel).parent.mkdir(parents=True, exist_ok=True)
-        (clone / rel).write_bytes((proj.root / rel).read_bytes())
-    (clone / "patches").mkdir()
-    for p in (proj.root / "patches").iterdir():
-        (clone / "patches" / p.name).write_bytes(p.read_bytes())
-    other = Proj(clone, proj.upstream)
+    other = pushed_copy(proj, tmp_path / "clone")
     _, _, err = other.run("status")
     assert "forktool sync --start" in err  # recorded elsewhere: says how to reach it
     other.run("sync", "--continue", expect=1)
@@ -227,13 +220,7 @@ def test_a_recorded_stop_is_reached_again_with_the_same_to_and_its_options(moved
     upstream = "c" * 40
     proj.run("sync", "--to", commit, "--upstream-commit", upstream, "--start", expect=1)
     clone = tmp_path / "clone"
-    for rel in ("vendor/vendor.yaml", "vendor/vendor.lock", "registry/build.yaml", ".opencoti/sync/state.json"):
-        (clone / rel).parent.mkdir(parents=True, exist_ok=True)
-        (clone / rel).write_bytes((proj.root / rel).read_bytes())
-    (clone / "patches").mkdir()
-    for p in (proj.root / "patches").iterdir():
-        (clone / "patches" / p.name).write_bytes(p.read_bytes())
-    other = Proj(clone, proj.upstream)
+    other = pushed_copy(proj, clone)
     state = (clone / ".opencoti/sync/state.json").read_bytes()
     _, _, err = other.run("sync", "--to", commit, "--upstream-commit", "d" * 40, "--start", expect=2)
     assert "records a stopped sync to" in err

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.cli import run_cli
-from tests.helpers.pypi import local_sdist
+from tests.helpers.project import bare_project
+from tests.helpers.pypi import local_sdist, sdist_pin
 
 KILL_AFTER_PIP = """
 import os, signal, sys
@@ -42,13 +43,7 @@ def test_a_fetch_killed_mid_download_leaves_nothing_in_tmpdir(tmp_path: Path, ca
     tmpdir = tmp_path / "tmpdir"
     tmpdir.mkdir()
     monkeypatch.setenv("TMPDIR", str(tmpdir))
-    root = tmp_path / "proj"
-    (root / "vendor").mkdir(parents=True)
-    (root / "patches").mkdir()
-    (root / "patches" / "series").write_text("")
-    (root / "vendor" / "vendor.yaml").write_text(
-        f"components:\n  - name: up\n    kind: sdist\n    package: pkg\n    version: '1.0'\n    sha256: '{sha}'\n"
-        "    subdir: vendor/up\n    include: [src]\n")
+    root = bare_project(tmp_path / "proj", sdist_pin(sha))
     tmp = root / ".opencoti" / "tmp"
     # vendor fetch killed once pip has saved the sdist: its directory is under .opencoti/tmp, $TMPDIR is empty
     _killed(root, tmpdir, "vendor", "fetch")

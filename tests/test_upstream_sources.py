@@ -203,16 +203,10 @@ def test_vendor_fetch_of_each_kind(tmp_path: Path, cache: Path):
         "dir": f"    kind: dir\n    path: ../up-src\n    upstream_commit: {commit}\n",
     }
     from tests.helpers.cli import run_cli
-    from tests.helpers.project import REPO
+    from tests.helpers.project import bare_project
     for kind, source in kinds.items():
-        root = tmp_path / f"proj-{kind}"
-        (root / "vendor").mkdir(parents=True)
-        (root / "patches").mkdir()
-        (root / "registry").mkdir()
-        shutil.copy(REPO / "registry" / "build.yaml", root / "registry" / "build.yaml")
-        (root / "vendor" / "vendor.yaml").write_text(
-            f"components:\n  - name: up\n{source}    include: [src, include, tools]\n")
-        (root / "patches" / "series").write_text("")
+        pin = f"components:\n  - name: up\n{source}    include: [src, include, tools]\n"
+        root = bare_project(tmp_path / f"proj-{kind}", pin, build_yaml=True)
         run_cli(root, ["vendor", "fetch"])
         assert (root / "vendor/llamafile/up/src/a.c").read_text() == UPSTREAM["src/a.c"]
         assert not (root / "vendor/llamafile/up/docs").exists()

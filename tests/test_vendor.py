@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.cli import run_cli
+from tests.helpers.project import bare_project
+from tests.helpers.pypi import sdist_pin
 
 
 def _tar(members: list[tuple[str, str, bytes | str]]) -> bytes:
@@ -42,13 +44,7 @@ def sdist_project(tmp_path: Path, archive: bytes, pin: str | None = None) -> tup
     sd = tmp_path / "pkg-1.0.tar.gz"
     sd.write_bytes(archive)
     sha = pin or hashlib.sha256(archive).hexdigest()
-    root = tmp_path / "proj"
-    (root / "vendor").mkdir(parents=True)
-    (root / "patches").mkdir()
-    (root / "patches/series").write_text("")
-    (root / "vendor/vendor.yaml").write_text(
-        f"components:\n  - name: up\n    kind: sdist\n    package: pkg\n    version: '1.0'\n    sha256: '{sha}'\n"
-        "    subdir: vendor/up\n    include: [src, '*.c']\n    exclude: ['*.md']\n")
+    root = bare_project(tmp_path / "proj", sdist_pin(sha, include="[src, '*.c']", exclude="['*.md']"))
     return root, sd
 
 

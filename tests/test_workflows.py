@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers.build import DEMO_BUILD_YAML, DEMO_HEADER, demo_cmake, demo_pin
+
 WORKFLOWS = Path(__file__).parents[1] / ".github" / "workflows"
 FILES = sorted(WORKFLOWS.glob("*.yml"))
 
@@ -295,22 +297,11 @@ def test_the_sync_pull_request_carries_the_lock_and_the_registry():
 IMPL = '#include "api.h"\n\nint impl(void)\n{\n    return 1;\n}\n'
 IMPL_PATCHED = IMPL + "\nint patched(void) // opencoti-hook: impl-patched\n{\n    cfg_t c = {7};\n    return c.x;\n}\n"
 FORGE_UPSTREAM = {
-    "CMakeLists.txt": "cmake_minimum_required(VERSION 3.16)\nproject(demo C)\n"
-                      "add_library(demo SHARED src/impl.c)\ntarget_include_directories(demo PRIVATE include)\n",
-    "include/api.h": "#pragma once\ntypedef struct { int x; } cfg_t;\n",
+    "CMakeLists.txt": demo_cmake("src/impl.c"),
+    "include/api.h": DEMO_HEADER,
     "src/impl.c": IMPL,
 }
-FORGE_BUILD_YAML = """\
-artifacts:
-  - name: lib
-    impact: host
-    paths: ["llama.cpp"]
-    targets: [demo]
-    outputs: [libdemo.so]
-profiles:
-  cpu:
-    flags: [-DCMAKE_BUILD_TYPE=Release]
-    targets: [demo]
+FORGE_BUILD_YAML = DEMO_BUILD_YAML + """\
   cuda:
     flags: [-DCMAKE_BUILD_TYPE=Release, -DGGML_CUDA=ON]
     targets: [demo]
@@ -357,9 +348,7 @@ def forge(tmp_path: Path, cache: Path) -> Forge:
                 ".github/workflows/ci.yml"):
         shutil.copy2(REPO / rel, seed / rel)
     (seed / "registry" / "build.yaml").write_text(FORGE_BUILD_YAML)
-    (seed / "vendor" / "vendor.yaml").write_text(
-        f"components:\n  - name: llama.cpp\n    kind: git\n    url: {up}\n    commit: {commit}\n"
-        "    include: [CMakeLists.txt, src, include]\n")
+    (seed / "vendor" / "vendor.yaml").write_text(demo_pin(up, commit))
     patch = sync_patch("0001-impl.patch", "impl: patched", [("llama.cpp/src/impl.c", IMPL.encode(),
                                                                IMPL_PATCHED.encode())])
     (seed / "patches" / patch.name).write_bytes(patch.raw)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -12,7 +11,7 @@ import pytest
 
 from forktool.build import _which as which
 from forktool.project import Project
-from tests.helpers.project import REPO
+from tests.helpers.project import bare_project
 
 BUILD_YAML = """\
 artifacts:
@@ -72,11 +71,9 @@ target_compile_definitions(demo-cli PRIVATE STAMP="${LLAMA_BUILD_COMMIT}")
 
 def tiny_project(root: Path, cmake: str, files: dict[str, str]) -> Project:
     """A project whose vendored llama.cpp/ is a small CMake tree (files: path under llama.cpp/ -> text)."""
-    for d in ("vendor", "patches", "registry"):
-        (root / d).mkdir()
-    shutil.copy(REPO / "vendor" / "vendor.yaml", root / "vendor" / "vendor.yaml")
+    bare_project(root)
+    (root / "registry").mkdir()
     (root / "registry" / "build.yaml").write_text(BUILD_YAML)
-    (root / "patches" / "series").write_text("")
     src = root / "vendor" / "llamafile" / "llama.cpp"
     for rel, text in {"CMakeLists.txt": cmake, **files}.items():
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -103,3 +100,32 @@ def private_sccache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator
         monkeypatch.delenv(var, raising=False)
     yield sccache
     subprocess.run([sccache, "--stop-server"], capture_output=True)
+
+
+# a one-library CMake upstream in a git repository, vendored whole as llama.cpp/: libdemo from the given sources
+# under src/, include/api.h's cfg_t; its build.yaml has one cpu profile
+DEMO_HEADER = "#pragma once\ntypedef struct { int x; } cfg_t;\n"
+DEMO_BUILD_YAML = """\
+artifacts:
+  - name: lib
+    impact: host
+    paths: ["llama.cpp"]
+    targets: [demo]
+    outputs: [libdemo.so]
+profiles:
+  cpu:
+    flags: [-DCMAKE_BUILD_TYPE=Release]
+    targets: [demo]
+"""
+
+
+def demo_cmake(*sources: str) -> str:
+    """The demo upstream's CMakeLists.txt: libdemo built from sources (paths in the upstream)."""
+    return ("cmake_minimum_required(VERSION 3.16)\nproject(demo C)\n"
+            f"add_library(demo SHARED {' '.join(sources)})\ntarget_include_directories(demo PRIVATE include)\n")
+
+
+def demo_pin(url: Path, commit: str) -> str:
+    """vendor.yaml vendoring the demo upstream (its git repository at url, at commit) as llama.cpp/."""
+    return (f"components:\n  - name: llama.cpp\n    kind: git\n    url: {url}\n    commit: {commit}\n"
+            "    include: [CMakeLists.txt, src, include]\n")

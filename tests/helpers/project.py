@@ -114,6 +114,22 @@ def make_project(tmp_path: Path, files: dict[str, str]) -> Proj:
     return Proj(root, up)
 
 
+def bare_project(root: Path, pin: str | None = None, *, build_yaml: bool = False) -> Path:
+    """root made a project with an empty series: vendor/vendor.yaml is pin (its text), else this repository's;
+    build_yaml: registry/ holds this repository's build.yaml."""
+    (root / "vendor").mkdir(parents=True)
+    (root / "patches").mkdir()
+    (root / "patches" / "series").write_text("")
+    if build_yaml:
+        (root / "registry").mkdir()
+        shutil.copy(REPO / "registry" / "build.yaml", root / "registry" / "build.yaml")
+    if pin is None:
+        shutil.copy(REPO / "vendor" / "vendor.yaml", root / "vendor" / "vendor.yaml")
+    else:
+        (root / "vendor" / "vendor.yaml").write_text(pin)
+    return root
+
+
 def copy_real_project(root: Path) -> Path:
     """A copy of this repository's project (pin, lock, series, registry), without its vendored tree or state."""
     for d in ("vendor", "patches", "registry"):

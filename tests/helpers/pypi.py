@@ -35,3 +35,10 @@ def local_sdist(links: Path, version: str, a_c: bytes) -> str:
     links.mkdir(parents=True, exist_ok=True)
     (links / f"pkg-{version}.tar.gz").write_bytes(buf.getvalue())
     return hashlib.sha256(buf.getvalue()).hexdigest()
+
+
+def sdist_pin(sha: str, include: str = "[src]", exclude: str = "") -> str:
+    """vendor.yaml pinning local_sdist's pkg 1.0 by its sha256 and vendoring its vendor/up (include and exclude as
+    YAML flow lists)."""
+    return (f"components:\n  - name: up\n    kind: sdist\n    package: pkg\n    version: '1.0'\n    sha256: '{sha}'\n"
+            f"    subdir: vendor/up\n    include: {include}\n" + (f"    exclude: {exclude}\n" if exclude else ""))

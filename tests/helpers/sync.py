@@ -74,6 +74,18 @@ def everything(proj: Proj) -> dict[str, str]:
     return out
 
 
+def pushed_copy(proj: Proj, dest: Path) -> Proj:
+    """What the CI job pushes of a stopped sync (pin, lock, registry's build.yaml, the sync's state, the patches
+    carried so far), copied to dest as a fresh checkout over the same upstream; no vendored tree."""
+    for rel in ("vendor/vendor.yaml", "vendor/vendor.lock", "registry/build.yaml", ".opencoti/sync/state.json"):
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dest / rel).write_bytes((proj.root / rel).read_bytes())
+    (dest / "patches").mkdir()
+    for p in (proj.root / "patches").iterdir():
+        (dest / "patches" / p.name).write_bytes(p.read_bytes())
+    return Proj(dest, proj.upstream)
+
+
 def resolve(proj: Proj) -> None:
     text = (proj.tree / "up/src/a.c").read_text()
     start, end = text.index("<<<<<<< "), text.index(">>>>>>> ")
