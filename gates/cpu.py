@@ -339,12 +339,33 @@ class ArchGates:
 
 
 RE_FALLBACK = re.compile(r"kv-residency-mode window not possible, falling back to head mode: (.*)")
+RECURRENT = "llama_memory_recurrent"
+
+
+def fallback_expectation(name: str) -> tuple[str, str | None]:
+    """(memory type the fallback line must name, architecture it must name) for a gate-d model.
+
+    The recurrent line names only its memory (every recurrent arch shares it); the others name the architecture too."""
+    if name == "mamba":
+        return RECURRENT, None
+    if name in make_model.FALLBACK_ARCHS:
+        fb = make_model.FALLBACK_ARCHS[name]
+        return fb.memory, fb.gguf_arch
+    raise GateError(f"gate d: no synthetic model for {name!r}; --fallback-archs takes mamba, "
+                    + ", ".join(make_model.FALLBACK_ARCHS))
+
+
+def names(line: str, word: str) -> bool:
+    """word appears in line as a whole name (llama_kv_cache does not match llama_kv_cache_dsa)."""
+    return re.search(rf"(?<![\w-]){re.escape(word)}(?![\w-])", line) is not None
 
 
 def gate_d(c: Ctx, name: str, model: Path, text: Path) -> dict:
-    """(d) a memory window mode does not reach (a recurrent model's): window mode, with a window forced, says at
-    load that it falls back to head mode naming the memory, logs no position window, and gives head mode's bytes."""
+    """(d) a memory window mode does not reach: window mode, with a window forced, says at load that it falls back to
+    head mode naming the memory type (and the architecture, where the branch is an architecture's own), logs no
+    position window, and gives head mode's bytes."""
     a = c.args
+    memory, arch = fallback_expectation(name)
     ppl = need_tool(a.patched_bin, "llama-perplexity")
     common = [str(ppl), "-m", str(model), "-f", str(text), "-c", str(a.ctx), "-b", str(a.ctx), "-ub", str(a.ubatch),
               "--chunks", str(a.chunks), "-t", str(a.threads), "--seed", "1", "-ngl", "0", "-lv", "4"]
@@ -353,11 +374,17 @@ def gate_d(c: Ctx, name: str, model: Path, text: Path) -> dict:
     log = c.run(f"{name}.d.window", [*common, "--kv-residency-mode", "window", "--kl-divergence-base", str(win)],
                 {WINDOW_ENV: str(min(a.windows))})
     m = RE_FALLBACK.search(log)
+    line = m.group(1).strip() if m else None
     same = head.read_bytes() == win.read_bytes()
     logged = bool(RE_WINDOW.search(log))
-    return {"ok": bool(m) and "recurrent" in m.group(1) and not logged and same,
-            "fallback_line": m.group(1).strip() if m else None, "position_window_logged": logged,
-            "bytes_identical_to_head": same}
+    names_memory = bool(line) and names(line, memory)
+    names_arch = bool(line) and (arch is None or names(line, arch))
+    res = {"ok": names_memory and names_arch and not logged and same, "expected_memory": memory,
+           "expected_arch": arch, "fallback_line": line, "names_memory": names_memory, "names_arch": names_arch,
+           "position_window_logged": logged, "bytes_identical_to_head": same}
+    if not res["ok"]:
+        res["log_tail"] = "\n".join(log.splitlines()[-15:])
+    return res
 
 
 def summarize(result: dict) -> None:
@@ -404,8 +431,12 @@ def summarize(result: dict) -> None:
         if "error" in d:
             p(f"== {arch}: (d) ERROR: {d['error']}")
             continue
-        p(f"== {arch}: (d) window mode falls back: {d['fallback_line']!r}, position window logged="
-          f"{d['position_window_logged']}, bytes == head={d['bytes_identical_to_head']} -> {'PASS' if d['ok'] else 'FAIL'}")
+        p(f"== {arch}: (d) window mode falls back: {d['fallback_line']!r}, names {d['expected_memory']}="
+          f"{d['names_memory']}" + (f", names {d['expected_arch']}={d['names_arch']}" if d["expected_arch"] else "")
+          + f", position window logged={d['position_window_logged']}, bytes == head={d['bytes_identical_to_head']}"
+          f" -> {'PASS' if d['ok'] else 'FAIL'}")
+        if "log_tail" in d:
+            p("   log tail:\n" + d["log_tail"])
     p(f"overall: {'PASS' if result['ok'] else 'FAIL'} ({result['seconds']:.0f}s, work dir {result['work_dir']})")
 
 
@@ -433,8 +464,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"force the window with ${WINDOW_ENV} or --kv-window-cells")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--timeout", type=int, default=300, help="seconds per tool run")
-    p.add_argument("--fallback-archs", default="mamba",
-                   help="gate d: archs to generate whose memory window mode does not reach ('' = none)")
+    p.add_argument("--fallback-archs", default=",".join(["mamba", *make_model.FALLBACK_ARCHS]),
+                   help="gate d: archs to generate whose memory window mode does not reach ('' = none): mamba "
+                        "(llama_memory_recurrent) and each of gates.fallback_archs (the caches an architecture's own "
+                        "create_memory branch builds)")
     p.add_argument("--gates", default="a,b,c,d", help="subset to require for exit 0, e.g. 'a' before the patch exists")
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args(argv)
@@ -444,6 +477,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.required = set(a.gates.split(","))
     if not a.required <= {"a", "b", "c", "d"}:
         p.error("--gates takes a comma list of a, b, c, d")
+    a.fallback_archs = [x for x in a.fallback_archs.split(",") if x]
+    unknown = [x for x in a.fallback_archs if x != "mamba" and x not in make_model.FALLBACK_ARCHS]
+    if unknown:
+        p.error(f"--fallback-archs: no synthetic model for {', '.join(unknown)}; known: mamba, "
+                + ", ".join(make_model.FALLBACK_ARCHS))
     return a
 
 
@@ -492,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
         result["archs"][name] = g
     if "d" in a.required:
         result["fallback"] = {}
-        for arch in [x for x in a.fallback_archs.split(",") if x]:
+        for arch in a.fallback_archs:
             out = work / f"synthetic-{arch}.gguf"
             make_model.main(["-o", str(out), "--arch", arch, "--layers", "2"])
             try:

@@ -1,4 +1,5 @@
-"""Write a deterministic synthetic GGUF (llama / qwen2 / gemma3 / mamba / jamba) with a byte-level SPM vocabulary."""
+"""Write a deterministic synthetic GGUF (llama / qwen2 / gemma3 / mamba / jamba, and the architectures of
+gates.fallback_archs) with a byte-level SPM vocabulary."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import zlib
 from pathlib import Path
 
 import numpy as np
+
+from gates.fallback_archs import ARCHS as FALLBACK_ARCHS
 
 # SentencePiece token types as llama.cpp reads them (llama_token_type in llama-vocab.h).
 TT_NORMAL, TT_UNKNOWN, TT_CONTROL, TT_BYTE = 1, 2, 3, 6
@@ -63,6 +66,8 @@ def tensor_plan(a: argparse.Namespace) -> list[tuple[str, tuple[int, ...], float
     plan: list[tuple[str, tuple[int, ...], float, float]] = []
     # Embedding std 1 keeps the residual stream O(1) for llama/qwen2; gemma3 scales by sqrt(n_embd) itself.
     emb_std = 1.0 / np.sqrt(E) if a.arch == "gemma3" else 1.0
+    if a.arch in FALLBACK_ARCHS:
+        return FALLBACK_ARCHS[a.arch].plan(a)
     plan.append(("token_embd.weight", (V, E), emb_std, 0.0))
     if a.arch == "mamba":
         return plan + mamba_layers(a) + [("output_norm.weight", (E,), 0.02, 1.0),
@@ -173,12 +178,16 @@ def write_model(a: argparse.Namespace) -> dict:
         import gguf
     except ImportError:  # the GPU machine has no network: the wheel must travel with the gates
         sys.exit("gates.make_model: the 'gguf' package is missing: pip install gguf (or carry its wheel)")
-    w = gguf.GGUFWriter(str(a.output), a.arch)
+    fb = FALLBACK_ARCHS.get(a.arch)
+    w = gguf.GGUFWriter(str(a.output), fb.gguf_arch if fb else a.arch)
     w.add_name(f"forktool-synthetic-{a.arch}")
     w.add_context_length(a.ctx)
     w.add_embedding_length(a.n_embd)
     w.add_block_count(a.layers)
-    if a.arch == "mamba":
+    if fb:
+        w.add_feed_forward_length(a.n_ff)
+        fb.keys(w, a)
+    elif a.arch == "mamba":
         w.add_feed_forward_length(0)
         w.add_head_count(0)
         add_ssm_keys(w, a)
@@ -242,9 +251,11 @@ def write_model(a: argparse.Namespace) -> dict:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("-o", "--output", type=Path, required=True, help="GGUF file to write")
-    p.add_argument("--arch", choices=("llama", "qwen2", "gemma3", "mamba", "jamba"), default="llama",
+    p.add_argument("--arch", choices=("llama", "qwen2", "gemma3", "mamba", "jamba", *FALLBACK_ARCHS), default="llama",
                    help="mamba: a recurrent model (no KV cache), d_inner = 2 x n_embd; jamba: hybrid, Mamba and "
-                        "attention layers alternating (needs --n-head x --head-dim == --n-embd)")
+                        "attention layers alternating (needs --n-head x --head-dim == --n-embd); "
+                        + ", ".join(FALLBACK_ARCHS) + ": the caches their own create_memory branch builds "
+                        "(gates.fallback_archs; hy_v4-idx is hy_v4 with a DSA indexer)")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--n-embd", type=int, default=256)
     p.add_argument("--n-head", type=int, default=4)

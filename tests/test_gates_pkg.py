@@ -352,7 +352,8 @@ def test_cpu_gate_d_wants_the_fallback_line_no_window_and_head_modes_bytes(tmp_p
             "exit 0"]), script=True)
 
     a = parse_args(["--patched-bin", str(bin_dir), "--upstream-bin", str(bin_dir)])
-    assert a.required == {"a", "b", "c", "d"} and a.fallback_archs == "mamba"
+    assert a.required == {"a", "b", "c", "d"}
+    assert a.fallback_archs == ["mamba", "minimax-m3", "deepseek32", "glm-dsa", "hy_v4", "hy_v4-idx", "dots3note"]
     c = Ctx(a, tmp_path)
     text = tmp_path / "t.txt"
     text.write_text("x")

@@ -1,0 +1,255 @@
+"""Tiny synthetic models for the architectures whose own create_memory branch builds a cache without window storage.
+
+Each entry writes the GGUF keys and tensors that the pinned llama.cpp's load_arch_hparams / load_arch_tensors for
+that architecture require (src/models/<arch>.cpp), at toy sizes: two layers, the first dense, the last a MoE layer
+with its sparse-attention indexer where the architecture has one, so the branch's cache is built with the layers it
+was written for. gates.cpu gate d loads them in window mode and expects the fallback line naming `memory`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+Plan = list[tuple[str, tuple[int, ...], float, float]]
+
+# MLA geometry shared by the DeepSeek-style archs: the cache holds one K row per token of kv_lora + rope values
+# (MLA as MQA, one KV head); queries are decompressed through wk_b / wv_b.
+Q_LORA, KV_LORA, ROPE, NOPE, V_MLA = 64, 64, 16, 32, 32
+K_MLA = NOPE + ROPE
+IDX_HEADS, IDX_DIM, IDX_TOP_K = 2, 64, 8   # IDX_DIM a multiple of 64: the indexer keys get a 64-wide Hadamard rotation
+N_EXPERT, N_EXPERT_USED, FF_EXP, N_SHARED = 4, 2, 64, 1
+GATING_SIGMOID = 2                           # LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
+
+
+@dataclass(frozen=True)
+class FallbackArch:
+    name: str          # what --arch and --fallback-archs take
+    gguf_arch: str     # general.architecture written to the file
+    memory: str        # the memory type create_memory builds for it (named by the fallback line)
+    keys: Callable[[object, argparse.Namespace], None]
+    plan: Callable[[argparse.Namespace], Plan]
+
+
+def w(name: str, *ne: int, std: float | None = None, mean: float = 0.0) -> tuple[str, tuple[int, ...], float, float]:
+    """A tensor given in ggml order (ne0 first, as create_tensor spells it); numpy shape is the reverse."""
+    if std is None:
+        std = 1.0 / np.sqrt(ne[0]) if len(ne) > 1 else 0.1
+    return (name, tuple(reversed(ne)), float(std), float(mean))
+
+
+def norm(name: str, n: int) -> tuple[str, tuple[int, ...], float, float]:
+    return w(name, n, std=0.02, mean=1.0)
+
+
+def head(a: argparse.Namespace) -> Plan:
+    E, V = a.n_embd, a.vocab
+    return [w("token_embd.weight", E, V, std=1.0), norm("output_norm.weight", E),
+            w("output.weight", E, V, std=3.0 / np.sqrt(E))]
+
+
+def dense_ffn(a: argparse.Namespace, p: str) -> Plan:
+    E, F = a.n_embd, a.n_ff
+    return [w(p + "ffn_gate.weight", E, F), w(p + "ffn_up.weight", E, F), w(p + "ffn_down.weight", F, E)]
+
+
+def moe_ffn(a: argparse.Namespace, p: str) -> Plan:
+    E = a.n_embd
+    return [w(p + "ffn_gate_inp.weight", E, N_EXPERT), w(p + "exp_probs_b.bias", N_EXPERT),
+            w(p + "ffn_gate_exps.weight", E, FF_EXP, N_EXPERT), w(p + "ffn_up_exps.weight", E, FF_EXP, N_EXPERT),
+            w(p + "ffn_down_exps.weight", FF_EXP, E, N_EXPERT),
+            w(p + "ffn_gate_shexp.weight", E, FF_EXP * N_SHARED), w(p + "ffn_up_shexp.weight", E, FF_EXP * N_SHARED),
+            w(p + "ffn_down_shexp.weight", FF_EXP * N_SHARED, E)]
+
+
+def ffn(a: argparse.Namespace, i: int, p: str) -> Plan:
+    """Leading layers dense, the last one MoE (leading_dense_block_count = layers - 1)."""
+    return dense_ffn(a, p) if i < dense_lead(a) else moe_ffn(a, p)
+
+
+def dense_lead(a: argparse.Namespace) -> int:
+    return max(a.layers - 1, 0)
+
+
+def mla_attn(a: argparse.Namespace, p: str, n_head: int | None = None) -> Plan:
+    """DeepSeek MLA: low-rank q, compressed kv plus a shared rope key, per-head k/v decompression."""
+    E, H = a.n_embd, n_head or a.n_head
+    return [norm(p + "attn_q_a_norm.weight", Q_LORA), norm(p + "attn_kv_a_norm.weight", KV_LORA),
+            w(p + "attn_q_a.weight", E, Q_LORA), w(p + "attn_q_b.weight", Q_LORA, H * K_MLA, std=1.5 / np.sqrt(Q_LORA)),
+            w(p + "attn_kv_a_mqa.weight", E, KV_LORA + ROPE, std=1.5 / np.sqrt(E)),
+            w(p + "attn_k_b.weight", NOPE, KV_LORA, H), w(p + "attn_v_b.weight", KV_LORA, V_MLA, H),
+            w(p + "attn_output.weight", H * V_MLA, E)]
+
+
+def dsa_indexer(a: argparse.Namespace, p: str) -> Plan:
+    E = a.n_embd
+    return [norm(p + "indexer.k_norm.weight", IDX_DIM), w(p + "indexer.k_norm.bias", IDX_DIM),
+            w(p + "indexer.proj.weight", E, IDX_HEADS), w(p + "indexer.attn_k.weight", E, IDX_DIM),
+            w(p + "indexer.attn_q_b.weight", Q_LORA, IDX_HEADS * IDX_DIM)]
+
+
+def mla_keys(wr, a: argparse.Namespace) -> None:
+    """The MLA, MoE and DSA keys the DeepSeek-style loaders read (head_count_kv 1: MLA runs as MQA)."""
+    arch = wr.arch
+    wr.add_head_count(a.n_head)
+    wr.add_head_count_kv(1)
+    wr.add_key_length(KV_LORA + ROPE)
+    wr.add_value_length(KV_LORA)
+    wr.add_rope_dimension_count(ROPE)
+    wr.add_uint32(f"{arch}.attention.q_lora_rank", Q_LORA)
+    wr.add_uint32(f"{arch}.attention.kv_lora_rank", KV_LORA)
+    wr.add_uint32(f"{arch}.attention.key_length_mla", K_MLA)
+    wr.add_uint32(f"{arch}.attention.value_length_mla", V_MLA)
+    moe_keys(wr, a)
+
+
+def moe_keys(wr, a: argparse.Namespace) -> None:
+    arch = wr.arch
+    wr.add_uint32(f"{arch}.leading_dense_block_count", dense_lead(a))
+    wr.add_uint32(f"{arch}.expert_count", N_EXPERT)
+    wr.add_uint32(f"{arch}.expert_used_count", N_EXPERT_USED)
+    wr.add_uint32(f"{arch}.expert_feed_forward_length", FF_EXP)
+    wr.add_uint32(f"{arch}.expert_shared_count", N_SHARED)
+    wr.add_uint32(f"{arch}.expert_gating_func", GATING_SIGMOID)
+    wr.add_bool(f"{arch}.expert_weights_norm", True)
+    wr.add_float32(f"{arch}.expert_weights_scale", 1.0)
+
+
+def indexer_keys(wr, a: argparse.Namespace, types: list[int] | None = None) -> None:
+    arch = wr.arch
+    wr.add_uint32(f"{arch}.attention.indexer.head_count", IDX_HEADS)
+    wr.add_uint32(f"{arch}.attention.indexer.key_length", IDX_DIM)
+    wr.add_uint32(f"{arch}.attention.indexer.top_k", IDX_TOP_K)
+    if types is not None:
+        wr.add_array(f"{arch}.attention.indexer.types", types)
+
+
+# --- deepseek32 / glm-dsa: MLA with a DSA lightning indexer on every layer -> llama_kv_cache_dsa -----------------
+
+def dsa_plan(a: argparse.Namespace) -> Plan:
+    plan = head(a)
+    for i in range(a.layers):
+        p = f"blk.{i}."
+        plan += [norm(p + "attn_norm.weight", a.n_embd), *mla_attn(a, p), norm(p + "ffn_norm.weight", a.n_embd),
+                 *dsa_indexer(a, p), *ffn(a, i, p)]
+    return plan
+
+
+def dsa_keys(wr, a: argparse.Namespace) -> None:
+    mla_keys(wr, a)
+    indexer_keys(wr, a)
+
+
+# --- hy_v4: MLA with sinks, a sigmoid output gate and hyper-connections -------------------------------------------
+HC = 2
+
+
+def hy_v4_plan(a: argparse.Namespace, indexer: bool) -> Plan:
+    E, H = a.n_embd, a.n_head
+    plan = head(a) + [w("output_hc_fn.weight", HC * E, HC), w("output_hc_base.weight", HC),
+                      w("output_hc_scale.weight", 1, std=0.1, mean=1.0)]
+    for i in range(a.layers):
+        p = f"blk.{i}."
+        plan += [norm(p + "attn_norm.weight", E), w(p + "attn_sinks.weight", H), *mla_attn(a, p),
+                 w(p + "attn_gate.weight", E, H * V_MLA)]
+        if indexer and hy_v4_indexer_types(a)[i]:
+            plan += dsa_indexer(a, p)
+        for kind in ("attn", "ffn"):
+            plan += [w(f"{p}hc_{kind}_fn.weight", HC * E, 2 * HC), w(f"{p}hc_{kind}_base.weight", 2 * HC),
+                     w(f"{p}hc_{kind}_scale.weight", 2, std=0.1, mean=1.0)]
+        plan += [norm(p + "ffn_norm.weight", E), *ffn(a, i, p)]
+    return plan
+
+
+def hy_v4_indexer_types(a: argparse.Namespace) -> list[int]:
+    """Layer 0 owns an indexer ("full"); the others reuse the last top-k ("shared")."""
+    return [1] + [0] * (a.layers - 1)
+
+
+def hy_v4_keys(wr, a: argparse.Namespace, indexer: bool) -> None:
+    mla_keys(wr, a)
+    wr.add_uint32(f"{wr.arch}.hyper_connection.count", HC)
+    wr.add_float32(f"{wr.arch}.hyper_connection.epsilon", 1e-6)
+    wr.add_float32(f"{wr.arch}.hyper_connection.magnitude", 1.0)
+    if indexer:
+        indexer_keys(wr, a, hy_v4_indexer_types(a))
+
+
+# --- minimax-m3: GQA attention with QK norms; MSA (block-sparse) indexer on its MoE layers -------------------------
+MSA_BLOCK, MSA_TOP_K, MSA_LOCAL = 16, 4, 1
+
+
+def minimax_m3_plan(a: argparse.Namespace) -> Plan:
+    E, H, KV, D = a.n_embd, a.n_head, a.n_head_kv, a.head_dim
+    plan = head(a)
+    for i in range(a.layers):
+        p = f"blk.{i}."
+        plan += [norm(p + "attn_norm.weight", E), w(p + "attn_q.weight", E, H * D, std=1.5 / np.sqrt(E)),
+                 w(p + "attn_k.weight", E, KV * D, std=1.5 / np.sqrt(E)), w(p + "attn_v.weight", E, KV * D),
+                 w(p + "attn_output.weight", H * D, E), norm(p + "attn_q_norm.weight", D),
+                 norm(p + "attn_k_norm.weight", D), norm(p + "ffn_norm.weight", E), *ffn(a, i, p)]
+        if i >= dense_lead(a):
+            plan += [w(p + "indexer.q_proj.weight", E, IDX_HEADS * IDX_DIM), w(p + "indexer.k_proj.weight", E, IDX_DIM),
+                     norm(p + "indexer.q_norm.weight", IDX_DIM), norm(p + "indexer.k_norm.weight", IDX_DIM)]
+    return plan
+
+
+def minimax_m3_keys(wr, a: argparse.Namespace) -> None:
+    arch = wr.arch
+    wr.add_head_count(a.n_head)
+    wr.add_head_count_kv(a.n_head_kv)
+    wr.add_key_length(a.head_dim)
+    wr.add_value_length(a.head_dim)
+    wr.add_rope_dimension_count(a.head_dim // 2)  # partial rotary, as the real model
+    moe_keys(wr, a)
+    indexer_keys(wr, a)
+    wr.add_uint32(f"{arch}.attention.indexer.block_size", MSA_BLOCK)
+    wr.add_uint32(f"{arch}.attention.indexer.local_blocks", MSA_LOCAL)
+
+
+# --- dots3note: MLA on sliding-window and full layers, DSA indexer on the full ones -> llama_kv_cache_dsa_iswa -----
+
+def dots3note_swa(a: argparse.Namespace) -> list[int]:
+    """Even layers slide, odd layers are full attention (with the indexer)."""
+    return [1 if i % 2 == 0 else 0 for i in range(a.layers)]
+
+
+def dots3note_plan(a: argparse.Namespace) -> Plan:
+    E, H = a.n_embd, a.n_head
+    plan = head(a)
+    swa = dots3note_swa(a)
+    for i in range(a.layers):
+        p = f"blk.{i}."
+        plan += [norm(p + "attn_norm.weight", E), *mla_attn(a, p), norm(p + "attn_k_norm.weight", ROPE),
+                 w(p + "attn_gate.weight", E, H), norm(p + "ffn_norm.weight", E)]
+        if not swa[i]:
+            plan += dsa_indexer(a, p)
+        plan += ffn(a, i, p)
+    return plan
+
+
+def dots3note_keys(wr, a: argparse.Namespace) -> None:
+    arch = wr.arch
+    mla_keys(wr, a)
+    wr.add_uint32(f"{arch}.attention.kv_lora_rank_swa", KV_LORA)
+    wr.add_uint32(f"{arch}.attention.key_length_mla_swa", K_MLA)
+    wr.add_uint32(f"{arch}.attention.value_length_mla_swa", V_MLA)
+    wr.add_uint32(f"{arch}.attention.sliding_window", a.swa_window)
+    wr.add_float32(f"{arch}.rope.freq_base_swa", 10000.0)
+    wr.add_array(f"{arch}.attention.sliding_window_pattern", [bool(s) for s in dots3note_swa(a)])
+    indexer_keys(wr, a, [1 - s for s in dots3note_swa(a)])
+
+
+ARCHS: dict[str, FallbackArch] = {f.name: f for f in (
+    FallbackArch("minimax-m3", "minimax-m3", "llama_kv_cache_msa", minimax_m3_keys, minimax_m3_plan),
+    FallbackArch("deepseek32", "deepseek32", "llama_kv_cache_dsa", dsa_keys, dsa_plan),
+    FallbackArch("glm-dsa", "glm-dsa", "llama_kv_cache_dsa", dsa_keys, dsa_plan),
+    FallbackArch("hy_v4", "hy_v4", "llama_kv_cache",
+                 lambda wr, a: hy_v4_keys(wr, a, False), lambda a: hy_v4_plan(a, False)),
+    FallbackArch("hy_v4-idx", "hy_v4", "llama_kv_cache_dsa",
+                 lambda wr, a: hy_v4_keys(wr, a, True), lambda a: hy_v4_plan(a, True)),
+    FallbackArch("dots3note", "dots3note", "llama_kv_cache_dsa_iswa", dots3note_keys, dots3note_plan),
+)}
