@@ -447,7 +447,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", type=Path, action="append",
                    help="GGUF to test (repeatable); default: generate tiny llama, gemma3 (iSWA) and jamba (hybrid) models")
     p.add_argument("--archs", default="llama,gemma3,jamba",
-                   help="archs to generate when --model is not given (jamba: the hybrid memory, Mamba + attention)")
+                   help="archs to generate when --model is not given (jamba: the hybrid memory, Mamba + attention; "
+                        "'' = none, e.g. for --gates d alone)")
     p.add_argument("--work-dir", type=Path, help="keep logs and files here (default: a temp dir, removed on pass)")
     p.add_argument("--ctx", type=int, default=512)
     p.add_argument("--ubatch", type=int, default=128)
@@ -477,6 +478,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.required = set(a.gates.split(","))
     if not a.required <= {"a", "b", "c", "d"}:
         p.error("--gates takes a comma list of a, b, c, d")
+    if not a.model and not [x for x in a.archs.split(",") if x] and a.required & {"a", "b", "c"}:
+        p.error(f"--archs '' leaves gate(s) {','.join(sorted(a.required - {'d'}))} no model to check; "
+                "pass --gates d, or --archs/--model")
+    if "d" in a.required and not [x for x in a.fallback_archs.split(",") if x]:
+        p.error("--fallback-archs '' leaves gate d no model to check; drop d from --gates")
     a.fallback_archs = [x for x in a.fallback_archs.split(",") if x]
     unknown = [x for x in a.fallback_archs if x != "mamba" and x not in make_model.FALLBACK_ARCHS]
     if unknown:
@@ -495,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.model:
         models = [(m.stem, m.resolve()) for m in a.model]
     else:
-        for arch in a.archs.split(","):
+        for arch in [x for x in a.archs.split(",") if x]:
             out = work / f"synthetic-{arch}.gguf"
             # 4 layers: with gemma3's pattern 2 that is 2 SWA + 2 full-attention layers, enough for
             # a one-token change far back in the context to pass the sensitivity control.

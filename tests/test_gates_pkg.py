@@ -458,6 +458,172 @@ def test_make_model_jamba_alternates_mamba_and_attention_layers(tmp_path: Path):
     assert "blk.1.ssm_in.weight" not in names and "blk.0.attn_k.weight" not in names
 
 
+# The keys each architecture's load_hparams / load_arch_hparams reads without a default (src/models/<arch>.cpp of the
+# pinned tree), beyond the ones every model has (context/embedding length, block count, vocabulary).
+MLA_KEYS = ["attention.layer_norm_rms_epsilon", "attention.q_lora_rank", "attention.kv_lora_rank",
+            "expert_feed_forward_length", "expert_shared_count", "attention.indexer.head_count",
+            "attention.indexer.key_length", "attention.indexer.top_k"]
+REQUIRED_KEYS = {
+    "minimax-m3": ["attention.layer_norm_rms_epsilon", "expert_feed_forward_length", "expert_shared_count",
+                   "expert_gating_func", "attention.indexer.head_count", "attention.indexer.key_length",
+                   "attention.indexer.top_k", "attention.indexer.block_size", "attention.indexer.local_blocks"],
+    "deepseek32": [*MLA_KEYS, "expert_gating_func"],
+    "glm-dsa": MLA_KEYS,
+    "hy_v4": ["attention.layer_norm_rms_epsilon", "attention.q_lora_rank", "attention.kv_lora_rank",
+              "attention.key_length_mla", "attention.value_length_mla", "expert_feed_forward_length",
+              "expert_shared_count", "hyper_connection.count", "hyper_connection.epsilon",
+              "hyper_connection.magnitude"],
+    "dots3note": [*MLA_KEYS, "expert_gating_func", "leading_dense_block_count", "attention.key_length_mla",
+                  "attention.value_length_mla", "attention.kv_lora_rank_swa", "attention.key_length_mla_swa",
+                  "attention.value_length_mla_swa", "attention.sliding_window", "rope.freq_base_swa",
+                  "attention.sliding_window_pattern", "attention.indexer.types"],
+}
+REQUIRED_KEYS["hy_v4-idx"] = [*REQUIRED_KEYS["hy_v4"], "attention.indexer.head_count", "attention.indexer.key_length",
+                              "attention.indexer.top_k", "attention.indexer.types"]
+
+
+def field_values(rd, key: str) -> list:
+    f = rd.fields[key]
+    return [f.parts[i][0].item() for i in f.data]
+
+
+@pytest.mark.parametrize("name", sorted(REQUIRED_KEYS))
+def test_make_model_writes_each_fallback_arch_with_the_keys_and_tensors_its_loader_requires(tmp_path: Path, name: str):
+    gguf = pytest.importorskip("gguf")
+    from gates import make_model
+    from gates.fallback_archs import ARCHS
+
+    fb = ARCHS[name]
+    out = tmp_path / f"{name}.gguf"
+    assert make_model.main(["-o", str(out), "--arch", name, "--layers", "2"]) == 0
+    rd = gguf.GGUFReader(str(out))
+    arch = bytes(rd.fields["general.architecture"].parts[-1]).decode()
+    assert arch == fb.gguf_arch
+    missing = [k for k in REQUIRED_KEYS[name] if f"{arch}.{k}" not in rd.fields]
+    assert not missing, missing
+    assert field_values(rd, f"{arch}.block_count") == [2]
+    tensors = {t.name: [int(x) for x in t.shape] for t in rd.tensors}  # shape as ggml's ne, ne0 first
+    plan = {n: list(reversed(shape)) for n, shape, _s, _m in make_model.tensor_plan(make_model.parse_args(
+        ["-o", str(out), "--arch", name, "--layers", "2"]))}
+    assert tensors == plan
+    # one dense layer, then a MoE layer: the second layer's experts and not the first's
+    assert "blk.0.ffn_up.weight" in tensors and "blk.1.ffn_up_exps.weight" in tensors
+    assert "blk.0.ffn_up_exps.weight" not in tensors and "blk.1.ffn_up.weight" not in tensors
+    assert field_values(rd, f"{arch}.leading_dense_block_count") == [1]
+    assert tensors["blk.1.ffn_up_exps.weight"][2] == field_values(rd, f"{arch}.expert_count")[0]
+    # the same arguments write the same bytes
+    again = tmp_path / "again.gguf"
+    make_model.main(["-o", str(again), "--arch", name, "--layers", "2"])
+    assert again.read_bytes() == out.read_bytes()
+
+
+def test_fallback_archs_carry_their_cache_s_own_layers(tmp_path: Path):
+    gguf = pytest.importorskip("gguf")
+    from gates import make_model
+
+    def model(name: str) -> tuple:
+        out = tmp_path / f"{name}.gguf"
+        make_model.main(["-o", str(out), "--arch", name, "--layers", "2"])
+        rd = gguf.GGUFReader(str(out))
+        return rd, {t.name for t in rd.tensors}
+
+    # minimax-m3: the MSA indexer sits on the sparse (MoE) layer only
+    _, t = model("minimax-m3")
+    assert "blk.1.indexer.k_proj.weight" in t and "blk.0.indexer.k_proj.weight" not in t
+    # hy_v4: the plain checkpoint has no indexer; with one, layer 0 owns it and layer 1 shares its top-k
+    rd, t = model("hy_v4")
+    assert not any(".indexer." in n for n in t) and "hy_v4.attention.indexer.top_k" not in rd.fields
+    rd, t = model("hy_v4-idx")
+    assert "blk.0.indexer.attn_k.weight" in t and "blk.1.indexer.attn_k.weight" not in t
+    assert field_values(rd, "hy_v4.attention.indexer.types") == [1, 0]
+    assert field_values(rd, "hy_v4.attention.indexer.top_k")[0] > 0
+    # dots3note: layer 0 slides, layer 1 is full attention with the indexer
+    rd, t = model("dots3note")
+    assert field_values(rd, "dots3note.attention.sliding_window_pattern") == [True, False]
+    assert "blk.1.indexer.attn_k.weight" in t and "blk.0.indexer.attn_k.weight" not in t
+    # deepseek32: an indexer on every layer; the indexer key width is a multiple of the 64-wide rotation
+    rd, t = model("deepseek32")
+    assert {"blk.0.indexer.attn_k.weight", "blk.1.indexer.attn_k.weight"} <= t
+    assert field_values(rd, "deepseek32.attention.indexer.key_length")[0] % 64 == 0
+
+
+def test_cpu_gate_d_wants_the_memory_type_and_architecture_of_each_branch(tmp_path: Path):
+    from gates.cpu import Ctx, gate_d, parse_args
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+
+    def tool(line: str) -> None:
+        fake_tool(bin_dir / "llama-perplexity", "\n".join([
+            'out=""; mode=head; prev=""',
+            'for x in "$@"; do [ "$prev" = --kl-divergence-base ] && out=$x; [ "$x" = window ] && mode=window; prev=$x; done',
+            'printf same > "$out"',
+            'echo "load: loading the model"',
+            f'[ "$mode" = window ] && echo "create_memory: kv-residency-mode window not possible, falling back to head mode: {line}"',
+            "exit 0"]), script=True)
+
+    a = parse_args(["--patched-bin", str(bin_dir), "--upstream-bin", str(bin_dir)])
+    c = Ctx(a, tmp_path)
+    text = tmp_path / "t.txt"
+    text.write_text("x")
+    m = tmp_path / "m.gguf"
+    tool("the llama_kv_cache of a hy_v4 model gets no window storage")
+    d = gate_d(c, "hy_v4", m, text)
+    assert d["ok"] and d["expected_memory"] == "llama_kv_cache" and d["expected_arch"] == "hy_v4"
+    # llama_kv_cache is not named by a line about llama_kv_cache_dsa
+    tool("the memory of a hy_v4 model is a llama_kv_cache_dsa, not one of the caches with window storage")
+    d = gate_d(c, "hy_v4", m, text)
+    assert not d["ok"] and not d["names_memory"] and d["names_arch"]
+    assert "falling back to head mode" in d["log_tail"] and "loading the model" in d["log_tail"]
+    assert gate_d(c, "hy_v4-idx", m, text)["ok"]
+    # the right type for another architecture: fails
+    tool("the memory of a deepseek32 model is a llama_kv_cache_dsa, not one of the caches with window storage")
+    d = gate_d(c, "glm-dsa", m, text)
+    assert not d["ok"] and d["names_memory"] and not d["names_arch"]
+    assert gate_d(c, "deepseek32", m, text)["ok"]
+    # a model that does not load is an error carrying the log's tail, not a pass or a skip
+    fake_tool(bin_dir / "llama-perplexity", 'echo "llama_model_load: error loading model: missing tensor"; exit 1',
+              script=True)
+    with pytest.raises(Exception, match="missing tensor"):
+        gate_d(c, "dots3note", m, text)
+
+
+def test_cpu_gate_refuses_a_fallback_arch_it_has_no_model_for(tmp_path: Path, capsys: pytest.CaptureFixture):
+    from gates.cpu import parse_args
+
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--patched-bin", "b", "--upstream-bin", "b", "--fallback-archs", "mamba,deepseek4"])
+    assert e.value.code == 2
+    assert "no synthetic model for deepseek4" in capsys.readouterr().err
+    assert parse_args(["--patched-bin", "b", "--upstream-bin", "b", "--fallback-archs", "", "--gates", "a"]
+                      ).fallback_archs == []
+    # no model left for a gate that was asked for: refused, never a pass over nothing
+    for argv, msg in ((["--fallback-archs", ""], "leaves gate d no model"),
+                      (["--archs", "", "--gates", "a,d"], "leaves gate(s) a no model")):
+        with pytest.raises(SystemExit):
+            parse_args(["--patched-bin", "b", "--upstream-bin", "b", *argv])
+        assert msg in capsys.readouterr().err
+    assert parse_args(["--patched-bin", "b", "--upstream-bin", "b", "--archs", "", "--gates", "d"]).required == {"d"}
+
+
+@pytest.mark.slow
+def test_cpu_gate_d_loads_every_fallback_arch_in_a_real_build(tmp_path: Path):
+    """Each synthetic model loads and runs in the patched cpu build (FORKTOOL_CPU_BIN, else build/cpu/bin here:
+    `forktool build --profile cpu`), logging its fallback line and giving head mode's bytes."""
+    bin_dir = Path(os.environ.get("FORKTOOL_CPU_BIN", ROOT / "build" / "cpu" / "bin"))
+    if not (bin_dir / "llama-perplexity").exists():
+        pytest.skip(f"no llama-perplexity in {bin_dir}: build the cpu profile or set FORKTOOL_CPU_BIN")
+    r = run_module("gates.cpu", "--patched-bin", str(bin_dir), "--upstream-bin", str(bin_dir), "--archs", "",
+                   "--gates", "d", "--work-dir", str(tmp_path / "w"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(r.stdout)
+    from gates.fallback_archs import ARCHS
+
+    assert sorted(result["fallback"]) == sorted(["mamba", *ARCHS])
+    for name, d in result["fallback"].items():
+        assert d["ok"] and d["names_memory"] and d["bytes_identical_to_head"] and not d["position_window_logged"], name
+
+
 def test_needle_divergence_names_the_first_differing_token_and_each_side_s_margin():
     from gates.needle import divergence
 
