@@ -74,12 +74,14 @@ def dense_lead(a: argparse.Namespace) -> int:
     return max(a.layers - 1, 0)
 
 
-def mla_attn(a: argparse.Namespace, p: str, n_head: int | None = None) -> Plan:
-    """DeepSeek MLA: low-rank q, compressed kv plus a shared rope key, per-head k/v decompression."""
-    E, H = a.n_embd, n_head or a.n_head
+def mla_attn(a: argparse.Namespace, p: str, rope: int = ROPE) -> Plan:
+    """DeepSeek MLA: low-rank q, compressed kv plus a shared rope key (rope 0: nope-only), per-head k/v
+    decompression."""
+    E, H = a.n_embd, a.n_head
     return [norm(p + "attn_q_a_norm.weight", Q_LORA), norm(p + "attn_kv_a_norm.weight", KV_LORA),
-            w(p + "attn_q_a.weight", E, Q_LORA), w(p + "attn_q_b.weight", Q_LORA, H * K_MLA, std=1.5 / np.sqrt(Q_LORA)),
-            w(p + "attn_kv_a_mqa.weight", E, KV_LORA + ROPE, std=1.5 / np.sqrt(E)),
+            w(p + "attn_q_a.weight", E, Q_LORA),
+            w(p + "attn_q_b.weight", Q_LORA, H * (NOPE + rope), std=1.5 / np.sqrt(Q_LORA)),
+            w(p + "attn_kv_a_mqa.weight", E, KV_LORA + rope, std=1.5 / np.sqrt(E)),
             w(p + "attn_k_b.weight", NOPE, KV_LORA, H), w(p + "attn_v_b.weight", KV_LORA, V_MLA, H),
             w(p + "attn_output.weight", H * V_MLA, E)]
 
@@ -243,6 +245,61 @@ def dots3note_keys(wr, a: argparse.Namespace) -> None:
     indexer_keys(wr, a, [1 - s for s in dots3note_swa(a)])
 
 
+# --- glm5-next: KDA (recurrent) layers and MLA layers with a k-pooled DSA indexer, under mHC -> llama_memory_hybrid_idx
+MHC, KDA_HEAD_DIM, KPOOL, SSM_CONV = 4, 32, 4, 4
+
+
+def glm5_next_recurrent(a: argparse.Namespace) -> list[bool]:
+    """Even layers are KDA (linear attention, recurrent state), odd layers MLA with the indexer."""
+    return [i % 2 == 0 for i in range(a.layers)]
+
+
+def glm5_next_plan(a: argparse.Namespace) -> Plan:
+    E, H = a.n_embd, a.n_head
+    DI, mix = KDA_HEAD_DIM * H, (2 + MHC) * MHC
+    plan = head(a)
+    for i, recr in enumerate(glm5_next_recurrent(a)):
+        p = f"blk.{i}."
+        plan += [norm(p + "attn_norm.weight", E), norm(p + "ffn_norm.weight", E)]
+        for kind in ("attn", "ffn"):
+            plan += [w(f"{p}hc_{kind}_fn.weight", MHC * E, mix), w(f"{p}hc_{kind}_base.weight", mix),
+                     w(f"{p}hc_{kind}_scale.weight", 3, std=0.1, mean=1.0)]
+        if recr:
+            plan += [w(f"{p}ssm_conv1d_{x}.weight", SSM_CONV, 1, DI, std=1.0 / np.sqrt(SSM_CONV)) for x in "qkv"]
+            plan += [w(p + "attn_q.weight", E, DI), w(p + "attn_k.weight", E, DI), w(p + "attn_v.weight", E, DI),
+                     w(p + "ssm_f_a.weight", E, KDA_HEAD_DIM), w(p + "ssm_f_b.weight", KDA_HEAD_DIM, DI),
+                     w(p + "ssm_beta.weight", E, H), w(p + "ssm_a", H, std=0.1, mean=0.0),
+                     w(p + "ssm_dt.bias", DI), w(p + "ssm_g_a.weight", E, KDA_HEAD_DIM),
+                     w(p + "ssm_g_b.weight", KDA_HEAD_DIM, DI), norm(p + "ssm_norm.weight", KDA_HEAD_DIM),
+                     w(p + "attn_output.weight", DI, E)]
+        else:
+            plan += [*mla_attn(a, p, rope=0), *dsa_indexer(a, p), w(p + "indexer_compressor_gate.weight", E, IDX_DIM),
+                     w(p + "indexer_compressor_ape.weight", IDX_DIM, KPOOL)]
+        plan += ffn(a, i, p)
+    return plan
+
+
+def glm5_next_keys(wr, a: argparse.Namespace) -> None:
+    arch = wr.arch
+    wr.add_head_count(a.n_head)
+    wr.add_head_count_kv([0 if r else 1 for r in glm5_next_recurrent(a)])  # a KDA layer has no KV heads
+    wr.add_key_length(KV_LORA)             # nope-only MLA: the cache holds the latent alone
+    wr.add_value_length(KV_LORA)
+    wr.add_rope_dimension_count(0)
+    wr.add_uint32(f"{arch}.attention.q_lora_rank", Q_LORA)
+    wr.add_uint32(f"{arch}.attention.kv_lora_rank", KV_LORA)
+    wr.add_uint32(f"{arch}.attention.key_length_mla", NOPE)
+    wr.add_uint32(f"{arch}.attention.value_length_mla", V_MLA)
+    wr.add_uint32(f"{arch}.ssm.conv_kernel", SSM_CONV)
+    wr.add_uint32(f"{arch}.kda.head_dim", KDA_HEAD_DIM)
+    moe_keys(wr, a)
+    indexer_keys(wr, a)
+    wr.add_uint32(f"{arch}.attention.indexer.kpool", KPOOL)
+    wr.add_uint32(f"{arch}.hyper_connection.count", MHC)
+    wr.add_uint32(f"{arch}.hyper_connection.sinkhorn_iterations", 3)
+    wr.add_float32(f"{arch}.hyper_connection.epsilon", 1e-6)
+
+
 ARCHS: dict[str, FallbackArch] = {f.name: f for f in (
     FallbackArch("minimax-m3", "minimax-m3", "llama_kv_cache_msa", minimax_m3_keys, minimax_m3_plan),
     FallbackArch("deepseek32", "deepseek32", "llama_kv_cache_dsa", dsa_keys, dsa_plan),
@@ -252,4 +309,5 @@ ARCHS: dict[str, FallbackArch] = {f.name: f for f in (
     FallbackArch("hy_v4-idx", "hy_v4", "llama_kv_cache_dsa",
                  lambda wr, a: hy_v4_keys(wr, a, True), lambda a: hy_v4_plan(a, True)),
     FallbackArch("dots3note", "dots3note", "llama_kv_cache_dsa_iswa", dots3note_keys, dots3note_plan),
+    FallbackArch("glm5-next", "glm5-next", "llama_memory_hybrid_idx", glm5_next_keys, glm5_next_plan),
 )}

@@ -156,7 +156,8 @@ def mamba_layer(a: argparse.Namespace, i: int, jamba: bool = False) -> list[tupl
 def tensor_dtype(name: str, shape: tuple[int, ...], dtype: str) -> np.dtype:
     # 1-D tensors (norms, biases) stay f32 like llama.cpp's converters write them, and so do Mamba's conv and A
     # (ggml's ssm_conv and ssm_scan read them as f32).
-    f32 = len(shape) == 1 or dtype == "f32" or name.endswith(("ssm_conv1d.weight", "ssm_a"))
+    f32 = (len(shape) == 1 or dtype == "f32" or "ssm_conv1d" in name or name.endswith("ssm_a")
+           or name.endswith("compressor_ape.weight"))  # glm5-next adds its k-pool position bias to f32 keys
     return np.dtype(np.float32) if f32 else np.dtype(np.float16)
 
 

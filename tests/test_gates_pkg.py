@@ -353,7 +353,8 @@ def test_cpu_gate_d_wants_the_fallback_line_no_window_and_head_modes_bytes(tmp_p
 
     a = parse_args(["--patched-bin", str(bin_dir), "--upstream-bin", str(bin_dir)])
     assert a.required == {"a", "b", "c", "d"}
-    assert a.fallback_archs == ["mamba", "minimax-m3", "deepseek32", "glm-dsa", "hy_v4", "hy_v4-idx", "dots3note"]
+    assert a.fallback_archs == ["mamba", "minimax-m3", "deepseek32", "glm-dsa", "hy_v4", "hy_v4-idx", "dots3note",
+                                "glm5-next"]
     c = Ctx(a, tmp_path)
     text = tmp_path / "t.txt"
     text.write_text("x")
@@ -478,6 +479,12 @@ REQUIRED_KEYS = {
                   "attention.value_length_mla_swa", "attention.sliding_window", "rope.freq_base_swa",
                   "attention.sliding_window_pattern", "attention.indexer.types"],
 }
+REQUIRED_KEYS["glm5-next"] = ["attention.layer_norm_rms_epsilon", "attention.key_length_mla", "attention.value_length_mla",
+                              "attention.q_lora_rank", "attention.kv_lora_rank", "ssm.conv_kernel", "kda.head_dim",
+                              "expert_feed_forward_length", "expert_shared_count", "attention.indexer.head_count",
+                              "attention.indexer.key_length", "attention.indexer.top_k", "attention.indexer.kpool",
+                              "hyper_connection.count", "hyper_connection.sinkhorn_iterations",
+                              "hyper_connection.epsilon"]
 REQUIRED_KEYS["hy_v4-idx"] = [*REQUIRED_KEYS["hy_v4"], "attention.indexer.head_count", "attention.indexer.key_length",
                               "attention.indexer.top_k", "attention.indexer.types"]
 
@@ -541,6 +548,13 @@ def test_fallback_archs_carry_their_cache_s_own_layers(tmp_path: Path):
     rd, t = model("dots3note")
     assert field_values(rd, "dots3note.attention.sliding_window_pattern") == [True, False]
     assert "blk.1.indexer.attn_k.weight" in t and "blk.0.indexer.attn_k.weight" not in t
+    # glm5-next: a KDA (recurrent, no KV heads) layer, then an MLA layer with the k-pooled indexer
+    rd, t = model("glm5-next")
+    assert field_values(rd, "glm5-next.attention.head_count_kv") == [0, 1]
+    assert "blk.0.ssm_f_a.weight" in t and "blk.0.attn_kv_a_mqa.weight" not in t
+    assert {"blk.1.attn_kv_a_mqa.weight", "blk.1.indexer_compressor_ape.weight"} <= t and "blk.1.ssm_f_a.weight" not in t
+    ape = next(x for x in rd.tensors if x.name == "blk.1.indexer_compressor_ape.weight")
+    assert ape.tensor_type == gguf.GGMLQuantizationType.F32  # added to f32 keys: the cpu add takes no f16 operand
     # deepseek32: an indexer on every layer; the indexer key width is a multiple of the 64-wide rotation
     rd, t = model("deepseek32")
     assert {"blk.0.indexer.attn_k.weight", "blk.1.indexer.attn_k.weight"} <= t
