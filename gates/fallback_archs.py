@@ -300,6 +300,76 @@ def glm5_next_keys(wr, a: argparse.Namespace) -> None:
     wr.add_float32(f"{arch}.hyper_connection.epsilon", 1e-6)
 
 
+# --- deepseek4: sliding-window attention with compressed (CSA, ratio 4, with the indexer) and heavily compressed (HCA,
+# ratio 128) layers, attention sinks, grouped low-rank output, mHC -> llama_kv_cache_dsv4
+DSV4_HEAD, DSV4_ROPE, DSV4_GROUPS, DSV4_O_LORA, DSV4_SWA = 64, 16, 2, 32, 64
+SQRT_SOFTPLUS = 4                            # LLAMA_EXPERT_GATING_FUNC_TYPE_SQRT_SOFTPLUS, the only one its loader takes
+
+
+def deepseek4_ratios(a: argparse.Namespace) -> list[int]:
+    """Compression ratio per layer: 4 (CSA with the lightning indexer), 128 (HCA), 0 (window only), repeating."""
+    return [(4, 128, 0)[i % 3] for i in range(a.layers)]
+
+
+def deepseek4_plan(a: argparse.Namespace) -> Plan:
+    E, H, D = a.n_embd, a.n_head, DSV4_HEAD
+    mix = (2 + MHC) * MHC
+    plan = head(a) + [w("output_hc_fn.weight", MHC * E, MHC), w("output_hc_base.weight", MHC),
+                      w("output_hc_scale.weight", 1, std=0.1, mean=1.0)]
+    for i, ratio in enumerate(deepseek4_ratios(a)):
+        p = f"blk.{i}."
+        plan += [norm(p + "attn_norm.weight", E), w(p + "attn_sinks.weight", H), w(p + "attn_q_a.weight", E, Q_LORA),
+                 norm(p + "attn_q_a_norm.weight", Q_LORA),
+                 w(p + "attn_q_b.weight", Q_LORA, H * D, std=1.5 / np.sqrt(Q_LORA)),
+                 w(p + "attn_kv.weight", E, D, std=1.5 / np.sqrt(E)), norm(p + "attn_kv_a_norm.weight", D),
+                 w(p + "attn_output_a.weight", H * D // DSV4_GROUPS, DSV4_O_LORA, DSV4_GROUPS),
+                 w(p + "attn_output_b.weight", DSV4_GROUPS * DSV4_O_LORA, E)]
+        for kind in ("attn", "ffn"):
+            plan += [w(f"{p}hc_{kind}_fn.weight", MHC * E, mix), w(f"{p}hc_{kind}_base.weight", mix),
+                     w(f"{p}hc_{kind}_scale.weight", 3, std=0.1, mean=1.0)]
+        if ratio:
+            coff = 2 if ratio == 4 else 1
+            plan += [w(p + "attn_compressor_kv.weight", E, coff * D), w(p + "attn_compressor_gate.weight", E, coff * D),
+                     w(p + "attn_compressor_ape.weight", coff * D, ratio), norm(p + "attn_compressor_norm.weight", D)]
+        if ratio == 4:
+            plan += [w(p + "indexer.proj.weight", E, IDX_HEADS),
+                     w(p + "indexer.attn_q_b.weight", Q_LORA, IDX_HEADS * IDX_DIM),
+                     w(p + "indexer_compressor_kv.weight", E, 2 * IDX_DIM),
+                     w(p + "indexer_compressor_gate.weight", E, 2 * IDX_DIM),
+                     w(p + "indexer_compressor_ape.weight", 2 * IDX_DIM, ratio),
+                     norm(p + "indexer_compressor_norm.weight", IDX_DIM)]
+        plan += [norm(p + "ffn_norm.weight", E), *moe_ffn(a, p)]  # every layer routed (no hash-routed layers)
+    return plan
+
+
+def deepseek4_keys(wr, a: argparse.Namespace) -> None:
+    arch = wr.arch
+    wr.add_head_count(a.n_head)
+    wr.add_head_count_kv(1)
+    wr.add_key_length(DSV4_HEAD)
+    wr.add_value_length(DSV4_HEAD)
+    wr.add_rope_dimension_count(DSV4_ROPE)
+    wr.add_uint32(f"{arch}.attention.q_lora_rank", Q_LORA)
+    wr.add_uint32(f"{arch}.attention.sliding_window", DSV4_SWA)
+    wr.add_uint32(f"{arch}.expert_count", N_EXPERT)
+    wr.add_uint32(f"{arch}.expert_used_count", N_EXPERT_USED)
+    wr.add_uint32(f"{arch}.expert_feed_forward_length", FF_EXP)
+    wr.add_uint32(f"{arch}.expert_shared_count", N_SHARED)
+    wr.add_float32(f"{arch}.expert_weights_scale", 1.0)
+    wr.add_bool(f"{arch}.expert_weights_norm", True)
+    wr.add_uint32(f"{arch}.expert_gating_func", SQRT_SOFTPLUS)
+    wr.add_float32(f"{arch}.swiglu_clamp_exp", 10.0)
+    indexer_keys(wr, a)
+    wr.add_uint32(f"{arch}.attention.output_group_count", DSV4_GROUPS)
+    wr.add_uint32(f"{arch}.attention.output_lora_rank", DSV4_O_LORA)
+    wr.add_float32(f"{arch}.attention.compress_rope_freq_base", 10000.0)
+    wr.add_uint32(f"{arch}.hyper_connection.count", MHC)
+    wr.add_uint32(f"{arch}.hyper_connection.sinkhorn_iterations", 3)
+    wr.add_float32(f"{arch}.hyper_connection.epsilon", 1e-6)
+    wr.add_uint32(f"{arch}.hash_layer_count", 0)
+    wr.add_array(f"{arch}.attention.compress_ratios", deepseek4_ratios(a))
+
+
 ARCHS: dict[str, FallbackArch] = {f.name: f for f in (
     FallbackArch("minimax-m3", "minimax-m3", "llama_kv_cache_msa", minimax_m3_keys, minimax_m3_plan),
     FallbackArch("deepseek32", "deepseek32", "llama_kv_cache_dsa", dsa_keys, dsa_plan),
@@ -310,4 +380,5 @@ ARCHS: dict[str, FallbackArch] = {f.name: f for f in (
                  lambda wr, a: hy_v4_keys(wr, a, True), lambda a: hy_v4_plan(a, True)),
     FallbackArch("dots3note", "dots3note", "llama_kv_cache_dsa_iswa", dots3note_keys, dots3note_plan),
     FallbackArch("glm5-next", "glm5-next", "llama_memory_hybrid_idx", glm5_next_keys, glm5_next_plan),
+    FallbackArch("deepseek4", "deepseek4", "llama_kv_cache_dsv4", deepseek4_keys, deepseek4_plan),
 )}

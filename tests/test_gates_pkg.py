@@ -354,7 +354,7 @@ def test_cpu_gate_d_wants_the_fallback_line_no_window_and_head_modes_bytes(tmp_p
     a = parse_args(["--patched-bin", str(bin_dir), "--upstream-bin", str(bin_dir)])
     assert a.required == {"a", "b", "c", "d"}
     assert a.fallback_archs == ["mamba", "minimax-m3", "deepseek32", "glm-dsa", "hy_v4", "hy_v4-idx", "dots3note",
-                                "glm5-next"]
+                                "glm5-next", "deepseek4"]
     c = Ctx(a, tmp_path)
     text = tmp_path / "t.txt"
     text.write_text("x")
@@ -485,6 +485,14 @@ REQUIRED_KEYS["glm5-next"] = ["attention.layer_norm_rms_epsilon", "attention.key
                               "attention.indexer.key_length", "attention.indexer.top_k", "attention.indexer.kpool",
                               "hyper_connection.count", "hyper_connection.sinkhorn_iterations",
                               "hyper_connection.epsilon"]
+REQUIRED_KEYS["deepseek4"] = ["attention.layer_norm_rms_epsilon", "attention.q_lora_rank", "attention.sliding_window",
+                              "expert_feed_forward_length", "expert_shared_count", "expert_weights_scale",
+                              "expert_weights_norm", "swiglu_clamp_exp", "attention.indexer.head_count",
+                              "attention.indexer.key_length", "attention.indexer.top_k",
+                              "attention.output_group_count", "attention.output_lora_rank",
+                              "attention.compress_rope_freq_base", "hyper_connection.count",
+                              "hyper_connection.sinkhorn_iterations", "hyper_connection.epsilon", "hash_layer_count",
+                              "attention.compress_ratios", "expert_gating_func"]
 REQUIRED_KEYS["hy_v4-idx"] = [*REQUIRED_KEYS["hy_v4"], "attention.indexer.head_count", "attention.indexer.key_length",
                               "attention.indexer.top_k", "attention.indexer.types"]
 
@@ -513,10 +521,13 @@ def test_make_model_writes_each_fallback_arch_with_the_keys_and_tensors_its_load
     plan = {n: list(reversed(shape)) for n, shape, _s, _m in make_model.tensor_plan(make_model.parse_args(
         ["-o", str(out), "--arch", name, "--layers", "2"]))}
     assert tensors == plan
-    # one dense layer, then a MoE layer: the second layer's experts and not the first's
-    assert "blk.0.ffn_up.weight" in tensors and "blk.1.ffn_up_exps.weight" in tensors
-    assert "blk.0.ffn_up_exps.weight" not in tensors and "blk.1.ffn_up.weight" not in tensors
-    assert field_values(rd, f"{arch}.leading_dense_block_count") == [1]
+    if name == "deepseek4":  # its loader knows no dense layers: every layer routed
+        assert {"blk.0.ffn_up_exps.weight", "blk.1.ffn_up_exps.weight"} <= tensors.keys()
+        assert field_values(rd, "deepseek4.expert_gating_func") == [4]  # sqrt-softplus, the only one it takes
+    else:  # one dense layer, then a MoE layer: the second layer's experts and not the first's
+        assert "blk.0.ffn_up.weight" in tensors and "blk.1.ffn_up_exps.weight" in tensors
+        assert "blk.0.ffn_up_exps.weight" not in tensors and "blk.1.ffn_up.weight" not in tensors
+        assert field_values(rd, f"{arch}.leading_dense_block_count") == [1]
     assert tensors["blk.1.ffn_up_exps.weight"][2] == field_values(rd, f"{arch}.expert_count")[0]
     # the same arguments write the same bytes
     again = tmp_path / "again.gguf"
@@ -555,6 +566,12 @@ def test_fallback_archs_carry_their_cache_s_own_layers(tmp_path: Path):
     assert {"blk.1.attn_kv_a_mqa.weight", "blk.1.indexer_compressor_ape.weight"} <= t and "blk.1.ssm_f_a.weight" not in t
     ape = next(x for x in rd.tensors if x.name == "blk.1.indexer_compressor_ape.weight")
     assert ape.tensor_type == gguf.GGMLQuantizationType.F32  # added to f32 keys: the cpu add takes no f16 operand
+    # deepseek4: a CSA layer (ratio 4, its compressor and the indexer's), then an HCA layer (ratio 128, no indexer)
+    rd, t = model("deepseek4")
+    assert field_values(rd, "deepseek4.attention.compress_ratios") == [4, 128]
+    assert {"blk.0.attn_compressor_kv.weight", "blk.0.indexer_compressor_kv.weight", "blk.1.attn_compressor_kv.weight",
+            "blk.0.attn_sinks.weight", "output_hc_fn.weight"} <= t
+    assert "blk.1.indexer_compressor_kv.weight" not in t
     # deepseek32: an indexer on every layer; the indexer key width is a multiple of the 64-wide rotation
     rd, t = model("deepseek32")
     assert {"blk.0.indexer.attn_k.weight", "blk.1.indexer.attn_k.weight"} <= t
@@ -606,9 +623,9 @@ def test_cpu_gate_refuses_a_fallback_arch_it_has_no_model_for(tmp_path: Path, ca
     from gates.cpu import parse_args
 
     with pytest.raises(SystemExit) as e:
-        parse_args(["--patched-bin", "b", "--upstream-bin", "b", "--fallback-archs", "mamba,deepseek4"])
+        parse_args(["--patched-bin", "b", "--upstream-bin", "b", "--fallback-archs", "mamba,qwen4exp"])
     assert e.value.code == 2
-    assert "no synthetic model for deepseek4" in capsys.readouterr().err
+    assert "no synthetic model for qwen4exp" in capsys.readouterr().err
     assert parse_args(["--patched-bin", "b", "--upstream-bin", "b", "--fallback-archs", "", "--gates", "a"]
                       ).fallback_archs == []
     # no model left for a gate that was asked for: refused, never a pass over nothing
