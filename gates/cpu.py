@@ -387,6 +387,59 @@ def gate_d(c: Ctx, name: str, model: Path, text: Path) -> dict:
     return res
 
 
+RE_MTP_FALLBACK = re.compile(r"kv-residency-mode window not possible, falling back to head mode: (.*\(MTP draft context\).*)")
+
+
+def gate_d_mtp(c: Ctx, name: str, model: Path, text: Path) -> dict:
+    """(d) for an MTP draft context: llama-server with the model's NextN block as draft-mtp, in head mode and in window
+    mode with a window forced. The window server's draft context says it falls back (naming its memory, the
+    architecture and "(MTP draft context)"), the main context's line names its own memory, no position window is
+    logged, the draft context drafted tokens, and both servers give the same greedy completion."""
+    from gates.needle import Server  # the needle gate's server harness (loopback, its own free port)
+
+    a = c.args
+    fb = make_model.FALLBACK_ARCHS[name]
+    server = need_tool(a.patched_bin, "llama-server")
+    opts = argparse.Namespace(ctx=a.ctx, threads=a.threads, ngl=0, boot_timeout=a.timeout)
+    prompt = " ".join(text.read_text().split()[:a.ctx // 4])  # well inside the context with the 16 drafted tokens
+    out = {}
+    for mode, env in (("head", {}), ("window", {WINDOW_ENV: str(min(a.windows))})):
+        log_path = c.work / f"{name}.d.mtp-{mode}.log"
+        t0 = time.monotonic()
+        try:
+            srv = Server(server, model, ["--spec-type", "draft-mtp", "--kv-residency-mode", mode], env, log_path, opts)
+        except RuntimeError as e:
+            raise GateError(f"{name}.d.mtp-{mode}: {e}") from e
+        try:
+            r = srv.complete(prompt, 16)
+        except (OSError, ValueError) as e:
+            raise GateError(f"{name}.d.mtp-{mode}: /completion failed: {e}; log {log_path}:\n"
+                            + "\n".join(srv.log().splitlines()[-15:])) from e
+        finally:
+            srv.stop()
+        c.runs.append({"tag": f"{name}.d.mtp-{mode}", "argv": srv.argv, "env": env, "rc": srv.proc.returncode,
+                       "seconds": round(time.monotonic() - t0, 2), "log": str(log_path)})
+        out[mode] = {"content": r.get("content"), "draft_n": r.get("timings", {}).get("draft_n", 0),
+                     "log": log_path.read_text(errors="replace")}
+    log = out["window"]["log"]
+    m = RE_MTP_FALLBACK.search(log)
+    line = m.group(1).strip() if m else None
+    main = [x.group(1) for x in RE_FALLBACK.finditer(log) if "(MTP draft context)" not in x.group(1)]
+    res = {"expected_memory": fb.mtp_memory, "expected_arch": fb.gguf_arch, "fallback_line": line,
+           "names_memory": bool(line) and names(line, fb.mtp_memory),
+           "names_arch": bool(line) and names(line, fb.gguf_arch),
+           "main_context_line_names": bool(main) and names(main[0], fb.memory),
+           "position_window_logged": bool(RE_WINDOW.search(log)),
+           "drafted_tokens": {k: v["draft_n"] for k, v in out.items()},
+           "completion_identical_to_head": out["head"]["content"] == out["window"]["content"]}
+    res["ok"] = bool(res["names_memory"] and res["names_arch"] and res["main_context_line_names"]
+                     and not res["position_window_logged"] and out["window"]["draft_n"] > 0
+                     and res["completion_identical_to_head"])
+    if not res["ok"]:
+        res["log_tail"] = "\n".join(log.splitlines()[-15:])
+    return res
+
+
 def summarize(result: dict) -> None:
     p = lambda s="": print(s, file=sys.stderr)  # noqa: E731
     nan = float("nan")
@@ -431,6 +484,15 @@ def summarize(result: dict) -> None:
         if "error" in d:
             p(f"== {arch}: (d) ERROR: {d['error']}")
             continue
+        if "drafted_tokens" in d:
+            p(f"== {arch}: (d) MTP draft context falls back: {d['fallback_line']!r}, names {d['expected_memory']}="
+              f"{d['names_memory']}, names {d['expected_arch']}={d['names_arch']}, main context's line names its "
+              f"memory={d['main_context_line_names']}, position window logged={d['position_window_logged']}, drafted "
+              f"tokens (head/window)={d['drafted_tokens']['head']}/{d['drafted_tokens']['window']}, completion == "
+              f"head={d['completion_identical_to_head']} -> {'PASS' if d['ok'] else 'FAIL'}")
+            if "log_tail" in d:
+                p("   log tail:\n" + d["log_tail"])
+            continue
         p(f"== {arch}: (d) window mode falls back: {d['fallback_line']!r}, names {d['expected_memory']}="
           f"{d['names_memory']}" + (f", names {d['expected_arch']}={d['names_arch']}" if d["expected_arch"] else "")
           + f", position window logged={d['position_window_logged']}, bytes == head={d['bytes_identical_to_head']}"
@@ -469,6 +531,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="gate d: archs to generate whose memory window mode does not reach ('' = none): mamba "
                         "(llama_memory_recurrent) and each of gates.fallback_archs (the caches an architecture's own "
                         "create_memory branch builds)")
+    p.add_argument("--mtp-archs", default=",".join(f.name for f in make_model.FALLBACK_ARCHS.values() if f.mtp_memory),
+                   help="gate d: archs also generated with a NextN block and served by llama-server with draft-mtp, "
+                        "whose MTP draft context window mode does not reach ('' = none)")
     p.add_argument("--gates", default="a,b,c,d", help="subset to require for exit 0, e.g. 'a' before the patch exists")
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args(argv)
@@ -481,9 +546,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not a.model and not [x for x in a.archs.split(",") if x] and a.required & {"a", "b", "c"}:
         p.error(f"--archs '' leaves gate(s) {','.join(sorted(a.required - {'d'}))} no model to check; "
                 "pass --gates d, or --archs/--model")
-    if "d" in a.required and not [x for x in a.fallback_archs.split(",") if x]:
-        p.error("--fallback-archs '' leaves gate d no model to check; drop d from --gates")
+    if "d" in a.required and not [x for x in (a.fallback_archs + "," + a.mtp_archs).split(",") if x]:
+        p.error("--fallback-archs '' and --mtp-archs '' leave gate d no model to check; drop d from --gates")
     a.fallback_archs = [x for x in a.fallback_archs.split(",") if x]
+    a.mtp_archs = [x for x in a.mtp_archs.split(",") if x]
+    no_mtp = [x for x in a.mtp_archs if not (x in make_model.FALLBACK_ARCHS and make_model.FALLBACK_ARCHS[x].mtp_memory)]
+    if no_mtp:
+        p.error(f"--mtp-archs: no synthetic MTP model for {', '.join(no_mtp)}; known: "
+                + ", ".join(f.name for f in make_model.FALLBACK_ARCHS.values() if f.mtp_memory))
     unknown = [x for x in a.fallback_archs if x != "mamba" and x not in make_model.FALLBACK_ARCHS]
     if unknown:
         p.error(f"--fallback-archs: no synthetic model for {', '.join(unknown)}; known: mamba, "
@@ -544,6 +614,15 @@ def main(argv: list[str] | None = None) -> int:
                 ok = ok and d["ok"]
             except GateError as e:
                 result["fallback"][arch] = {"error": str(e), "ok": False}
+                ok = False
+        for arch in a.mtp_archs:
+            out = work / f"synthetic-{arch}-mtp.gguf"
+            make_model.main(["-o", str(out), "--arch", arch, "--layers", "2", "--nextn", "1"])
+            try:
+                result["fallback"][f"{arch}+mtp"] = d = gate_d_mtp(c, arch, out, text)
+                ok = ok and d["ok"]
+            except GateError as e:
+                result["fallback"][f"{arch}+mtp"] = {"error": str(e), "ok": False}
                 ok = False
     result.update(ok=bool(ok), seconds=round(time.monotonic() - t0, 1), work_dir=str(work), runs=c.runs)
     print(json.dumps(result, indent=2))

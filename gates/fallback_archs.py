@@ -32,6 +32,7 @@ class FallbackArch:
     memory: str        # the memory type create_memory builds for it (named by the fallback line)
     keys: Callable[[object, argparse.Namespace], None]
     plan: Callable[[argparse.Namespace], Plan]
+    mtp_memory: str | None = None  # the memory its MTP draft context gets (--nextn 1), where the model can have one
 
 
 def w(name: str, *ne: int, std: float | None = None, mean: float = 0.0) -> tuple[str, tuple[int, ...], float, float]:
@@ -131,18 +132,28 @@ def indexer_keys(wr, a: argparse.Namespace, types: list[int] | None = None) -> N
 
 # --- deepseek32 / glm-dsa: MLA with a DSA lightning indexer on every layer -> llama_kv_cache_dsa -----------------
 
+def nextn_head(a: argparse.Namespace, p: str) -> Plan:
+    """The NextN/MTP wiring around an extra decoder block (the draft head reuses output_norm and output)."""
+    E = a.n_embd
+    return [w(p + "nextn.eh_proj.weight", 2 * E, E), norm(p + "nextn.enorm.weight", E), norm(p + "nextn.hnorm.weight", E)]
+
+
 def dsa_plan(a: argparse.Namespace) -> Plan:
     plan = head(a)
-    for i in range(a.layers):
+    for i in range(a.layers + a.nextn):
         p = f"blk.{i}."
         plan += [norm(p + "attn_norm.weight", a.n_embd), *mla_attn(a, p), norm(p + "ffn_norm.weight", a.n_embd),
                  *dsa_indexer(a, p), *ffn(a, i, p)]
+        if i >= a.layers:
+            plan += nextn_head(a, p)
     return plan
 
 
 def dsa_keys(wr, a: argparse.Namespace) -> None:
     mla_keys(wr, a)
     indexer_keys(wr, a)
+    if a.nextn:
+        wr.add_uint32(f"{wr.arch}.nextn_predict_layers", a.nextn)
 
 
 # --- hy_v4: MLA with sinks, a sigmoid output gate and hyper-connections -------------------------------------------
@@ -372,8 +383,8 @@ def deepseek4_keys(wr, a: argparse.Namespace) -> None:
 
 ARCHS: dict[str, FallbackArch] = {f.name: f for f in (
     FallbackArch("minimax-m3", "minimax-m3", "llama_kv_cache_msa", minimax_m3_keys, minimax_m3_plan),
-    FallbackArch("deepseek32", "deepseek32", "llama_kv_cache_dsa", dsa_keys, dsa_plan),
-    FallbackArch("glm-dsa", "glm-dsa", "llama_kv_cache_dsa", dsa_keys, dsa_plan),
+    FallbackArch("deepseek32", "deepseek32", "llama_kv_cache_dsa", dsa_keys, dsa_plan, "llama_kv_cache"),
+    FallbackArch("glm-dsa", "glm-dsa", "llama_kv_cache_dsa", dsa_keys, dsa_plan, "llama_kv_cache"),
     FallbackArch("hy_v4", "hy_v4", "llama_kv_cache",
                  lambda wr, a: hy_v4_keys(wr, a, False), lambda a: hy_v4_plan(a, False)),
     FallbackArch("hy_v4-idx", "hy_v4", "llama_kv_cache_dsa",

@@ -184,7 +184,7 @@ def write_model(a: argparse.Namespace) -> dict:
     w.add_name(f"forktool-synthetic-{a.arch}")
     w.add_context_length(a.ctx)
     w.add_embedding_length(a.n_embd)
-    w.add_block_count(a.layers)
+    w.add_block_count(a.layers + a.nextn)
     if fb:
         w.add_feed_forward_length(a.n_ff)
         fb.keys(w, a)
@@ -274,7 +274,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--swa-window", type=int, default=128, help="gemma3 only: sliding window (tokens)")
     p.add_argument("--swa-pattern", type=int, default=2,
                    help="gemma3 only: every N-th layer is full attention (real Gemma 3 uses 6)")
+    p.add_argument("--nextn", type=int, default=0, choices=(0, 1),
+                   help="a NextN/MTP block after the --layers trunk layers (" + ", ".join(
+                       f.name for f in FALLBACK_ARCHS.values() if f.mtp_memory) + "): what an MTP draft context runs")
     a = p.parse_args(argv)
+    if a.nextn and not (a.arch in FALLBACK_ARCHS and FALLBACK_ARCHS[a.arch].mtp_memory):
+        p.error(f"--nextn: {a.arch} has no MTP block here")
     if a.arch == "jamba" and a.n_head * a.head_dim != a.n_embd:
         p.error("jamba needs --n-head x --head-dim == --n-embd (llama.cpp's jamba loader assumes it)")
     if a.arch == "qwen2" and a.n_head * a.head_dim != a.n_embd:
