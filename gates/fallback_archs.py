@@ -313,13 +313,15 @@ def glm5_next_keys(wr, a: argparse.Namespace) -> None:
 
 # --- deepseek4: sliding-window attention with compressed (CSA, ratio 4, with the indexer) and heavily compressed (HCA,
 # ratio 128) layers, attention sinks, grouped low-rank output, mHC -> llama_kv_cache_dsv4
-DSV4_HEAD, DSV4_ROPE, DSV4_GROUPS, DSV4_O_LORA, DSV4_SWA = 64, 16, 2, 32, 64
+DSV4_HEAD, DSV4_ROPE, DSV4_GROUPS, DSV4_O_LORA, DSV4_SWA = 128, 16, 2, 32, 64  # head != indexer width (64), as in the
+# real model: the loader gives every deepseek4 cache whose head width equals the indexer's a Hadamard rotation
 SQRT_SOFTPLUS = 4                            # LLAMA_EXPERT_GATING_FUNC_TYPE_SQRT_SOFTPLUS, the only one its loader takes
 
 
 def deepseek4_ratios(a: argparse.Namespace) -> list[int]:
-    """Compression ratio per layer: 4 (CSA with the lightning indexer), 128 (HCA), 0 (window only), repeating."""
-    return [(4, 128, 0)[i % 3] for i in range(a.layers)]
+    """Compression ratio per layer: 4 (CSA with the lightning indexer), 128 (HCA), 0 (window only), repeating; the
+    NextN block (--nextn) attends over the window alone."""
+    return [(4, 128, 0)[i % 3] for i in range(a.layers)] + [0] * a.nextn
 
 
 def deepseek4_plan(a: argparse.Namespace) -> Plan:
@@ -350,6 +352,8 @@ def deepseek4_plan(a: argparse.Namespace) -> Plan:
                      w(p + "indexer_compressor_ape.weight", 2 * IDX_DIM, ratio),
                      norm(p + "indexer_compressor_norm.weight", IDX_DIM)]
         plan += [norm(p + "ffn_norm.weight", E), *moe_ffn(a, p)]  # every layer routed (no hash-routed layers)
+        if i >= a.layers:
+            plan += nextn_head(a, p)
     return plan
 
 
@@ -379,6 +383,8 @@ def deepseek4_keys(wr, a: argparse.Namespace) -> None:
     wr.add_float32(f"{arch}.hyper_connection.epsilon", 1e-6)
     wr.add_uint32(f"{arch}.hash_layer_count", 0)
     wr.add_array(f"{arch}.attention.compress_ratios", deepseek4_ratios(a))
+    if a.nextn:
+        wr.add_uint32(f"{arch}.nextn_predict_layers", a.nextn)
 
 
 ARCHS: dict[str, FallbackArch] = {f.name: f for f in (
@@ -391,5 +397,6 @@ ARCHS: dict[str, FallbackArch] = {f.name: f for f in (
                  lambda wr, a: hy_v4_keys(wr, a, True), lambda a: hy_v4_plan(a, True)),
     FallbackArch("dots3note", "dots3note", "llama_kv_cache_dsa_iswa", dots3note_keys, dots3note_plan),
     FallbackArch("glm5-next", "glm5-next", "llama_memory_hybrid_idx", glm5_next_keys, glm5_next_plan),
-    FallbackArch("deepseek4", "deepseek4", "llama_kv_cache_dsv4", deepseek4_keys, deepseek4_plan),
+    FallbackArch("deepseek4", "deepseek4", "llama_kv_cache_dsv4", deepseek4_keys, deepseek4_plan,
+                 "llama_kv_cache_iswa"),
 )}

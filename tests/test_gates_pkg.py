@@ -355,6 +355,7 @@ def test_cpu_gate_d_wants_the_fallback_line_no_window_and_head_modes_bytes(tmp_p
     assert a.required == {"a", "b", "c", "d"}
     assert a.fallback_archs == ["mamba", "minimax-m3", "deepseek32", "glm-dsa", "hy_v4", "hy_v4-idx", "dots3note",
                                 "glm5-next", "deepseek4"]
+    assert a.mtp_archs == ["deepseek32", "glm-dsa", "deepseek4"]
     c = Ctx(a, tmp_path)
     text = tmp_path / "t.txt"
     text.write_text("x")
@@ -576,6 +577,36 @@ def test_fallback_archs_carry_their_cache_s_own_layers(tmp_path: Path):
     rd, t = model("deepseek32")
     assert {"blk.0.indexer.attn_k.weight", "blk.1.indexer.attn_k.weight"} <= t
     assert field_values(rd, "deepseek32.attention.indexer.key_length")[0] % 64 == 0
+
+
+@pytest.mark.parametrize("name", ["deepseek32", "glm-dsa", "deepseek4"])
+def test_make_model_nextn_adds_one_mtp_block_after_the_trunk(tmp_path: Path, name: str):
+    gguf = pytest.importorskip("gguf")
+    from gates import make_model
+
+    out = tmp_path / f"{name}.gguf"
+    assert make_model.main(["-o", str(out), "--arch", name, "--layers", "2", "--nextn", "1"]) == 0
+    rd = gguf.GGUFReader(str(out))
+    assert field_values(rd, f"{name}.block_count") == [3] and field_values(rd, f"{name}.nextn_predict_layers") == [1]
+    t = {x.name for x in rd.tensors}
+    # the NextN block is a whole decoder block (attention, routed experts) plus its own wiring
+    assert {"blk.2.nextn.eh_proj.weight", "blk.2.nextn.enorm.weight", "blk.2.nextn.hnorm.weight",
+            "blk.2.attn_norm.weight", "blk.2.ffn_gate_exps.weight"} <= t
+    assert not any(n.startswith(("blk.0.nextn", "blk.1.nextn")) for n in t)
+    if name == "deepseek4":  # the block attends over the sliding window only
+        assert field_values(rd, "deepseek4.attention.compress_ratios") == [4, 128, 0]
+    plain = tmp_path / "plain.gguf"
+    make_model.main(["-o", str(plain), "--arch", name, "--layers", "2"])
+    assert "blk.2.attn_norm.weight" not in {x.name for x in gguf.GGUFReader(str(plain)).tensors}
+
+
+def test_make_model_refuses_nextn_where_it_has_no_mtp_block(tmp_path: Path, capsys: pytest.CaptureFixture):
+    from gates import make_model
+
+    with pytest.raises(SystemExit):
+        make_model.main(["-o", str(tmp_path / "x.gguf"), "--arch", "minimax-m3", "--nextn", "1"])
+    assert "minimax-m3 has no MTP block here" in capsys.readouterr().err
+    assert not (tmp_path / "x.gguf").exists()
 
 
 def test_cpu_gate_d_wants_the_memory_type_and_architecture_of_each_branch(tmp_path: Path):
