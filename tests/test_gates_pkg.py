@@ -650,6 +650,70 @@ def test_cpu_gate_d_wants_the_memory_type_and_architecture_of_each_branch(tmp_pa
         gate_d(c, "dots3note", m, text)
 
 
+FAKE_SERVER = """#!{python}
+import json, sys, http.server
+argv = sys.argv[1:]
+port = int(argv[argv.index("--port") + 1])
+mode = argv[argv.index("--kv-residency-mode") + 1]
+cfg = {cfg!r}
+print("load: loading the model", flush=True)
+if mode == "window":
+    for line in cfg["lines"]:
+        print("create_memory: kv-residency-mode window not possible, falling back to head mode: " + line, flush=True)
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def reply(self, body):
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+    def do_GET(self):
+        self.reply({{"status": "ok"}})
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.reply({{"content": cfg["content"][mode], "timings": {{"draft_n": cfg["draft_n"]}}}})
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+
+def test_cpu_gate_d_mtp_wants_the_draft_context_s_line_drafts_and_head_mode_s_completion(tmp_path: Path):
+    from gates.cpu import Ctx, gate_d_mtp, parse_args
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    main = "the memory of a deepseek32 model is a llama_kv_cache_dsa, not one of the caches with window storage"
+    mtp = "the llama_kv_cache of a deepseek32 model (MTP draft context) gets no window storage"
+
+    def server(lines: list[str], window_content: str = "abc", draft_n: int = 5) -> None:
+        cfg = {"lines": lines, "content": {"head": "abc", "window": window_content}, "draft_n": draft_n}
+        tool = bin_dir / "llama-server"  # a stand-in on loopback: logs its lines, answers /health and /completion
+        tool.write_text(FAKE_SERVER.format(python=sys.executable, cfg=cfg))
+        tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
+
+    a = parse_args(["--patched-bin", str(bin_dir), "--upstream-bin", str(bin_dir), "--timeout", "30"])
+    c = Ctx(a, tmp_path)
+    text = tmp_path / "t.txt"
+    text.write_text("the pass key is " * 50)
+    m = tmp_path / "m.gguf"
+    server([main, mtp])
+    d = gate_d_mtp(c, "deepseek32", m, text)
+    assert d["ok"] and d["names_memory"] and d["names_arch"] and d["main_context_line_names"], d
+    assert d["drafted_tokens"] == {"head": 5, "window": 5} and d["completion_identical_to_head"]
+    assert [r["tag"] for r in c.runs] == ["deepseek32.d.mtp-head", "deepseek32.d.mtp-window"]
+    server([main])  # the draft context silent: fails
+    assert not gate_d_mtp(c, "deepseek32", m, text)["ok"]
+    server([main, mtp.replace("llama_kv_cache of", "llama_kv_cache_iswa of")])  # another memory: fails
+    assert not gate_d_mtp(c, "deepseek32", m, text)["names_memory"]
+    server([main, mtp], window_content="abd")  # another completion: fails
+    d = gate_d_mtp(c, "deepseek32", m, text)
+    assert not d["ok"] and not d["completion_identical_to_head"]
+    server([main, mtp], draft_n=0)  # the draft context never drafted: fails
+    d = gate_d_mtp(c, "deepseek32", m, text)
+    assert not d["ok"] and "log_tail" in d and "loading the model" in d["log_tail"]
+
+
 def test_cpu_gate_refuses_a_fallback_arch_it_has_no_model_for(tmp_path: Path, capsys: pytest.CaptureFixture):
     from gates.cpu import parse_args
 
@@ -682,9 +746,14 @@ def test_cpu_gate_d_loads_every_fallback_arch_in_a_real_build(tmp_path: Path):
     result = json.loads(r.stdout)
     from gates.fallback_archs import ARCHS
 
-    assert sorted(result["fallback"]) == sorted(["mamba", *ARCHS])
+    mtp = [f"{n}+mtp" for n, f in ARCHS.items() if f.mtp_memory]
+    assert sorted(result["fallback"]) == sorted(["mamba", *ARCHS, *mtp])
     for name, d in result["fallback"].items():
-        assert d["ok"] and d["names_memory"] and d["bytes_identical_to_head"] and not d["position_window_logged"], name
+        assert d["ok"] and d["names_memory"] and not d["position_window_logged"], name
+        if name in mtp:
+            assert d["drafted_tokens"]["window"] > 0 and d["completion_identical_to_head"], name
+        else:
+            assert d["bytes_identical_to_head"], name
 
 
 def test_needle_divergence_names_the_first_differing_token_and_each_side_s_margin():
