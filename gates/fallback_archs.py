@@ -9,8 +9,8 @@ was written for. gates.cpu gate d loads them in window mode and expects the fall
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 

@@ -621,7 +621,8 @@ def test_cpu_gate_d_wants_the_memory_type_and_architecture_of_each_branch(tmp_pa
             'for x in "$@"; do [ "$prev" = --kl-divergence-base ] && out=$x; [ "$x" = window ] && mode=window; prev=$x; done',
             'printf same > "$out"',
             'echo "load: loading the model"',
-            f'[ "$mode" = window ] && echo "create_memory: kv-residency-mode window not possible, falling back to head mode: {line}"',
+            '[ "$mode" = window ] && echo "create_memory: kv-residency-mode window not possible, falling back to head '
+            f'mode: {line}"',
             "exit 0"]), script=True)
 
     a = parse_args(["--patched-bin", str(bin_dir), "--upstream-bin", str(bin_dir)])
