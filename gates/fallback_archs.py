@@ -387,6 +387,72 @@ def deepseek4_keys(wr, a: argparse.Namespace) -> None:
         wr.add_uint32(f"{arch}.nextn_predict_layers", a.nextn)
 
 
+# --- qwen4exp: gated-delta-net (recurrent) and gated full-attention layers with the QSA indexer, low-rank
+# hyper-connections -> llama_memory_hybrid_idx through the generic hybrid branch of create_memory
+Q4_HC, Q4_HC_RANK, Q4_STATE, Q4_K_HEADS, Q4_V_HEADS = 2, 8, 16, 1, 2
+Q4_SECTIONS = [12, 10, 10, 0]                # imrope sections: they sum to half the rotated dims (head_dim 64)
+
+
+def qwen4exp_plan(a: argparse.Namespace) -> Plan:
+    E, H, KV, D = a.n_embd, a.n_head, a.n_head_kv, a.head_dim
+    hc_dim = Q4_HC * E
+    key_dim, value_dim = Q4_STATE * Q4_K_HEADS, Q4_STATE * Q4_V_HEADS
+    plan = [w("token_embd.weight", E, a.vocab, std=1.0), norm("output_hc_norm.weight", E * Q4_HC),
+            w("output_hc_down.weight", hc_dim, Q4_HC_RANK), w("output_hc_up.weight", Q4_HC_RANK, hc_dim),
+            w("output.weight", E, a.vocab, std=3.0 / np.sqrt(E))]
+    for i in range(a.layers):
+        p = f"blk.{i}."
+        for kind in ("attn", "ffn"):
+            plan += [norm(f"{p}hc_{kind}_norm.weight", E * Q4_HC), w(f"{p}hc_{kind}_down.weight", hc_dim, Q4_HC_RANK),
+                     w(f"{p}hc_{kind}_up.weight", Q4_HC_RANK, hc_dim), w(f"{p}hc_{kind}_inject.weight", hc_dim, Q4_HC)]
+        if qwen4exp_recurrent(i):
+            plan += [w(p + "attn_qkv.weight", E, 2 * key_dim + value_dim), w(p + "attn_gate.weight", E, value_dim),
+                     w(p + "ssm_conv1d.weight", SSM_CONV, 2 * key_dim + value_dim, std=1.0 / np.sqrt(SSM_CONV)),
+                     w(p + "ssm_dt.bias", Q4_V_HEADS), w(p + "ssm_a", Q4_V_HEADS, std=0.1, mean=0.0),
+                     w(p + "ssm_beta.weight", E, Q4_V_HEADS), w(p + "ssm_alpha.weight", E, Q4_V_HEADS),
+                     norm(p + "ssm_norm.weight", Q4_STATE), w(p + "ssm_out.weight", value_dim, E)]
+        else:  # wq holds [q | gate] per head
+            plan += [w(p + "attn_q.weight", E, 2 * H * D, std=1.5 / np.sqrt(E)),
+                     w(p + "attn_k.weight", E, KV * D, std=1.5 / np.sqrt(E)), w(p + "attn_v.weight", E, KV * D),
+                     w(p + "attn_output.weight", H * D, E), norm(p + "attn_q_norm.weight", D),
+                     norm(p + "attn_k_norm.weight", D), w(p + "indexer.q_proj.weight", E, IDX_HEADS * IDX_DIM),
+                     w(p + "indexer.k_proj.weight", E, IDX_DIM), norm(p + "indexer.q_norm.weight", IDX_DIM),
+                     norm(p + "indexer.k_norm.weight", IDX_DIM)]
+        plan += [w(p + "ffn_gate_inp.weight", E, N_EXPERT), w(p + "ffn_down_exps.weight", FF_EXP, E, N_EXPERT),
+                 w(p + "ffn_gate_exps.weight", E, FF_EXP, N_EXPERT), w(p + "ffn_up_exps.weight", E, FF_EXP, N_EXPERT),
+                 w(p + "ffn_gate_inp_shexp.weight", E), w(p + "ffn_gate_shexp.weight", E, FF_EXP),
+                 w(p + "ffn_up_shexp.weight", E, FF_EXP), w(p + "ffn_down_shexp.weight", FF_EXP, E)]
+    return plan
+
+
+def qwen4exp_recurrent(i: int) -> bool:
+    """full_attention_interval 2: even layers linear attention, odd layers full attention."""
+    return (i + 1) % 2 != 0
+
+
+def qwen4exp_keys(wr, a: argparse.Namespace) -> None:
+    arch = wr.arch
+    wr.add_head_count(a.n_head)
+    wr.add_head_count_kv(a.n_head_kv)
+    wr.add_key_length(a.head_dim)
+    wr.add_value_length(a.head_dim)
+    wr.add_rope_dimension_count(a.head_dim)
+    wr.add_array(f"{arch}.rope.dimension_sections", Q4_SECTIONS)
+    wr.add_uint32(f"{arch}.full_attention_interval", 2)
+    wr.add_uint32(f"{arch}.ssm.conv_kernel", SSM_CONV)
+    wr.add_uint32(f"{arch}.ssm.inner_size", Q4_STATE * Q4_V_HEADS)
+    wr.add_uint32(f"{arch}.ssm.state_size", Q4_STATE)
+    wr.add_uint32(f"{arch}.ssm.time_step_rank", Q4_V_HEADS)
+    wr.add_uint32(f"{arch}.ssm.group_count", Q4_K_HEADS)
+    wr.add_uint32(f"{arch}.hyper_connection.count", Q4_HC)
+    wr.add_uint32(f"{arch}.hyper_connection.low_rank", Q4_HC_RANK)
+    wr.add_uint32(f"{arch}.expert_count", N_EXPERT)
+    wr.add_uint32(f"{arch}.expert_used_count", N_EXPERT_USED)
+    wr.add_uint32(f"{arch}.expert_feed_forward_length", FF_EXP)
+    wr.add_uint32(f"{arch}.expert_shared_feed_forward_length", FF_EXP)
+    indexer_keys(wr, a)
+
+
 ARCHS: dict[str, FallbackArch] = {f.name: f for f in (
     FallbackArch("minimax-m3", "minimax-m3", "llama_kv_cache_msa", minimax_m3_keys, minimax_m3_plan),
     FallbackArch("deepseek32", "deepseek32", "llama_kv_cache_dsa", dsa_keys, dsa_plan, "llama_kv_cache"),
@@ -399,4 +465,5 @@ ARCHS: dict[str, FallbackArch] = {f.name: f for f in (
     FallbackArch("glm5-next", "glm5-next", "llama_memory_hybrid_idx", glm5_next_keys, glm5_next_plan),
     FallbackArch("deepseek4", "deepseek4", "llama_kv_cache_dsv4", deepseek4_keys, deepseek4_plan,
                  "llama_kv_cache_iswa"),
+    FallbackArch("qwen4exp", "qwen4exp", "llama_memory_hybrid_idx", qwen4exp_keys, qwen4exp_plan),
 )}

@@ -354,7 +354,7 @@ def test_cpu_gate_d_wants_the_fallback_line_no_window_and_head_modes_bytes(tmp_p
     a = parse_args(["--patched-bin", str(bin_dir), "--upstream-bin", str(bin_dir)])
     assert a.required == {"a", "b", "c", "d"}
     assert a.fallback_archs == ["mamba", "minimax-m3", "deepseek32", "glm-dsa", "hy_v4", "hy_v4-idx", "dots3note",
-                                "glm5-next", "deepseek4"]
+                                "glm5-next", "deepseek4", "qwen4exp"]
     assert a.mtp_archs == ["deepseek32", "glm-dsa", "deepseek4"]
     c = Ctx(a, tmp_path)
     text = tmp_path / "t.txt"
@@ -494,6 +494,10 @@ REQUIRED_KEYS["deepseek4"] = ["attention.layer_norm_rms_epsilon", "attention.q_l
                               "attention.compress_rope_freq_base", "hyper_connection.count",
                               "hyper_connection.sinkhorn_iterations", "hyper_connection.epsilon", "hash_layer_count",
                               "attention.compress_ratios", "expert_gating_func"]
+REQUIRED_KEYS["qwen4exp"] = ["attention.layer_norm_rms_epsilon", "rope.dimension_sections", "ssm.conv_kernel",
+                             "ssm.inner_size", "ssm.state_size", "ssm.time_step_rank", "ssm.group_count",
+                             "hyper_connection.count", "hyper_connection.low_rank", "attention.indexer.head_count",
+                             "attention.indexer.key_length", "attention.indexer.top_k"]
 REQUIRED_KEYS["hy_v4-idx"] = [*REQUIRED_KEYS["hy_v4"], "attention.indexer.head_count", "attention.indexer.key_length",
                               "attention.indexer.top_k", "attention.indexer.types"]
 
@@ -522,9 +526,10 @@ def test_make_model_writes_each_fallback_arch_with_the_keys_and_tensors_its_load
     plan = {n: list(reversed(shape)) for n, shape, _s, _m in make_model.tensor_plan(make_model.parse_args(
         ["-o", str(out), "--arch", name, "--layers", "2"]))}
     assert tensors == plan
-    if name == "deepseek4":  # its loader knows no dense layers: every layer routed
+    if name in ("deepseek4", "qwen4exp"):  # their loaders know no dense layers: every layer routed
         assert {"blk.0.ffn_up_exps.weight", "blk.1.ffn_up_exps.weight"} <= tensors.keys()
-        assert field_values(rd, "deepseek4.expert_gating_func") == [4]  # sqrt-softplus, the only one it takes
+        if name == "deepseek4":
+            assert field_values(rd, "deepseek4.expert_gating_func") == [4]  # sqrt-softplus, the only one it takes
     else:  # one dense layer, then a MoE layer: the second layer's experts and not the first's
         assert "blk.0.ffn_up.weight" in tensors and "blk.1.ffn_up_exps.weight" in tensors
         assert "blk.0.ffn_up_exps.weight" not in tensors and "blk.1.ffn_up.weight" not in tensors
@@ -573,6 +578,13 @@ def test_fallback_archs_carry_their_cache_s_own_layers(tmp_path: Path):
     assert {"blk.0.attn_compressor_kv.weight", "blk.0.indexer_compressor_kv.weight", "blk.1.attn_compressor_kv.weight",
             "blk.0.attn_sinks.weight", "output_hc_fn.weight"} <= t
     assert "blk.1.indexer_compressor_kv.weight" not in t
+    # qwen4exp: a gated-delta-net layer (no q/k/v of its own), then gated full attention with the QSA indexer
+    rd, t = model("qwen4exp")
+    assert field_values(rd, "qwen4exp.full_attention_interval") == [2]
+    assert {"blk.0.ssm_alpha.weight", "blk.1.attn_q.weight", "blk.1.indexer.q_proj.weight"} <= t
+    assert "blk.0.attn_q.weight" not in t and "blk.1.ssm_alpha.weight" not in t
+    q = next(x for x in rd.tensors if x.name == "blk.1.attn_q.weight")
+    assert int(q.shape[1]) == 2 * field_values(rd, "qwen4exp.attention.head_count")[0] * 64  # [q | gate] per head
     # deepseek32: an indexer on every layer; the indexer key width is a multiple of the 64-wide rotation
     rd, t = model("deepseek32")
     assert {"blk.0.indexer.attn_k.weight", "blk.1.indexer.attn_k.weight"} <= t
@@ -719,9 +731,9 @@ def test_cpu_gate_refuses_a_fallback_arch_it_has_no_model_for(tmp_path: Path, ca
     from gates.cpu import parse_args
 
     with pytest.raises(SystemExit) as e:
-        parse_args(["--patched-bin", "b", "--upstream-bin", "b", "--fallback-archs", "mamba,qwen4exp"])
+        parse_args(["--patched-bin", "b", "--upstream-bin", "b", "--fallback-archs", "mamba,gemma4-assistant"])
     assert e.value.code == 2
-    assert "no synthetic model for qwen4exp" in capsys.readouterr().err
+    assert "no synthetic model for gemma4-assistant" in capsys.readouterr().err
     assert parse_args(["--patched-bin", "b", "--upstream-bin", "b", "--fallback-archs", "", "--gates", "a"]
                       ).fallback_archs == []
     # no model left for a gate that was asked for: refused, never a pass over nothing
