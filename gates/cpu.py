@@ -390,15 +390,18 @@ def gate_d(c: Ctx, name: str, model: Path, text: Path) -> dict:
 RE_MTP_FALLBACK = re.compile(r"kv-residency-mode window not possible, falling back to head mode: (.*\(MTP draft context\).*)")
 
 
-def gate_d_mtp(c: Ctx, name: str, model: Path, text: Path) -> dict:
-    """(d) for an MTP draft context: llama-server with the model's NextN block as draft-mtp, in head mode and in window
-    mode with a window forced. The window server's draft context says it falls back (naming its memory, the
-    architecture and "(MTP draft context)"), the main context's line names its own memory, no position window is
-    logged, the draft context drafted tokens, and both servers give the same greedy completion."""
+def gate_d_mtp(c: Ctx, name: str, model: Path, text: Path, draft: Path | None = None) -> dict:
+    """(d) for an MTP draft context: llama-server with the model's NextN block as draft-mtp (or, with draft, a separate
+    draft model: a gemma4-assistant beside its gemma4 target), in head mode and in window mode with a window forced.
+    The window server's draft context says it falls back (naming its memory, the architecture and "(MTP draft
+    context)"); the main context's line names its own memory and no position window is logged (with draft: the
+    target's iSWA cache logs its position windows and no fallback line); the draft context drafted tokens; and both
+    servers give the same greedy completion."""
     from gates.needle import Server  # the needle gate's server harness (loopback, its own free port)
 
     a = c.args
-    fb = make_model.FALLBACK_ARCHS[name]
+    fb = make_model.PAIR_MODELS[name] if draft else make_model.FALLBACK_ARCHS[name]
+    draft_args = ["-md", str(draft)] if draft else []
     server = need_tool(a.patched_bin, "llama-server")
     opts = argparse.Namespace(ctx=a.ctx, threads=a.threads, ngl=0, boot_timeout=a.timeout)
     prompt = " ".join(text.read_text().split()[:a.ctx // 4])  # well inside the context with the 16 drafted tokens
@@ -407,9 +410,12 @@ def gate_d_mtp(c: Ctx, name: str, model: Path, text: Path) -> dict:
         log_path = c.work / f"{name}.d.mtp-{mode}.log"
         t0 = time.monotonic()
         try:
-            srv = Server(server, model, ["--spec-type", "draft-mtp", "--kv-residency-mode", mode], env, log_path, opts)
-        except RuntimeError as e:
-            raise GateError(f"{name}.d.mtp-{mode}: {e}") from e
+            srv = Server(server, model, [*draft_args, "--spec-type", "draft-mtp", "--kv-residency-mode", mode], env,
+                         log_path, opts)
+        except RuntimeError as e:  # the tail is often a backtrace: name the failed assertion or error line too
+            why = [ln for ln in log_path.read_text(errors="replace").splitlines() if "GGML_ASSERT" in ln or " E " in ln]
+            raise GateError(f"{name}.d.mtp-{mode}: {e}" + ("\nfirst error lines:\n" + "\n".join(why[:3]) if why else "")
+                            ) from e
         try:
             r = srv.complete(prompt, 16)
         except (OSError, ValueError) as e:
@@ -428,12 +434,12 @@ def gate_d_mtp(c: Ctx, name: str, model: Path, text: Path) -> dict:
     res = {"expected_memory": fb.mtp_memory, "expected_arch": fb.gguf_arch, "fallback_line": line,
            "names_memory": bool(line) and names(line, fb.mtp_memory),
            "names_arch": bool(line) and names(line, fb.gguf_arch),
-           "main_context_line_names": bool(main) and names(main[0], fb.memory),
+           "main_context_line_names": (not main) if draft else bool(main) and names(main[0], fb.memory),
            "position_window_logged": bool(RE_WINDOW.search(log)),
            "drafted_tokens": {k: v["draft_n"] for k, v in out.items()},
            "completion_identical_to_head": out["head"]["content"] == out["window"]["content"]}
     res["ok"] = bool(res["names_memory"] and res["names_arch"] and res["main_context_line_names"]
-                     and not res["position_window_logged"] and out["window"]["draft_n"] > 0
+                     and res["position_window_logged"] == bool(draft) and out["window"]["draft_n"] > 0
                      and res["completion_identical_to_head"])
     if not res["ok"]:
         res["log_tail"] = "\n".join(log.splitlines()[-15:])
@@ -534,6 +540,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mtp-archs", default=",".join(f.name for f in make_model.FALLBACK_ARCHS.values() if f.mtp_memory),
                    help="gate d: archs also generated with a NextN block and served by llama-server with draft-mtp, "
                         "whose MTP draft context window mode does not reach ('' = none)")
+    p.add_argument("--assistant-pairs", default="",
+                   help="gate d: 'gemma4' also serves a synthetic gemma4 target with a gemma4-assistant draft "
+                        "(draft-mtp) whose iSWA cache shares the target's layers; not in the default: with the target "
+                        "in window mode the pinned series aborts at load (docs/gates.md)")
     p.add_argument("--gates", default="a,b,c,d", help="subset to require for exit 0, e.g. 'a' before the patch exists")
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args(argv)
@@ -546,10 +556,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not a.model and not [x for x in a.archs.split(",") if x] and a.required & {"a", "b", "c"}:
         p.error(f"--archs '' leaves gate(s) {','.join(sorted(a.required - {'d'}))} no model to check; "
                 "pass --gates d, or --archs/--model")
-    if "d" in a.required and not [x for x in (a.fallback_archs + "," + a.mtp_archs).split(",") if x]:
-        p.error("--fallback-archs '' and --mtp-archs '' leave gate d no model to check; drop d from --gates")
+    if "d" in a.required and not [x for x in (a.fallback_archs, a.mtp_archs, a.assistant_pairs) if x]:
+        p.error("--fallback-archs '' and --mtp-archs '' (and no --assistant-pairs) leave gate d no model to check; "
+                "drop d from --gates")
     a.fallback_archs = [x for x in a.fallback_archs.split(",") if x]
     a.mtp_archs = [x for x in a.mtp_archs.split(",") if x]
+    a.assistant_pairs = [x for x in a.assistant_pairs.split(",") if x]
+    if not set(a.assistant_pairs) <= {"gemma4"}:
+        p.error("--assistant-pairs takes gemma4 (a gemma4 target with a gemma4-assistant draft) or ''")
     no_mtp = [x for x in a.mtp_archs if not (x in make_model.FALLBACK_ARCHS and make_model.FALLBACK_ARCHS[x].mtp_memory)]
     if no_mtp:
         p.error(f"--mtp-archs: no synthetic MTP model for {', '.join(no_mtp)}; known: "
@@ -623,6 +637,16 @@ def main(argv: list[str] | None = None) -> int:
                 ok = ok and d["ok"]
             except GateError as e:
                 result["fallback"][f"{arch}+mtp"] = {"error": str(e), "ok": False}
+                ok = False
+        for _pair in a.assistant_pairs:  # gemma4: the target, then its assistant at its own width
+            tgt, dft = work / "synthetic-gemma4.gguf", work / "synthetic-gemma4-assistant.gguf"
+            make_model.main(["-o", str(tgt), "--arch", "gemma4", "--layers", "4"])
+            make_model.main(["-o", str(dft), "--arch", "gemma4-assistant", "--layers", "2", "--n-embd", "128"])
+            try:
+                result["fallback"]["gemma4-assistant"] = d = gate_d_mtp(c, "gemma4-assistant", tgt, text, draft=dft)
+                ok = ok and d["ok"]
+            except GateError as e:
+                result["fallback"]["gemma4-assistant"] = {"error": str(e), "ok": False}
                 ok = False
     result.update(ok=bool(ok), seconds=round(time.monotonic() - t0, 1), work_dir=str(work), runs=c.runs)
     print(json.dumps(result, indent=2))

@@ -467,3 +467,63 @@ ARCHS: dict[str, FallbackArch] = {f.name: f for f in (
                  "llama_kv_cache_iswa"),
     FallbackArch("qwen4exp", "qwen4exp", "llama_memory_hybrid_idx", qwen4exp_keys, qwen4exp_plan),
 )}
+
+
+# --- gemma4 target and its gemma4-assistant draft: the assistant has no K/V of its own; its iSWA cache shares the
+# target context's last SWA and full layers (create_memory's gemma4-assistant branch, MTP draft context)
+G4_BACKBONE = 256                            # the target's width (make it with --n-embd 256, the default)
+
+
+def gemma4_pattern(a: argparse.Namespace) -> list[int]:
+    """Sliding-window layers, then one full-attention layer last (the assistant shares n_layer-2 and n_layer-1)."""
+    return [1] * (a.layers - 1) + [0]
+
+
+def gemma4_block(p: str, E: int, H: int, D: int, kv: int | None, ff: int) -> Plan:
+    plan = [norm(p + "attn_norm.weight", E), w(p + "attn_q.weight", E, H * D, std=1.5 / np.sqrt(E))]
+    if kv is not None:
+        plan += [w(p + "attn_k.weight", E, kv * D, std=1.5 / np.sqrt(E)), w(p + "attn_v.weight", E, kv * D),
+                 norm(p + "attn_k_norm.weight", D)]
+    plan += [w(p + "attn_output.weight", H * D, E), norm(p + "attn_q_norm.weight", D),
+             norm(p + "post_attention_norm.weight", E), w(p + "layer_output_scale.weight", 1, std=0.0, mean=1.0),
+             norm(p + "ffn_norm.weight", E), w(p + "ffn_gate.weight", E, ff), w(p + "ffn_up.weight", E, ff),
+             w(p + "ffn_down.weight", ff, E), norm(p + "post_ffw_norm.weight", E)]
+    return plan
+
+
+def gemma4_plan(a: argparse.Namespace, assistant: bool = False) -> Plan:
+    E, D = a.n_embd, a.head_dim
+    plan = [w("token_embd.weight", E, a.vocab, std=1.0 / np.sqrt(E)), norm("output_norm.weight", E),
+            w("rope_freqs.weight", D // 2, std=0.0, mean=1.0)]
+    if assistant:
+        plan += [w("nextn.pre_projection.weight", 2 * G4_BACKBONE, E), w("nextn.post_projection.weight", E, G4_BACKBONE)]
+    for i in range(a.layers):
+        plan += gemma4_block(f"blk.{i}.", E, a.n_head, D, None if assistant else a.n_head_kv, a.n_ff)
+    return plan
+
+
+def gemma4_keys(wr, a: argparse.Namespace, assistant: bool = False) -> None:
+    arch = wr.arch
+    wr.add_head_count(a.n_head)
+    wr.add_head_count_kv(a.n_head_kv)
+    wr.add_key_length(a.head_dim)
+    wr.add_value_length(a.head_dim)
+    wr.add_uint32(f"{arch}.attention.key_length_swa", a.head_dim)
+    wr.add_uint32(f"{arch}.attention.value_length_swa", a.head_dim)
+    wr.add_uint32(f"{arch}.attention.sliding_window", a.swa_window)
+    wr.add_array(f"{arch}.attention.sliding_window_pattern", [bool(x) for x in gemma4_pattern(a)])
+    wr.add_float32(f"{arch}.rope.freq_base_swa", 10000.0)
+    if assistant:
+        wr.add_uint32(f"{arch}.embedding_length_out", G4_BACKBONE)
+        wr.add_uint32(f"{arch}.nextn_predict_layers", a.layers)
+    else:
+        wr.add_uint32(f"{arch}.embedding_length_per_layer_input", 0)
+
+
+# Not fallback models on their own: gemma4 is the target (its iSWA cache takes the window) that a gemma4-assistant
+# draft shares its cache with.
+PAIR_MODELS: dict[str, FallbackArch] = {f.name: f for f in (
+    FallbackArch("gemma4", "gemma4", "llama_kv_cache_iswa", gemma4_keys, gemma4_plan),
+    FallbackArch("gemma4-assistant", "gemma4-assistant", "llama_kv_cache_iswa",
+                 lambda wr, a: gemma4_keys(wr, a, True), lambda a: gemma4_plan(a, True), "llama_kv_cache_iswa"),
+)}

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from gates.fallback_archs import ARCHS as FALLBACK_ARCHS
+from gates.fallback_archs import PAIR_MODELS
 
 # SentencePiece token types as llama.cpp reads them (llama_token_type in llama-vocab.h).
 TT_NORMAL, TT_UNKNOWN, TT_CONTROL, TT_BYTE = 1, 2, 3, 6
@@ -66,8 +67,8 @@ def tensor_plan(a: argparse.Namespace) -> list[tuple[str, tuple[int, ...], float
     plan: list[tuple[str, tuple[int, ...], float, float]] = []
     # Embedding std 1 keeps the residual stream O(1) for llama/qwen2; gemma3 scales by sqrt(n_embd) itself.
     emb_std = 1.0 / np.sqrt(E) if a.arch == "gemma3" else 1.0
-    if a.arch in FALLBACK_ARCHS:
-        return FALLBACK_ARCHS[a.arch].plan(a)
+    if a.arch in FALLBACK_ARCHS or a.arch in PAIR_MODELS:
+        return (FALLBACK_ARCHS.get(a.arch) or PAIR_MODELS[a.arch]).plan(a)
     plan.append(("token_embd.weight", (V, E), emb_std, 0.0))
     if a.arch == "mamba":
         return plan + mamba_layers(a) + [("output_norm.weight", (E,), 0.02, 1.0),
@@ -179,7 +180,7 @@ def write_model(a: argparse.Namespace) -> dict:
         import gguf
     except ImportError:  # the GPU machine has no network: the wheel must travel with the gates
         sys.exit("gates.make_model: the 'gguf' package is missing: pip install gguf (or carry its wheel)")
-    fb = FALLBACK_ARCHS.get(a.arch)
+    fb = FALLBACK_ARCHS.get(a.arch) or PAIR_MODELS.get(a.arch)
     w = gguf.GGUFWriter(str(a.output), fb.gguf_arch if fb else a.arch)
     w.add_name(f"forktool-synthetic-{a.arch}")
     w.add_context_length(a.ctx)
@@ -252,11 +253,14 @@ def write_model(a: argparse.Namespace) -> dict:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("-o", "--output", type=Path, required=True, help="GGUF file to write")
-    p.add_argument("--arch", choices=("llama", "qwen2", "gemma3", "mamba", "jamba", *FALLBACK_ARCHS), default="llama",
+    p.add_argument("--arch", default="llama",
+                   choices=("llama", "qwen2", "gemma3", "mamba", "jamba", *FALLBACK_ARCHS, *PAIR_MODELS),
                    help="mamba: a recurrent model (no KV cache), d_inner = 2 x n_embd; jamba: hybrid, Mamba and "
                         "attention layers alternating (needs --n-head x --head-dim == --n-embd); "
                         + ", ".join(FALLBACK_ARCHS) + ": the caches their own create_memory branch builds "
-                        "(gates.fallback_archs; hy_v4-idx is hy_v4 with a DSA indexer)")
+                        "(gates.fallback_archs; hy_v4-idx is hy_v4 with a DSA indexer); gemma4 and gemma4-assistant: "
+                        "a target and the draft that shares its cache (the assistant with --n-embd 128, the target's "
+                        "256 as its embedding_length_out)")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--n-embd", type=int, default=256)
     p.add_argument("--n-head", type=int, default=4)

@@ -585,6 +585,18 @@ def test_fallback_archs_carry_their_cache_s_own_layers(tmp_path: Path):
     assert "blk.0.attn_q.weight" not in t and "blk.1.ssm_alpha.weight" not in t
     q = next(x for x in rd.tensors if x.name == "blk.1.attn_q.weight")
     assert int(q.shape[1]) == 2 * field_values(rd, "qwen4exp.attention.head_count")[0] * 64  # [q | gate] per head
+    # gemma4-assistant: no K/V of its own (it reads the target's last SWA and full layers), the target's width out
+    out = tmp_path / "g4a.gguf"
+    make_model.main(["-o", str(out), "--arch", "gemma4-assistant", "--layers", "2", "--n-embd", "128"])
+    rd = gguf.GGUFReader(str(out))
+    t = {x.name for x in rd.tensors}
+    assert field_values(rd, "gemma4-assistant.embedding_length_out") == [256]
+    assert field_values(rd, "gemma4-assistant.nextn_predict_layers") == field_values(rd, "gemma4-assistant.block_count")
+    assert {"nextn.pre_projection.weight", "blk.1.attn_q.weight", "rope_freqs.weight"} <= t
+    assert not any(".attn_k." in n or ".attn_v." in n for n in t)
+    rd, t = model("gemma4")
+    assert field_values(rd, "gemma4.attention.sliding_window_pattern") == [True, False]
+    assert "blk.1.attn_k.weight" in t
     # deepseek32: an indexer on every layer; the indexer key width is a multiple of the 64-wide rotation
     rd, t = model("deepseek32")
     assert {"blk.0.indexer.attn_k.weight", "blk.1.indexer.attn_k.weight"} <= t
@@ -725,6 +737,48 @@ def test_cpu_gate_d_mtp_wants_the_draft_context_s_line_drafts_and_head_mode_s_co
     server([main, mtp], draft_n=0)  # the draft context never drafted: fails
     d = gate_d_mtp(c, "deepseek32", m, text)
     assert not d["ok"] and "log_tail" in d and "loading the model" in d["log_tail"]
+
+
+def test_cpu_gate_d_assistant_wants_the_target_windowed_and_the_assistant_s_line(tmp_path: Path):
+    from gates.cpu import Ctx, gate_d_mtp, parse_args
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    window = "llama_kv_cache: position window = 32 / 512 cells resident + host tail 480 cells (0.23 MiB host)"
+    assistant = ("create_memory: kv-residency-mode window not possible, falling back to head mode: the "
+                 "llama_kv_cache_iswa of a gemma4-assistant model (MTP draft context) gets no window storage")
+
+    def server(lines: list[str]) -> None:
+        cfg = {"lines": [], "content": {"head": "abc", "window": "abc"}, "draft_n": 5}
+        text = FAKE_SERVER.format(python=sys.executable, cfg=cfg)
+        # these lines are printed whole (the target's window line is no fallback line)
+        text = text.replace('if mode == "window":', f'if mode == "window":\n    print("\\n".join({lines!r}), flush=True)')
+        tool = bin_dir / "llama-server"
+        tool.write_text(text)
+        tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
+
+    a = parse_args(["--patched-bin", str(bin_dir), "--upstream-bin", str(bin_dir), "--timeout", "30",
+                    "--assistant-pairs", "gemma4"])
+    assert a.assistant_pairs == ["gemma4"]
+    c = Ctx(a, tmp_path)
+    text = tmp_path / "t.txt"
+    text.write_text("the pass key is " * 50)
+    tgt, dft = tmp_path / "t.gguf", tmp_path / "d.gguf"
+    server([window, assistant])
+    d = gate_d_mtp(c, "gemma4-assistant", tgt, text, draft=dft)
+    assert d["ok"] and d["expected_memory"] == "llama_kv_cache_iswa" and d["position_window_logged"], d
+    assert "-md" in c.runs[-1]["argv"] and str(dft) in c.runs[-1]["argv"]
+    server([assistant])  # the target took no window: fails
+    assert not gate_d_mtp(c, "gemma4-assistant", tgt, text, draft=dft)["ok"]
+    server([window])  # the assistant's context silent: fails
+    assert not gate_d_mtp(c, "gemma4-assistant", tgt, text, draft=dft)["ok"]
+    # a server that aborts while loading fails the gate, naming the assertion
+    tool = bin_dir / "llama-server"
+    tool.write_text("#!/bin/sh\necho 'ggml.c:1797: GGML_ASSERT(view_src == NULL) failed'\nexit 134\n")
+    with pytest.raises(Exception, match="GGML_ASSERT"):
+        gate_d_mtp(c, "gemma4-assistant", tgt, text, draft=dft)
+    with pytest.raises(SystemExit):
+        parse_args(["--patched-bin", "b", "--upstream-bin", "b", "--assistant-pairs", "gemma3"])
 
 
 def test_cpu_gate_refuses_a_fallback_arch_it_has_no_model_for(tmp_path: Path, capsys: pytest.CaptureFixture):
