@@ -339,12 +339,33 @@ class ArchGates:
 
 
 RE_FALLBACK = re.compile(r"kv-residency-mode window not possible, falling back to head mode: (.*)")
+RECURRENT = "llama_memory_recurrent"
+
+
+def fallback_expectation(name: str) -> tuple[str, str | None]:
+    """(memory type the fallback line must name, architecture it must name) for a gate-d model.
+
+    The recurrent line names only its memory (every recurrent arch shares it); the others name the architecture too."""
+    if name == "mamba":
+        return RECURRENT, None
+    if name in make_model.FALLBACK_ARCHS:
+        fb = make_model.FALLBACK_ARCHS[name]
+        return fb.memory, fb.gguf_arch
+    raise GateError(f"gate d: no synthetic model for {name!r}; --fallback-archs takes mamba, "
+                    + ", ".join(make_model.FALLBACK_ARCHS))
+
+
+def names(line: str, word: str) -> bool:
+    """word appears in line as a whole name (llama_kv_cache does not match llama_kv_cache_dsa)."""
+    return re.search(rf"(?<![\w-]){re.escape(word)}(?![\w-])", line) is not None
 
 
 def gate_d(c: Ctx, name: str, model: Path, text: Path) -> dict:
-    """(d) a memory window mode does not reach (a recurrent model's): window mode, with a window forced, says at
-    load that it falls back to head mode naming the memory, logs no position window, and gives head mode's bytes."""
+    """(d) a memory window mode does not reach: window mode, with a window forced, says at load that it falls back to
+    head mode naming the memory type (and the architecture, where the branch is an architecture's own), logs no
+    position window, and gives head mode's bytes."""
     a = c.args
+    memory, arch = fallback_expectation(name)
     ppl = need_tool(a.patched_bin, "llama-perplexity")
     common = [str(ppl), "-m", str(model), "-f", str(text), "-c", str(a.ctx), "-b", str(a.ctx), "-ub", str(a.ubatch),
               "--chunks", str(a.chunks), "-t", str(a.threads), "--seed", "1", "-ngl", "0", "-lv", "4"]
@@ -353,11 +374,76 @@ def gate_d(c: Ctx, name: str, model: Path, text: Path) -> dict:
     log = c.run(f"{name}.d.window", [*common, "--kv-residency-mode", "window", "--kl-divergence-base", str(win)],
                 {WINDOW_ENV: str(min(a.windows))})
     m = RE_FALLBACK.search(log)
+    line = m.group(1).strip() if m else None
     same = head.read_bytes() == win.read_bytes()
     logged = bool(RE_WINDOW.search(log))
-    return {"ok": bool(m) and "recurrent" in m.group(1) and not logged and same,
-            "fallback_line": m.group(1).strip() if m else None, "position_window_logged": logged,
-            "bytes_identical_to_head": same}
+    names_memory = bool(line) and names(line, memory)
+    names_arch = bool(line) and (arch is None or names(line, arch))
+    res = {"ok": names_memory and names_arch and not logged and same, "expected_memory": memory,
+           "expected_arch": arch, "fallback_line": line, "names_memory": names_memory, "names_arch": names_arch,
+           "position_window_logged": logged, "bytes_identical_to_head": same}
+    if not res["ok"]:
+        res["log_tail"] = "\n".join(log.splitlines()[-15:])
+    return res
+
+
+RE_MTP_FALLBACK = re.compile(r"kv-residency-mode window not possible, falling back to head mode: (.*\(MTP draft context\).*)")
+
+
+def gate_d_mtp(c: Ctx, name: str, model: Path, text: Path, draft: Path | None = None) -> dict:
+    """(d) for an MTP draft context: llama-server with the model's NextN block as draft-mtp (or, with draft, a separate
+    draft model: a gemma4-assistant beside its gemma4 target), in head mode and in window mode with a window forced.
+    The window server's draft context says it falls back (naming its memory, the architecture and "(MTP draft
+    context)"); the main context's line names its own memory and no position window is logged (with draft: the
+    target's iSWA cache logs its position windows and no fallback line); the draft context drafted tokens; and both
+    servers give the same greedy completion."""
+    from gates.needle import Server  # the needle gate's server harness (loopback, its own free port)
+
+    a = c.args
+    fb = make_model.PAIR_MODELS[name] if draft else make_model.FALLBACK_ARCHS[name]
+    draft_args = ["-md", str(draft)] if draft else []
+    server = need_tool(a.patched_bin, "llama-server")
+    opts = argparse.Namespace(ctx=a.ctx, threads=a.threads, ngl=0, boot_timeout=a.timeout)
+    prompt = " ".join(text.read_text().split()[:a.ctx // 4])  # well inside the context with the 16 drafted tokens
+    out = {}
+    for mode, env in (("head", {}), ("window", {WINDOW_ENV: str(min(a.windows))})):
+        log_path = c.work / f"{name}.d.mtp-{mode}.log"
+        t0 = time.monotonic()
+        try:
+            srv = Server(server, model, [*draft_args, "--spec-type", "draft-mtp", "--kv-residency-mode", mode], env,
+                         log_path, opts)
+        except RuntimeError as e:  # the tail is often a backtrace: name the failed assertion or error line too
+            why = [ln for ln in log_path.read_text(errors="replace").splitlines() if "GGML_ASSERT" in ln or " E " in ln]
+            raise GateError(f"{name}.d.mtp-{mode}: {e}" + ("\nfirst error lines:\n" + "\n".join(why[:3]) if why else "")
+                            ) from e
+        try:
+            r = srv.complete(prompt, 16)
+        except (OSError, ValueError) as e:
+            raise GateError(f"{name}.d.mtp-{mode}: /completion failed: {e}; log {log_path}:\n"
+                            + "\n".join(srv.log().splitlines()[-15:])) from e
+        finally:
+            srv.stop()
+        c.runs.append({"tag": f"{name}.d.mtp-{mode}", "argv": srv.argv, "env": env, "rc": srv.proc.returncode,
+                       "seconds": round(time.monotonic() - t0, 2), "log": str(log_path)})
+        out[mode] = {"content": r.get("content"), "draft_n": r.get("timings", {}).get("draft_n", 0),
+                     "log": log_path.read_text(errors="replace")}
+    log = out["window"]["log"]
+    m = RE_MTP_FALLBACK.search(log)
+    line = m.group(1).strip() if m else None
+    main = [x.group(1) for x in RE_FALLBACK.finditer(log) if "(MTP draft context)" not in x.group(1)]
+    res = {"expected_memory": fb.mtp_memory, "expected_arch": fb.gguf_arch, "fallback_line": line,
+           "names_memory": bool(line) and names(line, fb.mtp_memory),
+           "names_arch": bool(line) and names(line, fb.gguf_arch),
+           "main_context_line_names": (not main) if draft else bool(main) and names(main[0], fb.memory),
+           "position_window_logged": bool(RE_WINDOW.search(log)),
+           "drafted_tokens": {k: v["draft_n"] for k, v in out.items()},
+           "completion_identical_to_head": out["head"]["content"] == out["window"]["content"]}
+    res["ok"] = bool(res["names_memory"] and res["names_arch"] and res["main_context_line_names"]
+                     and res["position_window_logged"] == bool(draft) and out["window"]["draft_n"] > 0
+                     and res["completion_identical_to_head"])
+    if not res["ok"]:
+        res["log_tail"] = "\n".join(log.splitlines()[-15:])
+    return res
 
 
 def summarize(result: dict) -> None:
@@ -404,8 +490,21 @@ def summarize(result: dict) -> None:
         if "error" in d:
             p(f"== {arch}: (d) ERROR: {d['error']}")
             continue
-        p(f"== {arch}: (d) window mode falls back: {d['fallback_line']!r}, position window logged="
-          f"{d['position_window_logged']}, bytes == head={d['bytes_identical_to_head']} -> {'PASS' if d['ok'] else 'FAIL'}")
+        if "drafted_tokens" in d:
+            p(f"== {arch}: (d) MTP draft context falls back: {d['fallback_line']!r}, names {d['expected_memory']}="
+              f"{d['names_memory']}, names {d['expected_arch']}={d['names_arch']}, main context's line names its "
+              f"memory={d['main_context_line_names']}, position window logged={d['position_window_logged']}, drafted "
+              f"tokens (head/window)={d['drafted_tokens']['head']}/{d['drafted_tokens']['window']}, completion == "
+              f"head={d['completion_identical_to_head']} -> {'PASS' if d['ok'] else 'FAIL'}")
+            if "log_tail" in d:
+                p("   log tail:\n" + d["log_tail"])
+            continue
+        p(f"== {arch}: (d) window mode falls back: {d['fallback_line']!r}, names {d['expected_memory']}="
+          f"{d['names_memory']}" + (f", names {d['expected_arch']}={d['names_arch']}" if d["expected_arch"] else "")
+          + f", position window logged={d['position_window_logged']}, bytes == head={d['bytes_identical_to_head']}"
+          f" -> {'PASS' if d['ok'] else 'FAIL'}")
+        if "log_tail" in d:
+            p("   log tail:\n" + d["log_tail"])
     p(f"overall: {'PASS' if result['ok'] else 'FAIL'} ({result['seconds']:.0f}s, work dir {result['work_dir']})")
 
 
@@ -416,7 +515,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", type=Path, action="append",
                    help="GGUF to test (repeatable); default: generate tiny llama, gemma3 (iSWA) and jamba (hybrid) models")
     p.add_argument("--archs", default="llama,gemma3,jamba",
-                   help="archs to generate when --model is not given (jamba: the hybrid memory, Mamba + attention)")
+                   help="archs to generate when --model is not given (jamba: the hybrid memory, Mamba + attention; "
+                        "'' = none, e.g. for --gates d alone)")
     p.add_argument("--work-dir", type=Path, help="keep logs and files here (default: a temp dir, removed on pass)")
     p.add_argument("--ctx", type=int, default=512)
     p.add_argument("--ubatch", type=int, default=128)
@@ -433,8 +533,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"force the window with ${WINDOW_ENV} or --kv-window-cells")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--timeout", type=int, default=300, help="seconds per tool run")
-    p.add_argument("--fallback-archs", default="mamba",
-                   help="gate d: archs to generate whose memory window mode does not reach ('' = none)")
+    p.add_argument("--fallback-archs", default=",".join(["mamba", *make_model.FALLBACK_ARCHS]),
+                   help="gate d: archs to generate whose memory window mode does not reach ('' = none): mamba "
+                        "(llama_memory_recurrent) and each of gates.fallback_archs (the caches an architecture's own "
+                        "create_memory branch builds)")
+    p.add_argument("--mtp-archs", default=",".join(f.name for f in make_model.FALLBACK_ARCHS.values() if f.mtp_memory),
+                   help="gate d: archs also generated with a NextN block and served by llama-server with draft-mtp, "
+                        "whose MTP draft context window mode does not reach ('' = none)")
+    p.add_argument("--assistant-pairs", default="",
+                   help="gate d: 'gemma4' also serves a synthetic gemma4 target with a gemma4-assistant draft "
+                        "(draft-mtp) whose iSWA cache shares the target's layers; not in the default: with the target "
+                        "in window mode the pinned series aborts at load (docs/gates.md)")
     p.add_argument("--gates", default="a,b,c,d", help="subset to require for exit 0, e.g. 'a' before the patch exists")
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args(argv)
@@ -444,6 +553,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.required = set(a.gates.split(","))
     if not a.required <= {"a", "b", "c", "d"}:
         p.error("--gates takes a comma list of a, b, c, d")
+    if not a.model and not [x for x in a.archs.split(",") if x] and a.required & {"a", "b", "c"}:
+        p.error(f"--archs '' leaves gate(s) {','.join(sorted(a.required - {'d'}))} no model to check; "
+                "pass --gates d, or --archs/--model")
+    if "d" in a.required and not [x for x in (a.fallback_archs, a.mtp_archs, a.assistant_pairs) if x]:
+        p.error("--fallback-archs '' and --mtp-archs '' (and no --assistant-pairs) leave gate d no model to check; "
+                "drop d from --gates")
+    a.fallback_archs = [x for x in a.fallback_archs.split(",") if x]
+    a.mtp_archs = [x for x in a.mtp_archs.split(",") if x]
+    a.assistant_pairs = [x for x in a.assistant_pairs.split(",") if x]
+    if not set(a.assistant_pairs) <= {"gemma4"}:
+        p.error("--assistant-pairs takes gemma4 (a gemma4 target with a gemma4-assistant draft) or ''")
+    no_mtp = [x for x in a.mtp_archs if not (x in make_model.FALLBACK_ARCHS and make_model.FALLBACK_ARCHS[x].mtp_memory)]
+    if no_mtp:
+        p.error(f"--mtp-archs: no synthetic MTP model for {', '.join(no_mtp)}; known: "
+                + ", ".join(f.name for f in make_model.FALLBACK_ARCHS.values() if f.mtp_memory))
+    unknown = [x for x in a.fallback_archs if x != "mamba" and x not in make_model.FALLBACK_ARCHS]
+    if unknown:
+        p.error(f"--fallback-archs: no synthetic model for {', '.join(unknown)}; known: mamba, "
+                + ", ".join(make_model.FALLBACK_ARCHS))
     return a
 
 
@@ -457,7 +585,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.model:
         models = [(m.stem, m.resolve()) for m in a.model]
     else:
-        for arch in a.archs.split(","):
+        for arch in [x for x in a.archs.split(",") if x]:
             out = work / f"synthetic-{arch}.gguf"
             # 4 layers: with gemma3's pattern 2 that is 2 SWA + 2 full-attention layers, enough for
             # a one-token change far back in the context to pass the sensitivity control.
@@ -492,7 +620,7 @@ def main(argv: list[str] | None = None) -> int:
         result["archs"][name] = g
     if "d" in a.required:
         result["fallback"] = {}
-        for arch in [x for x in a.fallback_archs.split(",") if x]:
+        for arch in a.fallback_archs:
             out = work / f"synthetic-{arch}.gguf"
             make_model.main(["-o", str(out), "--arch", arch, "--layers", "2"])
             try:
@@ -500,6 +628,25 @@ def main(argv: list[str] | None = None) -> int:
                 ok = ok and d["ok"]
             except GateError as e:
                 result["fallback"][arch] = {"error": str(e), "ok": False}
+                ok = False
+        for arch in a.mtp_archs:
+            out = work / f"synthetic-{arch}-mtp.gguf"
+            make_model.main(["-o", str(out), "--arch", arch, "--layers", "2", "--nextn", "1"])
+            try:
+                result["fallback"][f"{arch}+mtp"] = d = gate_d_mtp(c, arch, out, text)
+                ok = ok and d["ok"]
+            except GateError as e:
+                result["fallback"][f"{arch}+mtp"] = {"error": str(e), "ok": False}
+                ok = False
+        for _pair in a.assistant_pairs:  # gemma4: the target, then its assistant at its own width
+            tgt, dft = work / "synthetic-gemma4.gguf", work / "synthetic-gemma4-assistant.gguf"
+            make_model.main(["-o", str(tgt), "--arch", "gemma4", "--layers", "4"])
+            make_model.main(["-o", str(dft), "--arch", "gemma4-assistant", "--layers", "2", "--n-embd", "128"])
+            try:
+                result["fallback"]["gemma4-assistant"] = d = gate_d_mtp(c, "gemma4-assistant", tgt, text, draft=dft)
+                ok = ok and d["ok"]
+            except GateError as e:
+                result["fallback"]["gemma4-assistant"] = {"error": str(e), "ok": False}
                 ok = False
     result.update(ok=bool(ok), seconds=round(time.monotonic() - t0, 1), work_dir=str(work), runs=c.runs)
     print(json.dumps(result, indent=2))

@@ -1,4 +1,5 @@
-"""Write a deterministic synthetic GGUF (llama / qwen2 / gemma3 / mamba / jamba) with a byte-level SPM vocabulary."""
+"""Write a deterministic synthetic GGUF (llama / qwen2 / gemma3 / mamba / jamba, and the architectures of
+gates.fallback_archs) with a byte-level SPM vocabulary."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import zlib
 from pathlib import Path
 
 import numpy as np
+
+from gates.fallback_archs import ARCHS as FALLBACK_ARCHS
+from gates.fallback_archs import PAIR_MODELS
 
 # SentencePiece token types as llama.cpp reads them (llama_token_type in llama-vocab.h).
 TT_NORMAL, TT_UNKNOWN, TT_CONTROL, TT_BYTE = 1, 2, 3, 6
@@ -63,6 +67,8 @@ def tensor_plan(a: argparse.Namespace) -> list[tuple[str, tuple[int, ...], float
     plan: list[tuple[str, tuple[int, ...], float, float]] = []
     # Embedding std 1 keeps the residual stream O(1) for llama/qwen2; gemma3 scales by sqrt(n_embd) itself.
     emb_std = 1.0 / np.sqrt(E) if a.arch == "gemma3" else 1.0
+    if a.arch in FALLBACK_ARCHS or a.arch in PAIR_MODELS:
+        return (FALLBACK_ARCHS.get(a.arch) or PAIR_MODELS[a.arch]).plan(a)
     plan.append(("token_embd.weight", (V, E), emb_std, 0.0))
     if a.arch == "mamba":
         return plan + mamba_layers(a) + [("output_norm.weight", (E,), 0.02, 1.0),
@@ -151,7 +157,8 @@ def mamba_layer(a: argparse.Namespace, i: int, jamba: bool = False) -> list[tupl
 def tensor_dtype(name: str, shape: tuple[int, ...], dtype: str) -> np.dtype:
     # 1-D tensors (norms, biases) stay f32 like llama.cpp's converters write them, and so do Mamba's conv and A
     # (ggml's ssm_conv and ssm_scan read them as f32).
-    f32 = len(shape) == 1 or dtype == "f32" or name.endswith(("ssm_conv1d.weight", "ssm_a"))
+    f32 = (len(shape) == 1 or dtype == "f32" or "ssm_conv1d" in name or name.endswith("ssm_a")
+           or name.endswith("compressor_ape.weight"))  # glm5-next adds its k-pool position bias to f32 keys
     return np.dtype(np.float32) if f32 else np.dtype(np.float16)
 
 
@@ -173,12 +180,16 @@ def write_model(a: argparse.Namespace) -> dict:
         import gguf
     except ImportError:  # the GPU machine has no network: the wheel must travel with the gates
         sys.exit("gates.make_model: the 'gguf' package is missing: pip install gguf (or carry its wheel)")
-    w = gguf.GGUFWriter(str(a.output), a.arch)
+    fb = FALLBACK_ARCHS.get(a.arch) or PAIR_MODELS.get(a.arch)
+    w = gguf.GGUFWriter(str(a.output), fb.gguf_arch if fb else a.arch)
     w.add_name(f"forktool-synthetic-{a.arch}")
     w.add_context_length(a.ctx)
     w.add_embedding_length(a.n_embd)
-    w.add_block_count(a.layers)
-    if a.arch == "mamba":
+    w.add_block_count(a.layers + a.nextn)
+    if fb:
+        w.add_feed_forward_length(a.n_ff)
+        fb.keys(w, a)
+    elif a.arch == "mamba":
         w.add_feed_forward_length(0)
         w.add_head_count(0)
         add_ssm_keys(w, a)
@@ -242,9 +253,14 @@ def write_model(a: argparse.Namespace) -> dict:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("-o", "--output", type=Path, required=True, help="GGUF file to write")
-    p.add_argument("--arch", choices=("llama", "qwen2", "gemma3", "mamba", "jamba"), default="llama",
+    p.add_argument("--arch", default="llama",
+                   choices=("llama", "qwen2", "gemma3", "mamba", "jamba", *FALLBACK_ARCHS, *PAIR_MODELS),
                    help="mamba: a recurrent model (no KV cache), d_inner = 2 x n_embd; jamba: hybrid, Mamba and "
-                        "attention layers alternating (needs --n-head x --head-dim == --n-embd)")
+                        "attention layers alternating (needs --n-head x --head-dim == --n-embd); "
+                        + ", ".join(FALLBACK_ARCHS) + ": the caches their own create_memory branch builds "
+                        "(gates.fallback_archs; hy_v4-idx is hy_v4 with a DSA indexer); gemma4 and gemma4-assistant: "
+                        "a target and the draft that shares its cache (the assistant with --n-embd 128, the target's "
+                        "256 as its embedding_length_out)")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--n-embd", type=int, default=256)
     p.add_argument("--n-head", type=int, default=4)
@@ -262,7 +278,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--swa-window", type=int, default=128, help="gemma3 only: sliding window (tokens)")
     p.add_argument("--swa-pattern", type=int, default=2,
                    help="gemma3 only: every N-th layer is full attention (real Gemma 3 uses 6)")
+    p.add_argument("--nextn", type=int, default=0, choices=(0, 1),
+                   help="a NextN/MTP block after the --layers trunk layers (" + ", ".join(
+                       f.name for f in FALLBACK_ARCHS.values() if f.mtp_memory) + "): what an MTP draft context runs")
     a = p.parse_args(argv)
+    if a.nextn and not (a.arch in FALLBACK_ARCHS and FALLBACK_ARCHS[a.arch].mtp_memory):
+        p.error(f"--nextn: {a.arch} has no MTP block here")
     if a.arch == "jamba" and a.n_head * a.head_dim != a.n_embd:
         p.error("jamba needs --n-head x --head-dim == --n-embd (llama.cpp's jamba loader assumes it)")
     if a.arch == "qwen2" and a.n_head * a.head_dim != a.n_embd:

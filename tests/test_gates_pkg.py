@@ -352,7 +352,10 @@ def test_cpu_gate_d_wants_the_fallback_line_no_window_and_head_modes_bytes(tmp_p
             "exit 0"]), script=True)
 
     a = parse_args(["--patched-bin", str(bin_dir), "--upstream-bin", str(bin_dir)])
-    assert a.required == {"a", "b", "c", "d"} and a.fallback_archs == "mamba"
+    assert a.required == {"a", "b", "c", "d"}
+    assert a.fallback_archs == ["mamba", "minimax-m3", "deepseek32", "glm-dsa", "hy_v4", "hy_v4-idx", "dots3note",
+                                "glm5-next", "deepseek4", "qwen4exp"]
+    assert a.mtp_archs == ["deepseek32", "glm-dsa", "deepseek4"]
     c = Ctx(a, tmp_path)
     text = tmp_path / "t.txt"
     text.write_text("x")
@@ -455,6 +458,369 @@ def test_make_model_jamba_alternates_mamba_and_attention_layers(tmp_path: Path):
     assert {"blk.0.ssm_in.weight", "blk.0.ssm_dt_norm.weight", "blk.1.attn_k.weight", "blk.1.ffn_up.weight",
             "blk.0.ffn_up.weight"} <= names
     assert "blk.1.ssm_in.weight" not in names and "blk.0.attn_k.weight" not in names
+
+
+# The keys each architecture's load_hparams / load_arch_hparams reads without a default (src/models/<arch>.cpp of the
+# pinned tree), beyond the ones every model has (context/embedding length, block count, vocabulary).
+MLA_KEYS = ["attention.layer_norm_rms_epsilon", "attention.q_lora_rank", "attention.kv_lora_rank",
+            "expert_feed_forward_length", "expert_shared_count", "attention.indexer.head_count",
+            "attention.indexer.key_length", "attention.indexer.top_k"]
+REQUIRED_KEYS = {
+    "minimax-m3": ["attention.layer_norm_rms_epsilon", "expert_feed_forward_length", "expert_shared_count",
+                   "expert_gating_func", "attention.indexer.head_count", "attention.indexer.key_length",
+                   "attention.indexer.top_k", "attention.indexer.block_size", "attention.indexer.local_blocks"],
+    "deepseek32": [*MLA_KEYS, "expert_gating_func"],
+    "glm-dsa": MLA_KEYS,
+    "hy_v4": ["attention.layer_norm_rms_epsilon", "attention.q_lora_rank", "attention.kv_lora_rank",
+              "attention.key_length_mla", "attention.value_length_mla", "expert_feed_forward_length",
+              "expert_shared_count", "hyper_connection.count", "hyper_connection.epsilon",
+              "hyper_connection.magnitude"],
+    "dots3note": [*MLA_KEYS, "expert_gating_func", "leading_dense_block_count", "attention.key_length_mla",
+                  "attention.value_length_mla", "attention.kv_lora_rank_swa", "attention.key_length_mla_swa",
+                  "attention.value_length_mla_swa", "attention.sliding_window", "rope.freq_base_swa",
+                  "attention.sliding_window_pattern", "attention.indexer.types"],
+}
+REQUIRED_KEYS["glm5-next"] = ["attention.layer_norm_rms_epsilon", "attention.key_length_mla", "attention.value_length_mla",
+                              "attention.q_lora_rank", "attention.kv_lora_rank", "ssm.conv_kernel", "kda.head_dim",
+                              "expert_feed_forward_length", "expert_shared_count", "attention.indexer.head_count",
+                              "attention.indexer.key_length", "attention.indexer.top_k", "attention.indexer.kpool",
+                              "hyper_connection.count", "hyper_connection.sinkhorn_iterations",
+                              "hyper_connection.epsilon"]
+REQUIRED_KEYS["deepseek4"] = ["attention.layer_norm_rms_epsilon", "attention.q_lora_rank", "attention.sliding_window",
+                              "expert_feed_forward_length", "expert_shared_count", "expert_weights_scale",
+                              "expert_weights_norm", "swiglu_clamp_exp", "attention.indexer.head_count",
+                              "attention.indexer.key_length", "attention.indexer.top_k",
+                              "attention.output_group_count", "attention.output_lora_rank",
+                              "attention.compress_rope_freq_base", "hyper_connection.count",
+                              "hyper_connection.sinkhorn_iterations", "hyper_connection.epsilon", "hash_layer_count",
+                              "attention.compress_ratios", "expert_gating_func"]
+REQUIRED_KEYS["qwen4exp"] = ["attention.layer_norm_rms_epsilon", "rope.dimension_sections", "ssm.conv_kernel",
+                             "ssm.inner_size", "ssm.state_size", "ssm.time_step_rank", "ssm.group_count",
+                             "hyper_connection.count", "hyper_connection.low_rank", "attention.indexer.head_count",
+                             "attention.indexer.key_length", "attention.indexer.top_k"]
+REQUIRED_KEYS["hy_v4-idx"] = [*REQUIRED_KEYS["hy_v4"], "attention.indexer.head_count", "attention.indexer.key_length",
+                              "attention.indexer.top_k", "attention.indexer.types"]
+
+
+def field_values(rd, key: str) -> list:
+    f = rd.fields[key]
+    return [f.parts[i][0].item() for i in f.data]
+
+
+@pytest.mark.parametrize("name", sorted(REQUIRED_KEYS))
+def test_make_model_writes_each_fallback_arch_with_the_keys_and_tensors_its_loader_requires(tmp_path: Path, name: str):
+    gguf = pytest.importorskip("gguf")
+    from gates import make_model
+    from gates.fallback_archs import ARCHS
+
+    fb = ARCHS[name]
+    out = tmp_path / f"{name}.gguf"
+    assert make_model.main(["-o", str(out), "--arch", name, "--layers", "2"]) == 0
+    rd = gguf.GGUFReader(str(out))
+    arch = bytes(rd.fields["general.architecture"].parts[-1]).decode()
+    assert arch == fb.gguf_arch
+    missing = [k for k in REQUIRED_KEYS[name] if f"{arch}.{k}" not in rd.fields]
+    assert not missing, missing
+    assert field_values(rd, f"{arch}.block_count") == [2]
+    tensors = {t.name: [int(x) for x in t.shape] for t in rd.tensors}  # shape as ggml's ne, ne0 first
+    plan = {n: list(reversed(shape)) for n, shape, _s, _m in make_model.tensor_plan(make_model.parse_args(
+        ["-o", str(out), "--arch", name, "--layers", "2"]))}
+    assert tensors == plan
+    if name in ("deepseek4", "qwen4exp"):  # their loaders know no dense layers: every layer routed
+        assert {"blk.0.ffn_up_exps.weight", "blk.1.ffn_up_exps.weight"} <= tensors.keys()
+        if name == "deepseek4":
+            assert field_values(rd, "deepseek4.expert_gating_func") == [4]  # sqrt-softplus, the only one it takes
+    else:  # one dense layer, then a MoE layer: the second layer's experts and not the first's
+        assert "blk.0.ffn_up.weight" in tensors and "blk.1.ffn_up_exps.weight" in tensors
+        assert "blk.0.ffn_up_exps.weight" not in tensors and "blk.1.ffn_up.weight" not in tensors
+        assert field_values(rd, f"{arch}.leading_dense_block_count") == [1]
+    assert tensors["blk.1.ffn_up_exps.weight"][2] == field_values(rd, f"{arch}.expert_count")[0]
+    # the same arguments write the same bytes
+    again = tmp_path / "again.gguf"
+    make_model.main(["-o", str(again), "--arch", name, "--layers", "2"])
+    assert again.read_bytes() == out.read_bytes()
+
+
+def test_fallback_archs_carry_their_cache_s_own_layers(tmp_path: Path):
+    gguf = pytest.importorskip("gguf")
+    from gates import make_model
+
+    def model(name: str) -> tuple:
+        out = tmp_path / f"{name}.gguf"
+        make_model.main(["-o", str(out), "--arch", name, "--layers", "2"])
+        rd = gguf.GGUFReader(str(out))
+        return rd, {t.name for t in rd.tensors}
+
+    # minimax-m3: the MSA indexer sits on the sparse (MoE) layer only
+    _, t = model("minimax-m3")
+    assert "blk.1.indexer.k_proj.weight" in t and "blk.0.indexer.k_proj.weight" not in t
+    # hy_v4: the plain checkpoint has no indexer; with one, layer 0 owns it and layer 1 shares its top-k
+    rd, t = model("hy_v4")
+    assert not any(".indexer." in n for n in t) and "hy_v4.attention.indexer.top_k" not in rd.fields
+    rd, t = model("hy_v4-idx")
+    assert "blk.0.indexer.attn_k.weight" in t and "blk.1.indexer.attn_k.weight" not in t
+    assert field_values(rd, "hy_v4.attention.indexer.types") == [1, 0]
+    assert field_values(rd, "hy_v4.attention.indexer.top_k")[0] > 0
+    # dots3note: layer 0 slides, layer 1 is full attention with the indexer
+    rd, t = model("dots3note")
+    assert field_values(rd, "dots3note.attention.sliding_window_pattern") == [True, False]
+    assert "blk.1.indexer.attn_k.weight" in t and "blk.0.indexer.attn_k.weight" not in t
+    # glm5-next: a KDA (recurrent, no KV heads) layer, then an MLA layer with the k-pooled indexer
+    rd, t = model("glm5-next")
+    assert field_values(rd, "glm5-next.attention.head_count_kv") == [0, 1]
+    assert "blk.0.ssm_f_a.weight" in t and "blk.0.attn_kv_a_mqa.weight" not in t
+    assert {"blk.1.attn_kv_a_mqa.weight", "blk.1.indexer_compressor_ape.weight"} <= t and "blk.1.ssm_f_a.weight" not in t
+    ape = next(x for x in rd.tensors if x.name == "blk.1.indexer_compressor_ape.weight")
+    assert ape.tensor_type == gguf.GGMLQuantizationType.F32  # added to f32 keys: the cpu add takes no f16 operand
+    # deepseek4: a CSA layer (ratio 4, its compressor and the indexer's), then an HCA layer (ratio 128, no indexer)
+    rd, t = model("deepseek4")
+    assert field_values(rd, "deepseek4.attention.compress_ratios") == [4, 128]
+    assert {"blk.0.attn_compressor_kv.weight", "blk.0.indexer_compressor_kv.weight", "blk.1.attn_compressor_kv.weight",
+            "blk.0.attn_sinks.weight", "output_hc_fn.weight"} <= t
+    assert "blk.1.indexer_compressor_kv.weight" not in t
+    # qwen4exp: a gated-delta-net layer (no q/k/v of its own), then gated full attention with the QSA indexer
+    rd, t = model("qwen4exp")
+    assert field_values(rd, "qwen4exp.full_attention_interval") == [2]
+    assert {"blk.0.ssm_alpha.weight", "blk.1.attn_q.weight", "blk.1.indexer.q_proj.weight"} <= t
+    assert "blk.0.attn_q.weight" not in t and "blk.1.ssm_alpha.weight" not in t
+    q = next(x for x in rd.tensors if x.name == "blk.1.attn_q.weight")
+    assert int(q.shape[1]) == 2 * field_values(rd, "qwen4exp.attention.head_count")[0] * 64  # [q | gate] per head
+    # gemma4-assistant: no K/V of its own (it reads the target's last SWA and full layers), the target's width out
+    out = tmp_path / "g4a.gguf"
+    make_model.main(["-o", str(out), "--arch", "gemma4-assistant", "--layers", "2", "--n-embd", "128"])
+    rd = gguf.GGUFReader(str(out))
+    t = {x.name for x in rd.tensors}
+    assert field_values(rd, "gemma4-assistant.embedding_length_out") == [256]
+    assert field_values(rd, "gemma4-assistant.nextn_predict_layers") == field_values(rd, "gemma4-assistant.block_count")
+    assert {"nextn.pre_projection.weight", "blk.1.attn_q.weight", "rope_freqs.weight"} <= t
+    assert not any(".attn_k." in n or ".attn_v." in n for n in t)
+    rd, t = model("gemma4")
+    assert field_values(rd, "gemma4.attention.sliding_window_pattern") == [True, False]
+    assert "blk.1.attn_k.weight" in t
+    # deepseek32: an indexer on every layer; the indexer key width is a multiple of the 64-wide rotation
+    rd, t = model("deepseek32")
+    assert {"blk.0.indexer.attn_k.weight", "blk.1.indexer.attn_k.weight"} <= t
+    assert field_values(rd, "deepseek32.attention.indexer.key_length")[0] % 64 == 0
+
+
+@pytest.mark.parametrize("name", ["deepseek32", "glm-dsa", "deepseek4"])
+def test_make_model_nextn_adds_one_mtp_block_after_the_trunk(tmp_path: Path, name: str):
+    gguf = pytest.importorskip("gguf")
+    from gates import make_model
+
+    out = tmp_path / f"{name}.gguf"
+    assert make_model.main(["-o", str(out), "--arch", name, "--layers", "2", "--nextn", "1"]) == 0
+    rd = gguf.GGUFReader(str(out))
+    assert field_values(rd, f"{name}.block_count") == [3] and field_values(rd, f"{name}.nextn_predict_layers") == [1]
+    t = {x.name for x in rd.tensors}
+    # the NextN block is a whole decoder block (attention, routed experts) plus its own wiring
+    assert {"blk.2.nextn.eh_proj.weight", "blk.2.nextn.enorm.weight", "blk.2.nextn.hnorm.weight",
+            "blk.2.attn_norm.weight", "blk.2.ffn_gate_exps.weight"} <= t
+    assert not any(n.startswith(("blk.0.nextn", "blk.1.nextn")) for n in t)
+    if name == "deepseek4":  # the block attends over the sliding window only
+        assert field_values(rd, "deepseek4.attention.compress_ratios") == [4, 128, 0]
+    plain = tmp_path / "plain.gguf"
+    make_model.main(["-o", str(plain), "--arch", name, "--layers", "2"])
+    assert "blk.2.attn_norm.weight" not in {x.name for x in gguf.GGUFReader(str(plain)).tensors}
+
+
+def test_make_model_refuses_nextn_where_it_has_no_mtp_block(tmp_path: Path, capsys: pytest.CaptureFixture):
+    from gates import make_model
+
+    with pytest.raises(SystemExit):
+        make_model.main(["-o", str(tmp_path / "x.gguf"), "--arch", "minimax-m3", "--nextn", "1"])
+    assert "minimax-m3 has no MTP block here" in capsys.readouterr().err
+    assert not (tmp_path / "x.gguf").exists()
+
+
+def test_cpu_gate_d_wants_the_memory_type_and_architecture_of_each_branch(tmp_path: Path):
+    from gates.cpu import Ctx, gate_d, parse_args
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+
+    def tool(line: str) -> None:
+        fake_tool(bin_dir / "llama-perplexity", "\n".join([
+            'out=""; mode=head; prev=""',
+            'for x in "$@"; do [ "$prev" = --kl-divergence-base ] && out=$x; [ "$x" = window ] && mode=window; prev=$x; done',
+            'printf same > "$out"',
+            'echo "load: loading the model"',
+            '[ "$mode" = window ] && echo "create_memory: kv-residency-mode window not possible, falling back to head '
+            f'mode: {line}"',
+            "exit 0"]), script=True)
+
+    a = parse_args(["--patched-bin", str(bin_dir), "--upstream-bin", str(bin_dir)])
+    c = Ctx(a, tmp_path)
+    text = tmp_path / "t.txt"
+    text.write_text("x")
+    m = tmp_path / "m.gguf"
+    tool("the llama_kv_cache of a hy_v4 model gets no window storage")
+    d = gate_d(c, "hy_v4", m, text)
+    assert d["ok"] and d["expected_memory"] == "llama_kv_cache" and d["expected_arch"] == "hy_v4"
+    # llama_kv_cache is not named by a line about llama_kv_cache_dsa
+    tool("the memory of a hy_v4 model is a llama_kv_cache_dsa, not one of the caches with window storage")
+    d = gate_d(c, "hy_v4", m, text)
+    assert not d["ok"] and not d["names_memory"] and d["names_arch"]
+    assert "falling back to head mode" in d["log_tail"] and "loading the model" in d["log_tail"]
+    assert gate_d(c, "hy_v4-idx", m, text)["ok"]
+    # the right type for another architecture: fails
+    tool("the memory of a deepseek32 model is a llama_kv_cache_dsa, not one of the caches with window storage")
+    d = gate_d(c, "glm-dsa", m, text)
+    assert not d["ok"] and d["names_memory"] and not d["names_arch"]
+    assert gate_d(c, "deepseek32", m, text)["ok"]
+    # a model that does not load is an error carrying the log's tail, not a pass or a skip
+    fake_tool(bin_dir / "llama-perplexity", 'echo "llama_model_load: error loading model: missing tensor"; exit 1',
+              script=True)
+    with pytest.raises(Exception, match="missing tensor"):
+        gate_d(c, "dots3note", m, text)
+
+
+FAKE_SERVER = """#!{python}
+import json, sys, http.server
+argv = sys.argv[1:]
+port = int(argv[argv.index("--port") + 1])
+mode = argv[argv.index("--kv-residency-mode") + 1]
+cfg = {cfg!r}
+print("load: loading the model", flush=True)
+if mode == "window":
+    for line in cfg["lines"]:
+        print("create_memory: kv-residency-mode window not possible, falling back to head mode: " + line, flush=True)
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def reply(self, body):
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+    def do_GET(self):
+        self.reply({{"status": "ok"}})
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.reply({{"content": cfg["content"][mode], "timings": {{"draft_n": cfg["draft_n"]}}}})
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+
+def test_cpu_gate_d_mtp_wants_the_draft_context_s_line_drafts_and_head_mode_s_completion(tmp_path: Path):
+    from gates.cpu import Ctx, gate_d_mtp, parse_args
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    main = "the memory of a deepseek32 model is a llama_kv_cache_dsa, not one of the caches with window storage"
+    mtp = "the llama_kv_cache of a deepseek32 model (MTP draft context) gets no window storage"
+
+    def server(lines: list[str], window_content: str = "abc", draft_n: int = 5) -> None:
+        cfg = {"lines": lines, "content": {"head": "abc", "window": window_content}, "draft_n": draft_n}
+        tool = bin_dir / "llama-server"  # a stand-in on loopback: logs its lines, answers /health and /completion
+        tool.write_text(FAKE_SERVER.format(python=sys.executable, cfg=cfg))
+        tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
+
+    a = parse_args(["--patched-bin", str(bin_dir), "--upstream-bin", str(bin_dir), "--timeout", "30"])
+    c = Ctx(a, tmp_path)
+    text = tmp_path / "t.txt"
+    text.write_text("the pass key is " * 50)
+    m = tmp_path / "m.gguf"
+    server([main, mtp])
+    d = gate_d_mtp(c, "deepseek32", m, text)
+    assert d["ok"] and d["names_memory"] and d["names_arch"] and d["main_context_line_names"], d
+    assert d["drafted_tokens"] == {"head": 5, "window": 5} and d["completion_identical_to_head"]
+    assert [r["tag"] for r in c.runs] == ["deepseek32.d.mtp-head", "deepseek32.d.mtp-window"]
+    server([main])  # the draft context silent: fails
+    assert not gate_d_mtp(c, "deepseek32", m, text)["ok"]
+    server([main, mtp.replace("llama_kv_cache of", "llama_kv_cache_iswa of")])  # another memory: fails
+    assert not gate_d_mtp(c, "deepseek32", m, text)["names_memory"]
+    server([main, mtp], window_content="abd")  # another completion: fails
+    d = gate_d_mtp(c, "deepseek32", m, text)
+    assert not d["ok"] and not d["completion_identical_to_head"]
+    server([main, mtp], draft_n=0)  # the draft context never drafted: fails
+    d = gate_d_mtp(c, "deepseek32", m, text)
+    assert not d["ok"] and "log_tail" in d and "loading the model" in d["log_tail"]
+
+
+def test_cpu_gate_d_assistant_wants_the_target_windowed_and_the_assistant_s_line(tmp_path: Path):
+    from gates.cpu import Ctx, gate_d_mtp, parse_args
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    window = "llama_kv_cache: position window = 32 / 512 cells resident + host tail 480 cells (0.23 MiB host)"
+    assistant = ("create_memory: kv-residency-mode window not possible, falling back to head mode: the "
+                 "llama_kv_cache_iswa of a gemma4-assistant model (MTP draft context) gets no window storage")
+
+    def server(lines: list[str]) -> None:
+        cfg = {"lines": [], "content": {"head": "abc", "window": "abc"}, "draft_n": 5}
+        text = FAKE_SERVER.format(python=sys.executable, cfg=cfg)
+        # these lines are printed whole (the target's window line is no fallback line)
+        text = text.replace('if mode == "window":', f'if mode == "window":\n    print("\\n".join({lines!r}), flush=True)')
+        tool = bin_dir / "llama-server"
+        tool.write_text(text)
+        tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
+
+    a = parse_args(["--patched-bin", str(bin_dir), "--upstream-bin", str(bin_dir), "--timeout", "30",
+                    "--assistant-pairs", "gemma4"])
+    assert a.assistant_pairs == ["gemma4"]
+    c = Ctx(a, tmp_path)
+    text = tmp_path / "t.txt"
+    text.write_text("the pass key is " * 50)
+    tgt, dft = tmp_path / "t.gguf", tmp_path / "d.gguf"
+    server([window, assistant])
+    d = gate_d_mtp(c, "gemma4-assistant", tgt, text, draft=dft)
+    assert d["ok"] and d["expected_memory"] == "llama_kv_cache_iswa" and d["position_window_logged"], d
+    assert "-md" in c.runs[-1]["argv"] and str(dft) in c.runs[-1]["argv"]
+    server([assistant])  # the target took no window: fails
+    assert not gate_d_mtp(c, "gemma4-assistant", tgt, text, draft=dft)["ok"]
+    server([window])  # the assistant's context silent: fails
+    assert not gate_d_mtp(c, "gemma4-assistant", tgt, text, draft=dft)["ok"]
+    # a server that aborts while loading fails the gate, naming the assertion
+    tool = bin_dir / "llama-server"
+    tool.write_text("#!/bin/sh\necho 'ggml.c:1797: GGML_ASSERT(view_src == NULL) failed'\nexit 134\n")
+    with pytest.raises(Exception, match="GGML_ASSERT"):
+        gate_d_mtp(c, "gemma4-assistant", tgt, text, draft=dft)
+    with pytest.raises(SystemExit):
+        parse_args(["--patched-bin", "b", "--upstream-bin", "b", "--assistant-pairs", "gemma3"])
+
+
+def test_cpu_gate_refuses_a_fallback_arch_it_has_no_model_for(tmp_path: Path, capsys: pytest.CaptureFixture):
+    from gates.cpu import parse_args
+
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--patched-bin", "b", "--upstream-bin", "b", "--fallback-archs", "mamba,gemma4-assistant"])
+    assert e.value.code == 2
+    assert "no synthetic model for gemma4-assistant" in capsys.readouterr().err
+    assert parse_args(["--patched-bin", "b", "--upstream-bin", "b", "--fallback-archs", "", "--gates", "a"]
+                      ).fallback_archs == []
+    # no model left for a gate that was asked for: refused, never a pass over nothing
+    for argv, msg in ((["--fallback-archs", "", "--mtp-archs", ""], "leave gate d no model"),
+                      (["--mtp-archs", "minimax-m3"], "no synthetic MTP model for minimax-m3"),
+                      (["--archs", "", "--gates", "a,d"], "leaves gate(s) a no model")):
+        with pytest.raises(SystemExit):
+            parse_args(["--patched-bin", "b", "--upstream-bin", "b", *argv])
+        assert msg in capsys.readouterr().err
+    assert parse_args(["--patched-bin", "b", "--upstream-bin", "b", "--archs", "", "--gates", "d"]).required == {"d"}
+
+
+@pytest.mark.slow
+def test_cpu_gate_d_loads_every_fallback_arch_in_a_real_build(tmp_path: Path):
+    """Each synthetic model loads and runs in the patched cpu build (FORKTOOL_CPU_BIN, else build/cpu/bin here:
+    `forktool build --profile cpu`), logging its fallback line and giving head mode's bytes."""
+    bin_dir = Path(os.environ.get("FORKTOOL_CPU_BIN", ROOT / "build" / "cpu" / "bin"))
+    if not (bin_dir / "llama-perplexity").exists():
+        pytest.skip(f"no llama-perplexity in {bin_dir}: build the cpu profile or set FORKTOOL_CPU_BIN")
+    r = run_module("gates.cpu", "--patched-bin", str(bin_dir), "--upstream-bin", str(bin_dir), "--archs", "",
+                   "--gates", "d", "--work-dir", str(tmp_path / "w"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(r.stdout)
+    from gates.fallback_archs import ARCHS
+
+    mtp = [f"{n}+mtp" for n, f in ARCHS.items() if f.mtp_memory]
+    assert sorted(result["fallback"]) == sorted(["mamba", *ARCHS, *mtp])
+    for name, d in result["fallback"].items():
+        assert d["ok"] and d["names_memory"] and not d["position_window_logged"], name
+        if name in mtp:
+            assert d["drafted_tokens"]["window"] > 0 and d["completion_identical_to_head"], name
+        else:
+            assert d["bytes_identical_to_head"], name
 
 
 def test_needle_divergence_names_the_first_differing_token_and_each_side_s_margin():
