@@ -388,6 +388,8 @@ def gate_d(c: Ctx, name: str, model: Path, text: Path) -> dict:
 
 
 RE_MTP_FALLBACK = re.compile(r"kv-residency-mode window not possible, falling back to head mode: (.*\(MTP draft context\).*)")
+# kv-split-storage refuses, at load, a context whose cache shares layers of a cache it split (0072)
+RE_SHARED_REFUSAL = re.compile(r"failed to initialize the context: (kv-residency-mode window: .*shares layer.*)")
 
 
 def gate_d_mtp(c: Ctx, name: str, model: Path, text: Path, draft: Path | None = None) -> dict:
@@ -413,7 +415,12 @@ def gate_d_mtp(c: Ctx, name: str, model: Path, text: Path, draft: Path | None = 
             srv = Server(server, model, [*draft_args, "--spec-type", "draft-mtp", "--kv-residency-mode", mode], env,
                          log_path, opts)
         except RuntimeError as e:  # the tail is often a backtrace: name the failed assertion or error line too
-            why = [ln for ln in log_path.read_text(errors="replace").splitlines() if "GGML_ASSERT" in ln or " E " in ln]
+            text_log = log_path.read_text(errors="replace")
+            refused = RE_SHARED_REFUSAL.search(text_log) if draft and mode == "window" else None
+            if refused and "GGML_ASSERT" not in text_log:  # the copying path's refusal at load: judged below
+                out[mode] = {"refused": refused.group(1).strip(), "log": text_log}
+                break
+            why = [ln for ln in text_log.splitlines() if "GGML_ASSERT" in ln or " E " in ln]
             raise GateError(f"{name}.d.mtp-{mode}: {e}" + ("\nfirst error lines:\n" + "\n".join(why[:3]) if why else "")
                             ) from e
         try:
@@ -428,6 +435,15 @@ def gate_d_mtp(c: Ctx, name: str, model: Path, text: Path, draft: Path | None = 
         out[mode] = {"content": r.get("content"), "draft_n": r.get("timings", {}).get("draft_n", 0),
                      "log": log_path.read_text(errors="replace")}
     log = out["window"]["log"]
+    if "refused" in out["window"]:  # the draft shares a cache that window mode split (kv-split-storage): refused
+        line = out["window"]["refused"]
+        res = {"expected_memory": "llama_kv_cache", "expected_arch": fb.gguf_arch, "refused_at_load": line,
+               "names_memory": names(line, "llama_kv_cache"), "names_arch": names(line, fb.gguf_arch),
+               "drafted_tokens": {"head": out["head"]["draft_n"]}}
+        res["ok"] = bool(res["names_memory"] and res["names_arch"] and out["head"]["draft_n"] > 0)
+        if not res["ok"]:
+            res["log_tail"] = "\n".join(log.splitlines()[-15:])
+        return res
     m = RE_MTP_FALLBACK.search(log)
     line = m.group(1).strip() if m else None
     main = [x.group(1) for x in RE_FALLBACK.finditer(log) if "(MTP draft context)" not in x.group(1)]
@@ -490,6 +506,13 @@ def summarize(result: dict) -> None:
         if "error" in d:
             p(f"== {arch}: (d) ERROR: {d['error']}")
             continue
+        if "refused_at_load" in d:
+            p(f"== {arch}: (d) window mode refused at load: {d['refused_at_load']!r}, names {d['expected_memory']}="
+              f"{d['names_memory']}, names {d['expected_arch']}={d['names_arch']}, drafted tokens (head)="
+              f"{d['drafted_tokens']['head']} -> {'PASS' if d['ok'] else 'FAIL'}")
+            if "log_tail" in d:
+                p("   log tail:\n" + d["log_tail"])
+            continue
         if "drafted_tokens" in d:
             p(f"== {arch}: (d) MTP draft context falls back: {d['fallback_line']!r}, names {d['expected_memory']}="
               f"{d['names_memory']}, names {d['expected_arch']}={d['names_arch']}, main context's line names its "
@@ -540,10 +563,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mtp-archs", default=",".join(f.name for f in make_model.FALLBACK_ARCHS.values() if f.mtp_memory),
                    help="gate d: archs also generated with a NextN block and served by llama-server with draft-mtp, "
                         "whose MTP draft context window mode does not reach ('' = none)")
-    p.add_argument("--assistant-pairs", default="",
+    p.add_argument("--assistant-pairs", default="gemma4",
                    help="gate d: 'gemma4' also serves a synthetic gemma4 target with a gemma4-assistant draft "
-                        "(draft-mtp) whose iSWA cache shares the target's layers; not in the default: with the target "
-                        "in window mode the pinned series aborts at load (docs/gates.md)")
+                        "(draft-mtp) whose iSWA cache shares the target's layers: on the copying tail path window mode "
+                        "must refuse the assistant at load, naming it ('' = leave it out)")
     p.add_argument("--gates", default="a,b,c,d", help="subset to require for exit 0, e.g. 'a' before the patch exists")
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args(argv)

@@ -777,6 +777,29 @@ def test_cpu_gate_d_assistant_wants_the_target_windowed_and_the_assistant_s_line
     tool.write_text("#!/bin/sh\necho 'ggml.c:1797: GGML_ASSERT(view_src == NULL) failed'\nexit 134\n")
     with pytest.raises(Exception, match="GGML_ASSERT"):
         gate_d_mtp(c, "gemma4-assistant", tgt, text, draft=dft)
+    # kv-split-storage's copying path refuses the assistant at load (an error, not an abort), naming its memory and
+    # the architecture, while head mode serves and drafts: passes
+    fake = bin_dir / "fake-server"
+    fake.write_text(FAKE_SERVER.format(python=sys.executable, cfg={"lines": [], "content": {"head": "abc"},
+                                                                   "draft_n": 5}))
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+
+    def refusing(lines: str) -> None:  # window mode prints these lines and exits 1; head mode serves
+        (bin_dir / "refusal.txt").write_text(lines + "\nsrv  llama_server: exiting due to model loading error\n")
+        tool.write_text(f"#!/bin/sh\ncase \"$*\" in *'--kv-residency-mode window'*)\n"
+                        f"  cat {bin_dir / 'refusal.txt'}\n  exit 1;;\nesac\nexec {fake} \"$@\"\n")
+
+    refusal = ("0.00.022 E llama_init_from_model: failed to initialize the context: kv-residency-mode window: the "
+               "llama_kv_cache of this gemma4-assistant model shares layer 3 of another context's cache, which "
+               "window mode split into a 32-cell device window and a host tail (kv-split-storage)")
+    refusing(refusal)
+    d = gate_d_mtp(c, "gemma4-assistant", tgt, text, draft=dft)
+    assert d["ok"] and "shares layer 3" in d["refused_at_load"] and d["drafted_tokens"] == {"head": 5}, d
+    refusing(refusal.replace("gemma4-assistant", "gemma4"))  # the refusal must name the draft's architecture
+    assert not gate_d_mtp(c, "gemma4-assistant", tgt, text, draft=dft)["ok"]
+    refusing(refusal + "\nggml.c:1797: GGML_ASSERT(view_src == NULL) failed")  # an abort is never a refusal
+    with pytest.raises(Exception, match="GGML_ASSERT"):
+        gate_d_mtp(c, "gemma4-assistant", tgt, text, draft=dft)
     with pytest.raises(SystemExit):
         parse_args(["--patched-bin", "b", "--upstream-bin", "b", "--assistant-pairs", "gemma3"])
 
