@@ -580,7 +580,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--archs '' leaves gate(s) {','.join(sorted(a.required - {'d'}))} no model to check; "
                 "pass --gates d, or --archs/--model")
     if "d" in a.required and not [x for x in (a.fallback_archs, a.mtp_archs, a.assistant_pairs) if x]:
-        p.error("--fallback-archs '' and --mtp-archs '' (and no --assistant-pairs) leave gate d no model to check; "
+        p.error("--fallback-archs '', --mtp-archs '' and --assistant-pairs '' leave gate d no model to check; "
                 "drop d from --gates")
     a.fallback_archs = [x for x in a.fallback_archs.split(",") if x]
     a.mtp_archs = [x for x in a.mtp_archs.split(",") if x]

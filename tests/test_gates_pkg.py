@@ -814,7 +814,7 @@ def test_cpu_gate_refuses_a_fallback_arch_it_has_no_model_for(tmp_path: Path, ca
     assert parse_args(["--patched-bin", "b", "--upstream-bin", "b", "--fallback-archs", "", "--gates", "a"]
                       ).fallback_archs == []
     # no model left for a gate that was asked for: refused, never a pass over nothing
-    for argv, msg in ((["--fallback-archs", "", "--mtp-archs", ""], "leave gate d no model"),
+    for argv, msg in ((["--fallback-archs", "", "--mtp-archs", "", "--assistant-pairs", ""], "leave gate d no model"),
                       (["--mtp-archs", "minimax-m3"], "no synthetic MTP model for minimax-m3"),
                       (["--archs", "", "--gates", "a,d"], "leaves gate(s) a no model")):
         with pytest.raises(SystemExit):
