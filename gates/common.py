@@ -13,6 +13,7 @@ from pathlib import Path
 from gates import make_model
 
 WINDOW_ENV = "OPENCOTI_KV_WINDOW_CELLS"
+DEBUG_ENV = "OPENCOTI_KV_DEBUG"  # the KV window's one debug variable (comma-separated flags)
 RE_WINDOW = re.compile(r"position window = (\d+) / (\d+) cells resident \+ host tail (\d+) cells \(([\d.]+) MiB host\)")
 RE_FULL = re.compile(r"FULLY RESIDENT")
 RE_FULL_LINE = re.compile(r"position window = FULLY RESIDENT \((\d+) / (\d+) cells")

@@ -21,6 +21,7 @@ import numpy as np
 
 from gates import make_model
 from gates.common import (
+    DEBUG_ENV,
     RE_FULL,
     RE_FULL_LINE,
     RE_WINDOW,
@@ -54,6 +55,7 @@ class Ctx:
         """Run one tool, keep its combined log under work/, return the log text."""
         env = os.environ.copy()
         env.pop(WINDOW_ENV, None)  # a stray window in the caller's environment would poison the resident runs
+        env.pop(DEBUG_ENV, None)
         env.update(env_extra or {})
         log_path = self.work / f"{tag}.log"
         t0 = time.monotonic()
@@ -162,6 +164,8 @@ class ArchGates:
                 argv += ["--kv-window-cells", str(w)]
             else:
                 env[WINDOW_ENV] = str(w)
+        if self.a.debug:
+            env[DEBUG_ENV] = self.a.debug
         return argv, env
 
     def ppl_base(self, tag: str, binary: Path, out: Path, extra: list[str] = (), env: dict | None = None,
@@ -307,6 +311,7 @@ class ArchGates:
                 res_log = self.results(f"b.results-w{win}", self.pa_res, rp, wa, we)
                 entry["f32_logits"] = self.compare_results(ref_res, rp)
                 entry["f32_logits"]["position_window_lines"] = parse_windows(res_log)
+            entry["span_splits"] = len(RE_SPAN_SPLIT.findall(base_log))
             entry["ok"] = self.within(tool_stats, files, entry.get("f32_logits"))
             per_w[str(win)] = entry
             lines = parse_windows(base_log)
@@ -338,6 +343,8 @@ class ArchGates:
         return b_res, c_res
 
 
+# the context's retry when a cache refuses a ubatch beyond its attention span (kv-attention-span, -lv 4)
+RE_SPAN_SPLIT = re.compile(r"retrying batch size \d+ in ubatches of \d+ \(attention span\)")
 RE_FALLBACK = re.compile(r"kv-residency-mode window not possible, falling back to head mode: (.*)")
 RECURRENT = "llama_memory_recurrent"
 
@@ -568,6 +575,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(draft-mtp) whose iSWA cache shares the target's layers: on the copying tail path window mode "
                         "must refuse the assistant at load, naming it ('' = leave it out)")
     p.add_argument("--gates", default="a,b,c,d", help="subset to require for exit 0, e.g. 'a' before the patch exists")
+    p.add_argument("--debug", default="",
+                   help="OPENCOTI_KV_DEBUG flags for every window run, e.g. span-min: the attention span is the window "
+                        "itself and applies to the copying path, so ubatches past it are split (logged and counted)")
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args(argv)
     a.windows = [int(x) for x in a.windows.split(",") if x]

@@ -18,7 +18,8 @@ import threading
 import time
 from pathlib import Path
 
-from gates.common import RE_WINDOW, TOL_SAME_TOP_PCT, TOL_TOOL_MAX_KLD, WINDOW_ENV, ensure_model, log, make_text, parse_stats
+from gates.common import (DEBUG_ENV, RE_WINDOW, TOL_SAME_TOP_PCT, TOL_TOOL_MAX_KLD, WINDOW_ENV, ensure_model, log,
+                          make_text, parse_stats)
 
 RE_PROMPT = re.compile(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens .*?([\d.]+) tokens per second")
 RE_EVAL = re.compile(r"\s eval time =\s*([\d.]+) ms /\s*(\d+) runs .*?([\d.]+) tokens per second")
@@ -31,7 +32,7 @@ OOM_LINES = ("failed to allocate compute pp buffers", "graph_reserve: failed to 
 MIB = 1 << 20
 MODEL_ARGS = ["--arch", "llama", "--layers", "8", "--n-embd", "2048", "--n-head", "16", "--n-head-kv", "4",
               "--head-dim", "128", "--n-ff", "8192", "--ctx", "1048576", "--vocab", "512"]
-COPY_TAIL_ENV = {"OPENCOTI_KV_DEBUG": "copy-tail"}  # 0073 off: the full build on 0072's copying tail path
+COPY_TAIL_ENV = {DEBUG_ENV: "copy-tail"}  # 0073 off: the full build on 0072's copying tail path
 KV_BYTES_PER_CELL = 8 * 2 * 4 * 128 * 2  # layers * (K+V) * kv heads * head dim * f16
 
 
@@ -84,6 +85,11 @@ class MemPeak:
         self._stop.set()
         self._t.join()
         return self.peak
+
+
+# kv-attention-span: the cache's reserve line and the context's retries of a batch in smaller ubatches (-lv 4)
+RE_SPAN = re.compile(r"attention span (\d+) of (\d+) cells")
+RE_SPAN_SPLIT = re.compile(r"retrying batch size \d+ in ubatches of (\d+) \(attention span\)")
 
 
 def run(tag: str, argv: list[str], work: Path, env: dict | None = None, measure: bool = False,
@@ -309,13 +315,15 @@ def gate_c(a: argparse.Namespace, model: Path, work: Path) -> dict:
             for _attempt in range(3):  # llama-perplexity can lose its last log lines at exit: retry
                 r = run(f"c-window-{w}-{tag}", [ppl, *common(ub, ctx, cache), "--kv-residency-mode", "window",
                                                 "--kl-divergence-base", str(base), "--kl-divergence"],
-                        work, env={WINDOW_ENV: str(w)})
+                        work, env={WINDOW_ENV: str(w), **({DEBUG_ENV: a.window_debug} if a.window_debug else {})})
                 stats = parse_stats(r["text"])
                 if "max_kld" in stats and "same_top_pct" in stats:
                     break
             row = {"cache": cache, "window": w, "ubatch": ub, "ctx": ctx, "rc": r["rc"],
                    "window_line": r["window_lines"][:1],
-                   "mapped_line": [ln.strip() for ln in r["text"].splitlines() if "host tail mapped" in ln][:1], **stats}
+                   "mapped_line": [ln.strip() for ln in r["text"].splitlines() if "host tail mapped" in ln][:1],
+                   "span": [[int(x) for x in m] for m in RE_SPAN.findall(r["text"])][:1],
+                   "span_splits": len(RE_SPAN_SPLIT.findall(r["text"])), **stats}
             ok = ok and r["rc"] == 0 and bool(r["window"]) and stats.get("max_kld", 1) <= TOL_TOOL_MAX_KLD \
                 and stats.get("same_top_pct", 0) >= TOL_SAME_TOP_PCT
             out["windows"].append(row)
@@ -748,6 +756,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--windows", type=int, nargs="+", default=[1024, 256])
     ap.add_argument("--windows-4k", type=int, nargs="*", default=[3072, 2048, 512],
                     help="gate c windows at a 4096-cell context")
+    ap.add_argument("--window-debug", default="",
+                    help="gate c: OPENCOTI_KV_DEBUG flags for the window runs, e.g. span-min (the attention span is "
+                         "the window itself, so ubatches past it are split and the reserve is the window's)")
     ap.add_argument("--quant-caches", nargs="*", default=["q8_0", "q4_0"],
                     help="gate c: quantized K/V types, each window against resident of the same type")
     ap.add_argument("--windows-16k", type=int, nargs="*", default=[12288, 8192, 512],

@@ -19,10 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-from gates.common import WINDOW_ENV, parse_windows
+from gates.common import DEBUG_ENV, WINDOW_ENV, parse_windows
 
 MODE_ENV = "OPENCOTI_KV_RESIDENCY_MODE"
-DEBUG_ENV = "OPENCOTI_KV_DEBUG"
 
 
 def bench_once(a: argparse.Namespace, name: str, env_extra: dict, rnd: int) -> dict:
