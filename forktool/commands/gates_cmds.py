@@ -34,6 +34,35 @@ def placeholders(project: Project, needs: tuple[str, ...]) -> dict[str, str]:
             "base_bin": str(build / f"{profile}-base" / "bin"), "out": str(build / "gates")}
 
 
+def stale_build(project: Project, profile_name: str) -> str:
+    """Why build/<profile> is not the build of the tree as it is now ("" when it is): a gate must not pass on
+    binaries of another series, of local edits made since, or whose bytes are not the ones the build recorded."""
+    from forktool import build as fbuild
+    from forktool.commands import open_workspace
+    from forktool.tree import sha256_file
+
+    cfg = fbuild.load_config(project)
+    with open_workspace(project) as ws:
+        applied = ws.patches[:len(ws.state.applied)]
+        dirty = sorted({p for _, p in ws.local_changes()}) if project.tree.exists() else []
+        pl = fbuild.make_plan(project, cfg, cfg.profile(profile_name), applied, dirty)
+    rec = pl.record
+    if not rec:
+        return "has no build record (never built by forktool)"
+    if pl.first:
+        return f"is incomplete ({pl.configure_reason})"
+    if rec.get("stamp") != pl.stamp or pl.changed:
+        changed = f": {', '.join(pl.changed)} changed since" if pl.changed else ""
+        return f"was built for {rec.get('stamp')}, the tree is {pl.stamp}{changed}"
+    if pl.dirty:
+        return f"predates local edits to {', '.join(pl.dirty[:3])}"
+    for rel, want in sorted((rec.get("outputs") or {}).items()):
+        path = pl.build_dir / rel
+        if not path.is_file() or sha256_file(path) != want:
+            return f"has {rel} with other bytes than its build recorded"
+    return ""
+
+
 def ensure_reference_build(project: Project, profile_name: str) -> Path:
     """An unpatched build of the same upstream with the same profile, for the gates that compare against it.
 
@@ -98,9 +127,12 @@ def gates(project: Project, patch_id: str | None, name: str | None, list_only: b
                                 hint=f"known: {', '.join('{' + k + '}' for k in ph)}") from None
         if any("{upstream_bin}" in a for a in g.command):
             ensure_reference_build(project, ph["profile"])
-        if any("{bin}" in a for a in g.command) and not os.path.isdir(ph["bin"]):
-            raise ForktoolError(f"gate {g.name} needs the {ph['profile']} build at {ph['bin']}",
-                                where="build/", hint=f"run `forktool build --profile {ph['profile']}` first")
+        if any("{bin}" in a for a in g.command):
+            why_stale = stale_build(project, ph["profile"]) if os.path.isdir(ph["bin"]) else "does not exist"
+            if why_stale:
+                raise ForktoolError(f"gate {g.name} needs the {ph['profile']} build of this tree: "
+                                    f"build/{ph['profile']} {why_stale}", where=f"build/{ph['profile']}",
+                                    hint=f"run `forktool build --profile {ph['profile']}` first")
         os.makedirs(ph["out"], exist_ok=True)
         output.info(f"gate {pid} {g.name}: {' '.join(argv)}")
         t0 = time.monotonic()
