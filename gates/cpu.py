@@ -154,7 +154,9 @@ class ArchGates:
         # -b == -c: one batch per chunk, split into ubatches of -ub: a window < ub splits a ubatch.
         return ["-m", str(self.model), "-c", str(a.ctx), "-b", str(a.ctx), "-ub", str(a.ubatch),
                 "--chunks", str(a.chunks), "-fa", "on", "-t", str(a.threads), "--seed", "1", "-ngl", "0",
-                "-lv", "4"]  # llama's own INFO lines (the position-window line) print only at -lv 4
+                # llama's own INFO lines (the position-window line) print only at -lv 4, its debug lines (the attention
+                # span's retries, which --debug span-min counts) at -lv 5
+                "-lv", "5" if a.debug else "4"]
 
     def window_args(self, w: int | None) -> tuple[list[str], dict]:
         argv = ["--kv-residency-mode", "window"]
@@ -313,6 +315,9 @@ class ArchGates:
                 entry["f32_logits"]["position_window_lines"] = parse_windows(res_log)
             entry["span_splits"] = len(RE_SPAN_SPLIT.findall(base_log))
             entry["ok"] = self.within(tool_stats, files, entry.get("f32_logits"))
+            if "span-min" in self.a.debug.split(","):
+                # the span is the window: a full ubatch late in the context must have been split, or nothing was tested
+                entry["ok"] = entry["ok"] and entry["span_splits"] > 0
             per_w[str(win)] = entry
             lines = parse_windows(base_log)
             # A cache no larger than the forced window (e.g. gemma3's SWA cache) may stay fully resident.
