@@ -88,6 +88,7 @@ class MemPeak:
 
 
 # kv-attention-span: the cache's reserve line and the context's retries of a batch in smaller ubatches (-lv 4)
+RE_DEVICE_CELLS = re.compile(r"host tail mapped into the device's address space: .* (\d+) cells in device memory")
 RE_SPAN = re.compile(r"attention span (\d+) of (\d+) cells")
 RE_SPAN_SPLIT = re.compile(r"retrying batch size \d+ in ubatches of (\d+) \(attention span\)")
 
@@ -130,6 +131,11 @@ def run(tag: str, argv: list[str], work: Path, env: dict | None = None, measure:
         res["window"] = {"resident": int(w.group(1)), "kv_size": int(w.group(2)), "tail": int(w.group(3)),
                          "tail_mib": float(w.group(4))}
     res["fully_resident"] = "FULLY RESIDENT" in final and not found
+    # a mapped tail: the cells every K/V tensor really holds in device memory (the window rounded down to the mapping
+    # granularity); the window line gives the cells the sizer paid for
+    dev = [int(x) for x in RE_DEVICE_CELLS.findall(final)]
+    if dev:
+        res["device_cells"] = min(dev)
     res["measure_pass"] = [ln.strip() for ln in text.splitlines() if "two-pass" in ln or "measure pass" in ln]
     res["window_lines"] = [ln.strip() for ln in text.splitlines() if "position window" in ln]
     res["oom_lines"] = [ln.strip() for ln in text.splitlines() if any(k in ln for k in OOM_LINES)]
@@ -501,7 +507,7 @@ def gate_f(a: argparse.Namespace, model: Path, work: Path) -> dict:
 
 # (g) ---------------------------------------------------------------------------------------------------------
 BUDGET_FIELDS = ["ctx", "budget_mib", "config", "device_mib_peak", "prefill_tps", "decode_tps", "fits_budget",
-                 "vram_target_mib", "resident_cells", "kv_ctx", "prompt_tokens", "rc", "note"]
+                 "vram_target_mib", "resident_cells", "device_cells", "kv_ctx", "prompt_tokens", "rc", "note"]
 
 
 def budget_rows(ctx: int, budgets: list[int], config: str, r: dict, kv_ctx: int, target: int | None = None) -> list[dict]:
@@ -517,7 +523,8 @@ def budget_rows(ctx: int, budgets: list[int], config: str, r: dict, kv_ctx: int,
     else:
         cells = win.get("resident", "")
     base = {"ctx": ctx, "config": config, "device_mib_peak": peak, "vram_target_mib": target if target else "",
-            "resident_cells": cells, "kv_ctx": kv_ctx, "prompt_tokens": r.get("prompt_tokens"), "rc": r.get("rc")}
+            "resident_cells": cells, "device_cells": r.get("device_cells", ""), "kv_ctx": kv_ctx,
+            "prompt_tokens": r.get("prompt_tokens"), "rc": r.get("rc")}
     booted = r.get("rc") == 0 and bool(r.get("decode_tps"))
     out = []
     for b in budgets if target is None else [budgets[0]]:
