@@ -101,6 +101,28 @@ def test_gpu_run_parses_a_completion_log(tmp_path: Path):
     assert (tmp_path / "t.log").read_text().startswith(str(tool))
 
 
+def test_gpu_run_reads_the_cells_a_mapped_tail_really_keeps_in_device_memory(tmp_path: Path):
+    from gates.gpu import budget_rows, run
+
+    mapped = ("llama_kv_cache: host tail mapped into the device's address space: {dev} MiB device + 4450.50 MiB pinned "
+              "host, 2 K/V buffers, {cells} cells in device memory (attention reads the tail in place unless a ubatch "
+              "has room to copy the used cells)")
+    tool = fake_tool(tmp_path / "llama-completion", "\n".join([
+        mapped.format(dev="0.00", cells=256),  # the measure pass: not the cache the context runs with
+        "llama_context: two-pass compute reserve: measured 113 MiB, pass 2 sizes the KV window with a 369 MiB "
+        "reserve and 3072 bytes per cell of attention span",
+        "llama_kv_cache: position window = 35840 / 1048576 cells resident + host tail 1012736 cells (4450.50 MiB "
+        "host) [CUDA0, auto, budget 166.87 MiB]",
+        mapped.format(dev="128.00", cells=29127),
+        mapped.format(dev="2.00", cells=30000),  # a second cache (another row size): the fewest cells count
+        "common_perf_print:        eval time =      26.69 ms /    31 runs   (    0.86 ms per token,  1161.48 tokens per second)",
+    ]))
+    r = run("t", [str(tool)], tmp_path)
+    assert r["window"]["resident"] == 35840 and r["device_cells"] == 29127
+    row = budget_rows(1048576, [1950], "window q4_0", r, 1048576, target=1466)[0]
+    assert (row["resident_cells"], row["device_cells"]) == (35840, 29127)
+
+
 def test_gpu_run_reads_the_reserve_summary_when_pp_and_tg_graphs_agree(tmp_path: Path):
     from gates.gpu import run
 

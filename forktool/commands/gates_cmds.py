@@ -49,11 +49,12 @@ def stale_build(project: Project, profile_name: str) -> str:
     rec = pl.record
     if not rec:
         return "has no build record (never built by forktool)"
+    if rec.get("stamp") != pl.stamp:
+        return f"was built for {rec.get('stamp')}, the tree is {pl.stamp}"
     if pl.first:
         return f"is incomplete ({pl.configure_reason})"
-    if rec.get("stamp") != pl.stamp or pl.changed:
-        changed = f": {', '.join(pl.changed)} changed since" if pl.changed else ""
-        return f"was built for {rec.get('stamp')}, the tree is {pl.stamp}{changed}"
+    if pl.changed:
+        return f"was built before {', '.join(pl.changed)} changed"
     if pl.dirty:
         return f"predates local edits to {', '.join(pl.dirty[:3])}"
     for rel, want in sorted((rec.get("outputs") or {}).items()):
