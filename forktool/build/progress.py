@@ -30,7 +30,8 @@ class MakeProgress:
         """Take one line of make's output; the object it starts to compile, if it is such a line."""
         m = _POSITION_RE.match(line)
         if m and self.finished < len(self.goals):
-            self.percent = min(int(m.group(1)), 100)
+            # with -j, two rules started together may print their positions in either order: never go back
+            self.percent = max(self.percent, min(int(m.group(1)), 100))
         built = _BUILT_RE.search(line)
         if built and self.finished < len(self.goals) and built.group(1) == self.goals[self.finished]:
             self.finished += 1
