@@ -15,8 +15,9 @@ with a window, each restored cell is read into the part (window or host tail) th
 contiguous fast path stays as upstream wrote it in head mode; the state_clear() changes go with the function.
 The window and tail tensors are named as 0.3.35 names its own K/V, without name_tag.
 
-0073: 0.3.35 has no get_prev_tokens() after set_input_v_rot(): the mapped-copy rule follows set_input_v_rot()
-alone. The mapped K/V tensors are named without name_tag, as in 0072.
+0073: 0.3.35 has no get_stream() before get_n_kv(): the attention span's two functions stand there alone; no
+get_n_seq_max() in the header: the span's accessor follows get_size() alone. It has no get_prev_tokens() after
+set_input_v_rot(): the mapped-copy rule follows set_input_v_rot() alone. The mapped K/V tensors are named without name_tag, as in 0072.
 
 0089: the same two callers again (the measure-pass arguments follow the residency ones without name_tag).
 """
@@ -105,8 +106,12 @@ RESOLUTIONS: dict[str, dict[str, list[Block]]] = {
         ],
     },
     "0073": {
-        # 0.3.35 has no get_prev_tokens (0.3.36 added it): only the mapped-copy rule follows set_input_v_rot
-        "src/llama-kv-cache.cpp": [ours_from("\n// opencoti-hook: kv-mapped-tail\n// rule: attention reads the mapped tail")],
+        # 0.3.35 has no get_stream (the attention span's two functions stand alone before get_n_kv) and no
+        # get_prev_tokens (0.3.36 added both): only the mapped-copy rule follows set_input_v_rot
+        "src/llama-kv-cache.cpp": [ours_from("// opencoti-hook: kv-attention-span\nuint32_t llama_kv_cache::opencoti_attn_span"),
+                                   ours_from("\n// opencoti-hook: kv-mapped-tail\n// rule: attention reads the mapped tail")],
+        # and no get_n_seq_max (0.3.36 added it): the span's accessor follows get_size alone
+        "src/llama-kv-cache.h": [ours_from("\n    // opencoti-hook: kv-attention-span\n")],
     },
     "0089": {
         "src/llama-kv-cache-iswa.cpp": [text(
