@@ -14,6 +14,8 @@ from gates import make_model
 
 WINDOW_ENV = "OPENCOTI_KV_WINDOW_CELLS"
 DEBUG_ENV = "OPENCOTI_KV_DEBUG"  # the KV window's one debug variable (comma-separated flags)
+# kv-attention-span: llama_decode retrying a batch in smaller ubatches (a debug line: -lv 5)
+RE_SPAN_SPLIT = re.compile(r"retrying batch size \d+ in ubatches of (\d+) \(attention span\)")
 RE_WINDOW = re.compile(r"position window = (\d+) / (\d+) cells resident \+ host tail (\d+) cells \(([\d.]+) MiB host\)")
 RE_FULL = re.compile(r"FULLY RESIDENT")
 RE_FULL_LINE = re.compile(r"position window = FULLY RESIDENT \((\d+) / (\d+) cells")

@@ -24,6 +24,7 @@ from gates.common import (
     DEBUG_ENV,
     RE_FULL,
     RE_FULL_LINE,
+    RE_SPAN_SPLIT,
     RE_WINDOW,
     TOL_FILE_MAX_KLD,
     TOL_MAX_ABS_DLOGIT,
@@ -348,8 +349,6 @@ class ArchGates:
         return b_res, c_res
 
 
-# the context's retry when a cache refuses a ubatch beyond its attention span (kv-attention-span, -lv 4)
-RE_SPAN_SPLIT = re.compile(r"retrying batch size \d+ in ubatches of \d+ \(attention span\)")
 RE_FALLBACK = re.compile(r"kv-residency-mode window not possible, falling back to head mode: (.*)")
 RECURRENT = "llama_memory_recurrent"
 

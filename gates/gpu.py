@@ -20,6 +20,7 @@ from pathlib import Path
 
 from gates.common import (
     DEBUG_ENV,
+    RE_SPAN_SPLIT,
     RE_WINDOW,
     TOL_SAME_TOP_PCT,
     TOL_TOOL_MAX_KLD,
@@ -96,10 +97,9 @@ class MemPeak:
         return self.peak
 
 
-# kv-attention-span: the cache's reserve line and the context's retries of a batch in smaller ubatches (-lv 4)
+# kv-attention-span: the cache's reserve line
 RE_DEVICE_CELLS = re.compile(r"host tail mapped into the device's address space: .* (\d+) cells in device memory")
 RE_SPAN = re.compile(r"attention span (\d+) of (\d+) cells")
-RE_SPAN_SPLIT = re.compile(r"retrying batch size \d+ in ubatches of (\d+) \(attention span\)")
 
 
 def run(tag: str, argv: list[str], work: Path, env: dict | None = None, measure: bool = False,

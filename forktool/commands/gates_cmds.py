@@ -109,6 +109,7 @@ def gates(project: Project, patch_id: str | None, name: str | None, list_only: b
     rows: list[dict] = []
     lines: list[str] = []
     failed = 0
+    stale: dict[str, str] = {}  # profile -> why its build is not of the tree ("" when it is)
     for pid, g in selected:
         row: dict = {"patch": pid, "gate": g.name, "needs": list(g.needs), "proves": g.proves}
         missing = [n for n in g.needs if n == "cuda" and not cuda]
@@ -129,7 +130,9 @@ def gates(project: Project, patch_id: str | None, name: str | None, list_only: b
         if any("{upstream_bin}" in a for a in g.command):
             ensure_reference_build(project, ph["profile"])
         if any("{bin}" in a for a in g.command):
-            why_stale = stale_build(project, ph["profile"]) if os.path.isdir(ph["bin"]) else "does not exist"
+            if ph["profile"] not in stale:  # one look per profile and command: the tree does not move under it
+                stale[ph["profile"]] = stale_build(project, ph["profile"]) if os.path.isdir(ph["bin"]) else "does not exist"
+            why_stale = stale[ph["profile"]]
             if why_stale:
                 raise ForktoolError(f"gate {g.name} needs the {ph['profile']} build of this tree: "
                                     f"build/{ph['profile']} {why_stale}", where=f"build/{ph['profile']}",

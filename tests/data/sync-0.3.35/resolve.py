@@ -17,7 +17,8 @@ The window and tail tensors are named as 0.3.35 names its own K/V, without name_
 
 0073: 0.3.35 has no get_stream() before get_n_kv(): the attention span's two functions stand there alone; no
 get_n_seq_max() in the header: the span's accessor follows get_size() alone. It has no get_prev_tokens() after
-set_input_v_rot(): the mapped-copy rule follows set_input_v_rot() alone. The mapped K/V tensors are named without name_tag, as in 0072.
+set_input_v_rot(): the mapped-copy rule follows set_input_v_rot() alone. The mapped K/V tensors are named
+without name_tag, as in 0072.
 
 0089: the same two callers again (the measure-pass arguments follow the residency ones without name_tag).
 """
