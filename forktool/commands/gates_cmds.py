@@ -127,16 +127,17 @@ def gates(project: Project, patch_id: str | None, name: str | None, list_only: b
         except KeyError as e:
             raise ForktoolError(f"gate {g.name}: unknown placeholder {e}", where="registry/UPSTREAM_SYNC.yaml",
                                 hint=f"known: {', '.join('{' + k + '}' for k in ph)}") from None
-        if any("{upstream_bin}" in a for a in g.command):
-            ensure_reference_build(project, ph["profile"])
         if any("{bin}" in a for a in g.command):
-            if ph["profile"] not in stale:  # one look per profile and command: the tree does not move under it
+            # before any reference build is made; one look per profile and command (the tree does not move under it)
+            if ph["profile"] not in stale:
                 stale[ph["profile"]] = stale_build(project, ph["profile"]) if os.path.isdir(ph["bin"]) else "does not exist"
             why_stale = stale[ph["profile"]]
             if why_stale:
                 raise ForktoolError(f"gate {g.name} needs the {ph['profile']} build of this tree: "
                                     f"build/{ph['profile']} {why_stale}", where=f"build/{ph['profile']}",
                                     hint=f"run `forktool build --profile {ph['profile']}` first")
+        if any("{upstream_bin}" in a for a in g.command):
+            ensure_reference_build(project, ph["profile"])
         os.makedirs(ph["out"], exist_ok=True)
         output.info(f"gate {pid} {g.name}: {' '.join(argv)}")
         t0 = time.monotonic()
