@@ -18,6 +18,7 @@ import threading
 import time
 from pathlib import Path
 
+from gates import tail_models
 from gates.common import (
     DEBUG_ENV,
     RE_SPAN_SPLIT,
@@ -456,6 +457,9 @@ def gate_d(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
                               "decode_vs_nkvo": med["max"].get("decode_tps", 0) / med["nkvo"].get("decode_tps", 1),
                               "prefill_at_half_vs_nkvo": med["half"].get("prefill_tps", 0)
                               / med["nkvo"].get("prefill_tps", 1)}
+    # item 3's tail targets and the two models of a token's time, fitted to the forced-window rows (gates.tail_models)
+    targets["tail"] = tail_models.tail_targets(rows, link.get("pinned_gbps") or 0.0, a.curve_n, KV_BYTES_PER_CELL)
+    targets["models"] = tail_models.compare(tail_models.curve_points(rows, a.curve_n, KV_BYTES_PER_CELL))
     return {"pass": all(r["rc"] == 0 for r in rows), "csv": str(csv_path), "meta": meta, "rows": rows,
             "targets": targets}
 
@@ -486,7 +490,8 @@ def gate_e(a: argparse.Namespace, model: Path, work: Path) -> dict:
 # (f) ---------------------------------------------------------------------------------------------------------
 def gate_f(a: argparse.Namespace, model: Path, work: Path) -> dict:
     """Where a decoded token's time goes with a host tail: the scheduler's splits and compute buffers (the reserve's
-    summary) and per-token time against the bytes of used tail read (a linear fit: fixed cost + bytes / bandwidth)."""
+    summary) and per-token time against the bytes of used tail read (a linear fit: fixed cost + bytes / bandwidth),
+    and, with a fully resident point beside them, the sum model against the max model (gates.tail_models)."""
     out: dict = {"link": link_bandwidth()}
     prompt = work / "prompt-f.txt"
     prompt.write_text(make_text(1600, 13))
@@ -503,14 +508,17 @@ def gate_f(a: argparse.Namespace, model: Path, work: Path) -> dict:
         prompt_d = work / "prompt-d.txt"
         if not prompt_d.is_file():
             prompt_d.write_text(make_text(a.curve_words, 5))
-        for cells in a.fit_windows:
+        for cells in [*a.fit_windows, a.curve_ctx]:  # the last one holds the whole prompt: no tail
             r = run(f"f-fit-{name}-{cells}", completion(b, model, a.curve_ctx, prompt_d, 32,
                     ["--kv-residency-mode", "window", "-fit", "off"]), work, env={WINDOW_ENV: str(cells), **benv})
             if r.get("decode_ms_per_token") and r.get("prompt_tokens"):
                 used_tail = max(0, r["prompt_tokens"] + 16 - cells)
                 pts.append({"window": cells, "tail_mib_read_per_token": round(used_tail * KV_BYTES_PER_CELL / MIB, 1),
                             "ms_per_token": round(r["decode_ms_per_token"], 3)})
-        out[f"fit_{name}"] = {"points": pts, **linear_fit(pts)}
+        tailed = [p for p in pts if p["tail_mib_read_per_token"] > 0]
+        out[f"fit_{name}"] = {"points": tailed, **linear_fit(tailed)}
+        # the sum model against the max model, with the resident point (gates.tail_models)
+        out[f"models_{name}"] = tail_models.compare(tail_models.gate_f_points({"points": pts}))
     return {"pass": True, **out}
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MODULES = ["gates.cpu", "gates.gpu", "gates.needle", "gates.demo", "gates.make_model", "gates.bundle", "gates.model_bench"]
+MODULES = ["gates.cpu", "gates.gpu", "gates.needle", "gates.demo", "gates.make_model", "gates.bundle", "gates.model_bench",
+           "gates.tail_models"]
 
 
 def run_module(mod: str, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -172,6 +173,51 @@ def test_linear_fit_recovers_fixed_cost_and_bandwidth():
     assert fit["ms_per_mib"] == pytest.approx(0.02)
     assert fit["effective_gbps"] == pytest.approx(round(MIB / 1e9 / 0.02e-3, 2))
     assert linear_fit(pts[:1]) == {}
+
+
+def test_tail_models_tell_the_sum_model_from_the_max_model():
+    from gates.tail_models import compare
+
+    xs = [0.0, 5.5, 55.0, 165.0, 357.0, 545.0]
+    summed = [(x, 1.0 + 0.02 * x + (0.01 if i % 2 else -0.01)) for i, x in enumerate(xs)]
+    maxed = [(x, max(1.0, 0.02 * x) + (0.01 if i % 2 else -0.01)) for i, x in enumerate(xs)]
+    s, m = compare(summed), compare(maxed)
+    assert s["follows"] == "sum" and m["follows"] == "max"
+    assert s["sum"]["fixed_ms"] == pytest.approx(1.0, abs=0.02) and s["sum"]["ms_per_mib"] == pytest.approx(0.02, abs=1e-4)
+    assert m["max"]["compute_ms"] == pytest.approx(1.0, abs=0.02) and m["max"]["ms_per_mib"] == pytest.approx(0.02, abs=1e-4)
+    assert m["max"]["compute_bound_points"] == 2  # 0 and 5.5 MiB take less than 1 ms at 0.02 ms/MiB, 55 MiB more
+    assert compare(summed[:2])["follows"] == "undecided"
+
+
+def test_tail_models_targets_from_a_curve_csv(tmp_path: Path):
+    rows = [("window", 0.0, 0, 131072, 35131, 1000.0), ("window", 0.01, 0, 34780, 35131, 950.0),
+            ("window", 0.5, 0, 17566, 35131, 150.0), ("window", 0.9927, 0, 256, 35131, 80.0),
+            ("upstream --no-kv-offload", 1.0, 0, 0, 35131, 15.0)]
+    curve = tmp_path / "rolling_kv_curve.csv"
+    with curve.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["config", "tail_share", "rc", "resident_cells", "prompt_tokens", "decode_tps"])
+        w.writerows(rows)
+    out = tmp_path / "models.json"
+    r = run_module("gates.tail_models", str(curve), "--link-gbps", "55", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    small, large = res["targets"]["small_tail"], res["targets"]["large_tail"]
+    assert small["ratio"] == 0.95 and small["met"]
+    tail_bytes = (35131 + 32 - 256) * 8 * 2 * 4 * 128 * 2  # the prompt past the window, half the 64 decoded tokens
+    assert large["link_limit_tps"] == round(55e9 / tail_bytes, 2)
+    assert large["ratio"] == round(80.0 / (55e9 / tail_bytes), 3) and not large["met"]
+    assert len(res["decode"]["points"]) == 4  # the forced-window rows only
+    assert "0.95 (target 0.9, met)" in r.stdout
+
+
+def test_tail_models_refuses_a_file_that_is_not_a_curve(tmp_path: Path):
+    bad = tmp_path / "budget_curve.csv"
+    bad.write_text("ctx,budget_mib\n131072,1900\n")
+    r = run_module("gates.tail_models", str(bad), "--link-gbps", "55")
+    assert r.returncode == 1 and "not a gate d curve" in r.stderr
+    r = run_module("gates.tail_models", str(tmp_path / "missing.csv"), "--link-gbps", "55")
+    assert r.returncode == 1 and "cannot read" in r.stderr
 
 
 def test_plot_writes_a_png(tmp_path: Path):

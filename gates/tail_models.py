@@ -1,0 +1,189 @@
+"""How a decoded token's time depends on the host tail it reads, fitted two ways, and the tail targets.
+
+* sum model: ms = fixed + MiB x ms_per_mib (the tail is read after the device part's work, never beside it)
+* max model: ms = max(compute, MiB x ms_per_mib) (the tail is read beside the device part's work)
+
+Both have two parameters, so their residual sums of squares compare directly: the measurements "follow" the model
+with the smaller one. The targets: decode with 1 % of the prompt in the tail against fully resident (>= 0.9), and
+decode with nearly all of it in the tail against the link's limit, the pinned bandwidth over the tail bytes a token
+reads (>= 0.9).
+
+`python -m gates.tail_models CURVE.csv --link-gbps G` reads a gate d curve (`rolling_kv_curve.csv`, written by
+`gates.gpu`) and prints both fits and the targets; `--gate-f JSON` adds the gate f points recorded in a
+`gpu_gates.json`. Measurement only: nothing here fails a gate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import sys
+from pathlib import Path
+
+MIB = 1 << 20
+SMALL_TAIL = 0.01
+TARGET = 0.9
+
+
+def _rss(pts: list[tuple[float, float]], f) -> float:
+    return sum((y - f(x)) ** 2 for x, y in pts)
+
+
+def sum_fit(pts: list[tuple[float, float]]) -> dict:
+    """Least squares ms = fixed + MiB x ms_per_mib over (MiB, ms) points."""
+    if len(pts) < 2:
+        return {}
+    xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        return {}
+    slope = sum((x - mx) * (y - my) for x, y in pts) / sxx
+    fixed = my - slope * mx
+    return {"fixed_ms": round(fixed, 4), "ms_per_mib": round(slope, 6),
+            "rss": round(_rss(pts, lambda x: fixed + slope * x), 6)}
+
+
+def max_fit(pts: list[tuple[float, float]]) -> dict:
+    """Least squares ms = max(compute, MiB x ms_per_mib): the points sorted by MiB, the first k compute-bound (their
+    mean is compute), the rest link-bound (a line through the origin); the best k whose split is consistent."""
+    if len(pts) < 2:
+        return {}
+    pts = sorted(pts)
+    best: dict = {}
+    for k in range(len(pts) + 1):
+        head, rest = pts[:k], pts[k:]
+        c = statistics.fmean(y for _, y in head) if head else None
+        sxx = sum(x * x for x, _ in rest)
+        if rest and sxx == 0:
+            continue
+        s = sum(x * y for x, y in rest) / sxx if rest else 0.0
+        if rest and head and not (all(s * x <= c for x, _ in head) and all(s * x >= c for x, _ in rest)):
+            continue
+        if not rest and len(head) < len(pts):
+            continue
+        floor = c if c is not None else 0.0
+        rss = _rss(pts, lambda x: max(floor, s * x))
+        if not best or rss < best["rss"]:
+            best = {"compute_ms": None if c is None else round(c, 4), "ms_per_mib": round(s, 6),
+                    "rss": round(rss, 6), "compute_bound_points": k}
+    return best
+
+
+def compare(pts: list[tuple[float, float]]) -> dict:
+    """Both fits, and which one the points follow (the smaller residual sum of squares)."""
+    sf, mf = sum_fit(pts), max_fit(pts)
+    out = {"points": [{"tail_mib_per_token": round(x, 2), "ms_per_token": round(y, 4)} for x, y in sorted(pts)],
+           "sum": sf, "max": mf}
+    if sf and mf:
+        small, large = sorted((sf["rss"], mf["rss"]))
+        if len(pts) < 3 or small == large:
+            out["follows"] = "undecided"  # two points fit both models exactly
+        else:
+            out["follows"] = "sum" if sf["rss"] < mf["rss"] else "max"
+            out["rss_ratio"] = round(large / small, 1) if small > 0 else None
+    return out
+
+
+def curve_points(rows: list[dict], n_decoded: int, bytes_per_cell: int) -> list[tuple[float, float]]:
+    """(tail MiB read per token, ms per token) of a gate d curve's forced-window rows (config "window"): the tail a
+    token reads is the prompt past the window, plus half the decoded tokens (the average over the decode)."""
+    pts = []
+    for r in rows:
+        if r.get("config") != "window" or str(r.get("rc")) != "0" or not r.get("decode_tps"):
+            continue
+        n_prompt, cells = int(r["prompt_tokens"]), int(r["resident_cells"])
+        tail = max(0.0, n_prompt + n_decoded / 2 - cells) if cells < n_prompt + n_decoded else 0.0
+        pts.append((tail * bytes_per_cell / MIB, 1000.0 / float(r["decode_tps"])))
+    return pts
+
+
+def tail_targets(rows: list[dict], link_gbps: float, n_decoded: int, bytes_per_cell: int) -> dict:
+    """Decode at the small tail (the forced share nearest 1 %) against fully resident, and at the largest tail
+    share against the link's limit (link_gbps over the tail bytes a token reads)."""
+    win = [r for r in rows if r.get("config") == "window" and str(r.get("rc")) == "0" and r.get("decode_tps")]
+    res = [r for r in win if float(r["tail_share"]) == 0.0]
+    tails = [r for r in win if float(r["tail_share"]) > 0.0]
+    out: dict = {}
+    if res and tails:
+        small = min(tails, key=lambda r: abs(float(r["tail_share"]) - SMALL_TAIL))
+        ratio = float(small["decode_tps"]) / float(res[0]["decode_tps"])
+        out["small_tail"] = {"tail_share": float(small["tail_share"]), "decode_tps": float(small["decode_tps"]),
+                             "resident_decode_tps": float(res[0]["decode_tps"]), "ratio": round(ratio, 3),
+                             "target": TARGET, "met": ratio >= TARGET}
+    if tails and link_gbps > 0:
+        large = max(tails, key=lambda r: float(r["tail_share"]))
+        n_prompt, cells = int(large["prompt_tokens"]), int(large["resident_cells"])
+        tail_bytes = (n_prompt + n_decoded / 2 - cells) * bytes_per_cell
+        limit = link_gbps * 1e9 / tail_bytes
+        ratio = float(large["decode_tps"]) / limit
+        out["large_tail"] = {"tail_share": float(large["tail_share"]), "decode_tps": float(large["decode_tps"]),
+                             "tail_mib_per_token": round(tail_bytes / MIB, 1), "link_gbps": link_gbps,
+                             "link_limit_tps": round(limit, 2), "ratio": round(ratio, 3), "target": TARGET,
+                             "met": ratio >= TARGET}
+    return out
+
+
+def follows(c: dict) -> str:
+    if c["follows"] == "undecided":
+        return f"undecided ({len(c['points'])} points fit both models)"
+    ratio = "exactly" if c.get("rss_ratio") is None else f"residuals {c['rss_ratio']}x smaller"
+    return f"follows the {c['follows']} model ({ratio})"
+
+
+def gate_f_points(fit: dict) -> list[tuple[float, float]]:
+    return [(p["tail_mib_read_per_token"], p["ms_per_token"]) for p in fit.get("points", [])]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m gates.tail_models", description=__doc__.split("\n\n")[0])
+    ap.add_argument("curve", type=Path, help="a gate d curve CSV (rolling_kv_curve.csv)")
+    ap.add_argument("--link-gbps", type=float, required=True, help="the pinned host-to-device bandwidth measured "
+                    "in the same session (gate f's link.pinned_gbps)")
+    ap.add_argument("--decoded", type=int, default=64, help="tokens decoded per run (gates.gpu --curve-n)")
+    ap.add_argument("--bytes-per-cell", type=int, default=8 * 2 * 4 * 128 * 2,
+                    help="K and V bytes of one cell over all layers (the gate model, f16)")
+    ap.add_argument("--gate-f", type=Path, help="a gpu_gates.json: also fit each recorded gate f's points")
+    ap.add_argument("--json", type=Path, help="write the result here")
+    a = ap.parse_args(argv)
+    try:
+        with a.curve.open(newline="") as f:
+            rows = list(csv.DictReader(f))
+    except OSError as e:
+        print(f"gates.tail_models: cannot read {a.curve}: {e.strerror}", file=sys.stderr)
+        return 1
+    if not rows or "tail_share" not in rows[0]:
+        print(f"gates.tail_models: {a.curve} is not a gate d curve (no tail_share column)", file=sys.stderr)
+        return 1
+    res = {"curve": str(a.curve), "decode": compare(curve_points(rows, a.decoded, a.bytes_per_cell)),
+           "targets": tail_targets(rows, a.link_gbps, a.decoded, a.bytes_per_cell)}
+    if a.gate_f:
+        runs = json.loads(a.gate_f.read_text())
+        res["gate_f"] = {key[:80]: compare(gate_f_points(run["f_breakdown"]["fit_after"]))
+                         for key, run in runs.items()
+                         if isinstance(run, dict) and "fit_after" in run.get("f_breakdown", {})}
+    d = res["decode"]
+    print(f"curve {a.curve}: {len(d['points'])} points")
+    if d.get("sum"):
+        print(f"  sum model: {d['sum']['fixed_ms']} ms + {d['sum']['ms_per_mib']} ms/MiB, rss {d['sum']['rss']}")
+    if d.get("max"):
+        print(f"  max model: max({d['max']['compute_ms']} ms, {d['max']['ms_per_mib']} ms/MiB), rss {d['max']['rss']}")
+    if d.get("follows"):
+        print(f"  {follows(d)}")
+    for name, t in res["targets"].items():
+        ref = (f"resident {t['resident_decode_tps']}" if name == "small_tail"
+               else f"link limit {t['link_limit_tps']} tok/s ({t['tail_mib_per_token']} MiB at {t['link_gbps']} GB/s)")
+        print(f"  {name}: share {t['tail_share']}, decode {t['decode_tps']} tok/s against {ref}: "
+              f"{t['ratio']} (target {t['target']}, {'met' if t['met'] else 'missed'})")
+    for key, c in res.get("gate_f", {}).items():
+        if c.get("follows"):
+            print(f"  gate f [{key[:60]}]: {follows(c)}")
+    if a.json:
+        a.json.write_text(json.dumps(res, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
