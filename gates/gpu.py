@@ -790,6 +790,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--before-copy", action="store_true",
                     help="without --before-bin: compare against the full build's copying tail path "
                          "(OPENCOTI_KV_DEBUG=copy-tail) as 'before'")
+    ap.add_argument("--compare-debug", default="",
+                    help="without --before-bin: compare against the full build with these OPENCOTI_KV_DEBUG flags "
+                         "as 'before' (e.g. tail-segments: gates d, e and f then measure both paths in one call)")
     ap.add_argument("--curve-ctx", type=int, default=131072)
     ap.add_argument("--curve-words", type=int, default=30000)
     ap.add_argument("--curve-n", type=int, default=64)
@@ -814,9 +817,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a = ap.parse_args(argv)
     a.before_env = {}
     a.before_label = f"the build in {a.before_bin}" if a.before_bin else None
+    if a.before_copy and a.compare_debug:
+        ap.error("--before-copy and --compare-debug both name the 'before' build: give one")
     if a.before_copy and a.before_bin is None:
         a.before_bin, a.before_env = a.full_bin, dict(COPY_TAIL_ENV)
         a.before_label = "this build on the copying tail path (OPENCOTI_KV_DEBUG=copy-tail)"
+    if a.compare_debug and a.before_bin is None:
+        a.before_bin, a.before_env = a.full_bin, {DEBUG_ENV: a.compare_debug}
+        a.before_label = f"this build with OPENCOTI_KV_DEBUG={a.compare_debug}"
     return a
 
 
