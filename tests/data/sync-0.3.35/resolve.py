@@ -18,7 +18,10 @@ The window and tail tensors are named as 0.3.35 names its own K/V, without name_
 0073: 0.3.35 has no get_stream() before get_n_kv(): the attention span's two functions stand there alone; no
 get_n_seq_max() in the header: the span's accessor follows get_size() alone. It has no get_prev_tokens() after
 set_input_v_rot(): the mapped-copy rule follows set_input_v_rot() alone. The mapped K/V tensors are named
-without name_tag, as in 0072.
+without name_tag, as in 0072. 0.3.35 has no ggml_cuda_get_fattn_vec_case (fattn.cu dispatches the vector kernel's
+cases inside ggml_cuda_flash_attn_ext_vec): the tail segments take the K/V types every build compiles a vector
+kernel for (f16, q4_0, q8_0, bf16, K and V of the same type) and call that dispatcher (a compile stop, not a
+conflict: the fix goes with the conflicts' resolution, so the move stops at 0073 once).
 
 0089: the same two callers again (the measure-pass arguments follow the residency ones without name_tag).
 """
@@ -121,10 +124,11 @@ RESOLUTIONS: dict[str, dict[str, list[Block]]] = {
         "src/llama-model.cpp": [ours_until("                    } else if (needs_mem_idx) {\n")],
     },
 }
-# patch -> file -> (old, new, count): edits outside conflict blocks (the callers that passed name_tag's default;
+# patch -> file -> (old, new, count), or a list of them: edits outside conflict blocks (the callers that passed name_tag's default;
 # the K/V views read after the store block in 0.3.35's build_attn; the window, tail and mapped K/V tensors named
 # without name_tag, as 0.3.35 names its own)
-EDITS: dict[str, dict[str, tuple[str, str, int]]] = {
+Edit = tuple[str, str, int]
+EDITS: dict[str, dict[str, Edit | list[Edit]]] = {
     "0071": {
         "src/llama-model.cpp": (
             '        else if (dynamic_cast<llama_memory_hybrid_idx  *>(res)) '
@@ -155,6 +159,21 @@ EDITS: dict[str, dict[str, tuple[str, str, int]]] = {
     "0073": {
         "src/llama-kv-cache.cpp": ('ggml_format_name(kv[i], i == 0 ? "cache_%sk_l%d" : "cache_%sv_l%d", name_tag, il);',
                                    'ggml_format_name(kv[i], i == 0 ? "cache_k_l%d" : "cache_v_l%d", il);', 1),
+        "ggml/src/ggml-cuda/fattn.cu": [
+            ("            K->ne[1] % FATTN_KQ_STRIDE != 0 || "
+             "ggml_cuda_get_fattn_vec_case(Q->ne[0], K->type, V->type) == nullptr) {\n",
+             "            K->ne[1] % FATTN_KQ_STRIDE != 0 || K->type != V->type ||\n"
+             "            (K->type != GGML_TYPE_F16 && K->type != GGML_TYPE_Q4_0 && K->type != GGML_TYPE_Q8_0 &&\n"
+             "             K->type != GGML_TYPE_BF16)) {\n", 1),
+            ("    const ggml_tensor * Q    = dst->src[0];\n    const ggml_tensor * K    = dst->src[1];\n"
+             "    const ggml_tensor * V    = dst->src[2];\n    const ggml_tensor * mask = dst->src[3];\n\n"
+             "    cudaStream_t stream = ctx.stream();\n",
+             "    const ggml_tensor * K    = dst->src[1];\n"
+             "    const ggml_tensor * V    = dst->src[2];\n    const ggml_tensor * mask = dst->src[3];\n\n"
+             "    cudaStream_t stream = ctx.stream();\n", 1),
+            ("    const fattn_vec_case_t vec_case = ggml_cuda_get_fattn_vec_case(Q->ne[0], K->type, V->type);\n\n", "", 1),
+            ("        vec_case(ctx, &Ds);\n", "        ggml_cuda_flash_attn_ext_vec(ctx, &Ds);\n", 1),
+        ],
     },
     "0070": {
         "src/llama-kv-cache-iswa.cpp": ('            "", kv_residency_mode, vram_target_mib, kv_window_cells);',
@@ -196,11 +215,13 @@ def resolve(component: Path, patch_id: str) -> None:
         for (start, end, o, b, t), fn in reversed(list(zip(blocks, fns, strict=True))):
             data = data[:start] + fn(o, b, t) + data[end:]
         p.write_text(data)
-    for rel, (old, new, count) in EDITS.get(patch_id, {}).items():
+    for rel, edits in EDITS.get(patch_id, {}).items():
         p = component / rel
         data = p.read_text()
-        assert data.count(old) == count, f"{rel}: expected {count} x {old!r}"
-        p.write_text(data.replace(old, new))
+        for old, new, count in [edits] if isinstance(edits, tuple) else edits:
+            assert data.count(old) == count, f"{rel}: expected {count} x {old!r}"
+            data = data.replace(old, new)
+        p.write_text(data)
 
 
 if __name__ == "__main__":
