@@ -189,6 +189,29 @@ def test_tail_models_tell_the_sum_model_from_the_max_model():
     assert compare(summed[:2])["follows"] == "undecided"
 
 
+def test_gate_f_adds_a_resident_point_and_fits_both_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import gates.gpu as gpu
+
+    monkeypatch.setattr(gpu, "link_bandwidth", lambda: {"pinned_gbps": 55.0})
+    bin_dir = tmp_path / "full"
+    bin_dir.mkdir()
+    # decode time = 1 ms + 0.02 ms per MiB of used tail (the sum model), the tail = 35,131 + 16 - the forced window
+    fake_tool(bin_dir / "llama-completion", "\n".join([
+        'cells=${OPENCOTI_KV_WINDOW_CELLS:-131072}',
+        'tail=$((35131 + 16 - cells)); [ $tail -lt 0 ] && tail=0',
+        'us=$((1000 + tail * 16384 / 1048576 * 20))',
+        'echo "common_perf_print: prompt eval time =  573.10 ms / 35131 tokens (0.02 ms per token, 61300.00 tokens per second)"',
+        'echo "common_perf_print:        eval time =  $((us * 31 / 1000)).$((us * 31 % 1000)) ms /    31 runs   '
+        '(1.00 ms per token,  1000.00 tokens per second)"']), script=True)
+    a = gpu.parse_args(["--full-bin", str(bin_dir), "--pre-bin", str(bin_dir), "--upstream-bin", str(bin_dir)])
+    res = gpu.gate_f(a, tmp_path / "m.gguf", tmp_path)
+    assert [p["window"] for p in res["fit_after"]["points"]] == [256, 12288, 24576]  # the line: tailed points only
+    models = res["models_after"]
+    assert [p["tail_mib_per_token"] for p in models["points"]][0] == 0.0  # the resident run (window = the context)
+    assert len(models["points"]) == 4 and models["follows"] == "sum"
+    assert models["sum"]["fixed_ms"] == pytest.approx(1.0, abs=0.01)
+
+
 def test_tail_models_targets_from_a_curve_csv(tmp_path: Path):
     rows = [("window", 0.0, 0, 131072, 35131, 1000.0), ("window", 0.01, 0, 34780, 35131, 950.0),
             ("window", 0.5, 0, 17566, 35131, 150.0), ("window", 0.9927, 0, 256, 35131, 80.0),
