@@ -746,16 +746,10 @@ def gate_h(a: argparse.Namespace, model: Path, work: Path) -> dict:
 
 
 def linear_fit(pts: list[dict]) -> dict:
-    if len(pts) < 2:
+    line = tail_models.line_fit(tail_models.gate_f_points({"points": pts}))
+    if line is None:
         return {}
-    xs = [p["tail_mib_read_per_token"] for p in pts]
-    ys = [p["ms_per_token"] for p in pts]
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    if sxx == 0:
-        return {}
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
-    fixed = my - slope * mx
+    fixed, slope = line
     return {"fixed_ms": round(fixed, 3), "ms_per_mib": round(slope, 5),
             "effective_gbps": round(MIB / 1e9 / (slope / 1e3), 2) if slope > 0 else None}
 

@@ -31,17 +31,25 @@ def _rss(pts: list[tuple[float, float]], f) -> float:
     return sum((y - f(x)) ** 2 for x, y in pts)
 
 
-def sum_fit(pts: list[tuple[float, float]]) -> dict:
-    """Least squares ms = fixed + MiB x ms_per_mib over (MiB, ms) points."""
+def line_fit(pts: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """Least squares (intercept, slope) of y = intercept + x * slope over (x, y) points; None when x does not vary."""
     if len(pts) < 2:
-        return {}
+        return None
     xs, ys = [p[0] for p in pts], [p[1] for p in pts]
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
     sxx = sum((x - mx) ** 2 for x in xs)
     if sxx == 0:
-        return {}
+        return None
     slope = sum((x - mx) * (y - my) for x, y in pts) / sxx
-    fixed = my - slope * mx
+    return my - slope * mx, slope
+
+
+def sum_fit(pts: list[tuple[float, float]]) -> dict:
+    """Least squares ms = fixed + MiB x ms_per_mib over (MiB, ms) points."""
+    line = line_fit(pts)
+    if line is None:
+        return {}
+    fixed, slope = line
     return {"fixed_ms": round(fixed, 4), "ms_per_mib": round(slope, 6),
             "rss": round(_rss(pts, lambda x: fixed + slope * x), 6)}
 
@@ -65,7 +73,7 @@ def max_fit(pts: list[tuple[float, float]]) -> dict:
         if not rest and len(head) < len(pts):
             continue
         floor = c if c is not None else 0.0
-        rss = _rss(pts, lambda x: max(floor, s * x))
+        rss = _rss(pts, lambda x, floor=floor, s=s: max(floor, s * x))
         if not best or rss < best["rss"]:
             best = {"compute_ms": None if c is None else round(c, 4), "ms_per_mib": round(s, 6),
                     "rss": round(rss, 6), "compute_bound_points": k}

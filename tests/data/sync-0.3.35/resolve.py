@@ -124,7 +124,8 @@ RESOLUTIONS: dict[str, dict[str, list[Block]]] = {
         "src/llama-model.cpp": [ours_until("                    } else if (needs_mem_idx) {\n")],
     },
 }
-# patch -> file -> (old, new, count), or a list of them: edits outside conflict blocks (the callers that passed name_tag's default;
+# patch -> file -> (old, new, count), or a list of them: edits outside conflict blocks (the callers that passed
+# name_tag's default;
 # the K/V views read after the store block in 0.3.35's build_attn; the window, tail and mapped K/V tensors named
 # without name_tag, as 0.3.35 names its own)
 Edit = tuple[str, str, int]
