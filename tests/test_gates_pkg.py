@@ -280,12 +280,12 @@ def test_gpu_before_copy_runs_the_full_build_on_the_copying_path(tmp_path: Path)
     assert b.before_bin is None and b.before_env == {}
     # --compare-debug: the full build with other debug flags is "before"
     c = parse_args(["--full-bin", str(bin_dir), "--pre-bin", str(bin_dir), "--upstream-bin", str(bin_dir),
-                    "--compare-debug", "tail-segments"])
-    assert c.before_bin == bin_dir and c.before_env == {"OPENCOTI_KV_DEBUG": "tail-segments"}
-    assert c.before_label == "this build with OPENCOTI_KV_DEBUG=tail-segments"
+                    "--compare-debug", "no-tail-segments"])
+    assert c.before_bin == bin_dir and c.before_env == {"OPENCOTI_KV_DEBUG": "no-tail-segments"}
+    assert c.before_label == "this build with OPENCOTI_KV_DEBUG=no-tail-segments"
     with pytest.raises(SystemExit):
         parse_args(["--full-bin", str(bin_dir), "--pre-bin", str(bin_dir), "--upstream-bin", str(bin_dir),
-                    "--compare-debug", "tail-segments", "--before-copy"])
+                    "--compare-debug", "no-tail-segments", "--before-copy"])
 
 
 def _up(config: str, budget: int, ctx: int, fits: bool, pp: float | str = "", tg: float | str = "",

@@ -163,7 +163,7 @@ EDITS: dict[str, dict[str, Edit | list[Edit]]] = {
         "ggml/src/ggml-cuda/fattn.cu": [
             ("            K->ne[1] % FATTN_KQ_STRIDE != 0 || "
              "ggml_cuda_get_fattn_vec_case(Q->ne[0], K->type, V->type) == nullptr) {\n",
-             "            K->ne[1] % FATTN_KQ_STRIDE != 0 || K->type != V->type ||\n"
+             "            K->ne[1] % FATTN_KQ_STRIDE != 0 ||\n"
              "            (K->type != GGML_TYPE_F16 && K->type != GGML_TYPE_Q4_0 && K->type != GGML_TYPE_Q8_0 &&\n"
              "             K->type != GGML_TYPE_BF16)) {\n", 1),
             ("    const ggml_tensor * Q    = dst->src[0];\n    const ggml_tensor * K    = dst->src[1];\n"
