@@ -357,6 +357,22 @@ def curve_row(config: str, share: float | str, r: dict, ctx: int) -> dict:
             "prefill_tps": r.get("prefill_tps"), "decode_tps": r.get("decode_tps")}
 
 
+# 0089's targets for the tail-share curve (docs/gates.md, "Results against the targets"), on the default path
+# ("window" rows; medians of the repeated points where there are any): gate d fails when one is missed
+CURVE_TARGETS = (("decode_at_max_share_tps", 60.0), ("decode_vs_link", 0.6), ("decode_vs_nkvo", 4.0),
+                 ("prefill_at_half_vs_nkvo", 3.0))
+
+
+def curve_checks(values: dict) -> list[dict]:
+    """Each curve target against its measured value; a target with no value is missed, not skipped."""
+    out = []
+    for name, bound in CURVE_TARGETS:
+        v = values.get(name)
+        out.append({"target": name, "value": None if v is None else round(float(v), 3), "bound": bound,
+                    "met": v is not None and float(v) >= bound})
+    return out
+
+
 def gate_d(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict:
     """Prefill and decode against the share of the prompt in the host tail (forced windows), with references."""
     prompt = work / "prompt-d.txt"
@@ -460,8 +476,16 @@ def gate_d(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
     # item 3's tail targets and the two models of a token's time, fitted to the forced-window rows (gates.tail_models)
     targets["tail"] = tail_models.tail_targets(rows, link.get("pinned_gbps") or 0.0, a.curve_n, KV_BYTES_PER_CELL)
     targets["models"] = tail_models.compare(tail_models.curve_points(rows, a.curve_n, KV_BYTES_PER_CELL))
-    return {"pass": all(r["rc"] == 0 for r in rows), "csv": str(csv_path), "meta": meta, "rows": rows,
-            "targets": targets}
+    values = {k: (targets.get("medians") or targets).get(k) for k in
+              ("decode_at_max_share_tps", "decode_vs_nkvo", "prefill_at_half_vs_nkvo")}
+    limit = (targets["tail"].get("large_tail") or {}).get("link_limit_tps")
+    if limit and values["decode_at_max_share_tps"]:
+        values["decode_vs_link"] = values["decode_at_max_share_tps"] / limit
+    targets["checks"] = curve_checks(values)
+    for c in targets["checks"]:
+        log(f"curve target {c['target']}: {c['value']} (>= {c['bound']}): {'met' if c['met'] else 'MISSED'}")
+    return {"pass": all(r["rc"] == 0 for r in rows) and all(c["met"] for c in targets["checks"]), "csv": str(csv_path),
+            "meta": meta, "rows": rows, "targets": targets}
 
 
 # (e) ---------------------------------------------------------------------------------------------------------

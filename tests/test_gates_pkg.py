@@ -212,6 +212,44 @@ def test_gate_f_adds_a_resident_point_and_fits_both_models(tmp_path: Path, monke
     assert models["sum"]["fixed_ms"] == pytest.approx(1.0, abs=0.01)
 
 
+def test_gate_d_fails_when_the_curve_misses_0089_s_targets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import gates.gpu as gpu
+
+    monkeypatch.setattr(gpu, "link_bandwidth", lambda: {"pinned_gbps": 55.0})
+    bin_dir = tmp_path / "full"
+    bin_dir.mkdir()
+    # resident 900 tok/s; a window with a tail decodes at $TG and prefills at $PP; -nkvo 12 / 9,000 tok/s
+    fake_tool(bin_dir / "llama-completion", "\n".join([
+        'case "$*" in *-nkvo*) pp=9000.00; tg=12.00;;',
+        '  *) c=${OPENCOTI_KV_WINDOW_CELLS:-131072}; if [ "$c" -ge 35131 ]; then pp=60000.00; tg=900.00; '
+        'echo "llama_kv_cache: position window = FULLY RESIDENT (131072 / 131072 cells on CUDA0)"; else pp=$PP; tg=$TG; '
+        'echo "llama_kv_cache: position window = $c / 131072 cells resident + host tail $((131072 - c)) cells '
+        '(1.00 MiB host)"; fi;; esac',
+        'echo "common_perf_print: prompt eval time =  573.10 ms / 35131 tokens (0.02 ms per token, $pp tokens per second)"',
+        'echo "common_perf_print:        eval time =  70.00 ms /    63 runs   (1.00 ms per token,  $tg tokens per second)"']),
+        script=True)
+    a = gpu.parse_args(["--full-bin", str(bin_dir), "--pre-bin", str(bin_dir), "--upstream-bin", str(bin_dir),
+                        "--work", str(tmp_path), "--out", str(tmp_path), "--targets"])
+    # the 0073 round's figures: every target met
+    monkeypatch.setenv("PP", "31000.00")
+    monkeypatch.setenv("TG", "82.00")
+    res = gpu.gate_d(a, tmp_path / "m.gguf", tmp_path, tmp_path)
+    checks = {c["target"]: c for c in res["targets"]["checks"]}
+    assert res["pass"] is True and all(c["met"] for c in checks.values())
+    assert checks["decode_vs_nkvo"]["value"] == pytest.approx(82 / 12, abs=1e-3)
+    # decode past the span read in place, prefill without the copy: the run exits 0, but the gate fails
+    monkeypatch.setenv("PP", "8560.00")
+    monkeypatch.setenv("TG", "21.70")
+    res = gpu.gate_d(a, tmp_path / "m.gguf", tmp_path, tmp_path)
+    checks = {c["target"]: c for c in res["targets"]["checks"]}
+    assert all(r["rc"] == 0 for r in res["rows"]) and res["pass"] is False
+    assert [n for n, c in checks.items() if not c["met"]] == [
+        "decode_at_max_share_tps", "decode_vs_link", "decode_vs_nkvo", "prefill_at_half_vs_nkvo"]
+    assert checks["prefill_at_half_vs_nkvo"]["value"] == pytest.approx(8560 / 9000, abs=1e-3)
+    # a target without a value is missed, not skipped
+    assert gpu.curve_checks({})[0] == {"target": "decode_at_max_share_tps", "value": None, "bound": 60.0, "met": False}
+
+
 def test_tail_models_targets_from_a_curve_csv(tmp_path: Path):
     rows = [("window", 0.0, 0, 131072, 35131, 1000.0), ("window", 0.01, 0, 34780, 35131, 950.0),
             ("window", 0.5, 0, 17566, 35131, 150.0), ("window", 0.9927, 0, 256, 35131, 80.0),
