@@ -354,7 +354,8 @@ def curve_row(config: str, share: float | str, r: dict, ctx: int) -> dict:
     return {"config": config, "tail_share": share, "rc": r["rc"],
             "resident_cells": win.get("resident", ctx if r["fully_resident"] else ""),
             "device_mib_peak": r.get("device_mib_peak"), "prompt_tokens": r.get("prompt_tokens"),
-            "prefill_tps": r.get("prefill_tps"), "decode_tps": r.get("decode_tps")}
+            "prefill_tps": r.get("prefill_tps"), "decode_tps": r.get("decode_tps"),
+            "device_cells": r.get("device_cells", "")}
 
 
 # 0089's targets for the tail-share curve (docs/gates.md, "Results against the targets"), on the default path
@@ -536,7 +537,7 @@ def gate_f(a: argparse.Namespace, model: Path, work: Path) -> dict:
             r = run(f"f-fit-{name}-{cells}", completion(b, model, a.curve_ctx, prompt_d, 32,
                     ["--kv-residency-mode", "window", "-fit", "off"]), work, env={WINDOW_ENV: str(cells), **benv})
             if r.get("decode_ms_per_token") and r.get("prompt_tokens"):
-                used_tail = max(0, r["prompt_tokens"] + 16 - cells)
+                used_tail = max(0, r["prompt_tokens"] + 16 - r.get("device_cells", cells))  # past the device part
                 pts.append({"window": cells, "tail_mib_read_per_token": round(used_tail * KV_BYTES_PER_CELL / MIB, 1),
                             "ms_per_token": round(r["decode_ms_per_token"], 3)})
         tailed = [p for p in pts if p["tail_mib_read_per_token"] > 0]

@@ -95,14 +95,22 @@ def compare(pts: list[tuple[float, float]]) -> dict:
     return out
 
 
+def device_cells(r: dict) -> int:
+    """The cells a row's K/V tensors really keep in device memory: the mapped tail's own count where the row has it
+    (the window rounded down to the mapping granularity), else the window the sizer kept."""
+    v = r.get("device_cells")
+    return int(v) if v not in (None, "") else int(r["resident_cells"])
+
+
 def curve_points(rows: list[dict], n_decoded: int, bytes_per_cell: int) -> list[tuple[float, float]]:
     """(tail MiB read per token, ms per token) of a gate d curve's forced-window rows (config "window"): the tail a
-    token reads is the prompt past the window, plus half the decoded tokens (the average over the decode)."""
+    token reads is the prompt past the cells in device memory, plus half the decoded tokens (the average over the
+    decode)."""
     pts = []
     for r in rows:
         if r.get("config") != "window" or str(r.get("rc")) != "0" or not r.get("decode_tps"):
             continue
-        n_prompt, cells = int(r["prompt_tokens"]), int(r["resident_cells"])
+        n_prompt, cells = int(r["prompt_tokens"]), device_cells(r)
         tail = max(0.0, n_prompt + n_decoded / 2 - cells) if cells < n_prompt + n_decoded else 0.0
         pts.append((tail * bytes_per_cell / MIB, 1000.0 / float(r["decode_tps"])))
     return pts
@@ -123,7 +131,7 @@ def tail_targets(rows: list[dict], link_gbps: float, n_decoded: int, bytes_per_c
                              "target": TARGET, "met": ratio >= TARGET}
     if tails and link_gbps > 0:
         large = max(tails, key=lambda r: float(r["tail_share"]))
-        n_prompt, cells = int(large["prompt_tokens"]), int(large["resident_cells"])
+        n_prompt, cells = int(large["prompt_tokens"]), device_cells(large)
         tail_bytes = (n_prompt + n_decoded / 2 - cells) * bytes_per_cell
         limit = link_gbps * 1e9 / tail_bytes
         ratio = float(large["decode_tps"]) / limit

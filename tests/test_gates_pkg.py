@@ -250,6 +250,23 @@ def test_gate_d_fails_when_the_curve_misses_0089_s_targets(tmp_path: Path, monke
     assert gpu.curve_checks({})[0] == {"target": "decode_at_max_share_tps", "value": None, "bound": 60.0, "met": False}
 
 
+def test_tail_models_count_the_tail_past_the_cells_in_device_memory():
+    from gates import tail_models
+
+    # a 34,780-cell window whose tensors keep 32,768 cells in device memory (2 MiB granules of 1 KiB rows)
+    rows = [{"config": "window", "rc": 0, "tail_share": 0.0, "resident_cells": 131072, "device_cells": "",
+             "prompt_tokens": 35131, "decode_tps": 930.0},
+            {"config": "window", "rc": 0, "tail_share": 0.01, "resident_cells": 34780, "device_cells": 32768,
+             "prompt_tokens": 35131, "decode_tps": 481.0}]
+    pts = tail_models.curve_points(rows, 64, 16384)
+    assert pts[0][0] == 0.0
+    assert pts[1][0] == pytest.approx((35131 + 32 - 32768) * 16384 / 2**20)  # 37.4 MiB, not the window's 5.9
+    rows[1]["device_cells"] = ""  # an older curve without the column: the window it kept
+    assert tail_models.curve_points(rows, 64, 16384)[1][0] == pytest.approx((35131 + 32 - 34780) * 16384 / 2**20)
+    t = tail_models.tail_targets(rows, 55.0, 64, 16384)
+    assert t["small_tail"]["ratio"] == pytest.approx(481 / 930, abs=1e-3) and t["small_tail"]["met"] is False
+
+
 def test_tail_models_targets_from_a_curve_csv(tmp_path: Path):
     rows = [("window", 0.0, 0, 131072, 35131, 1000.0), ("window", 0.01, 0, 34780, 35131, 950.0),
             ("window", 0.5, 0, 17566, 35131, 150.0), ("window", 0.9927, 0, 256, 35131, 80.0),
