@@ -189,20 +189,26 @@ def test_tail_models_tell_the_sum_model_from_the_max_model():
     assert compare(summed[:2])["follows"] == "undecided"
 
 
-def test_gate_f_adds_a_resident_point_and_fits_both_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def fake_gpu_bin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lines: list[str]):
+    """gates.gpu with a 55 GB/s link and a stand-in llama-completion (sh `lines`) in tmp_path/full: (module, args)."""
     import gates.gpu as gpu
 
     monkeypatch.setattr(gpu, "link_bandwidth", lambda: {"pinned_gbps": 55.0})
     bin_dir = tmp_path / "full"
     bin_dir.mkdir()
+    fake_tool(bin_dir / "llama-completion", "\n".join(lines), script=True)
+    return gpu, bin_dir
+
+
+def test_gate_f_adds_a_resident_point_and_fits_both_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     # decode time = 1 ms + 0.02 ms per MiB of used tail (the sum model), the tail = 35,131 + 16 - the forced window
-    fake_tool(bin_dir / "llama-completion", "\n".join([
+    gpu, bin_dir = fake_gpu_bin(tmp_path, monkeypatch, [
         'cells=${OPENCOTI_KV_WINDOW_CELLS:-131072}',
         'tail=$((35131 + 16 - cells)); [ $tail -lt 0 ] && tail=0',
         'us=$((1000 + tail * 16384 / 1048576 * 20))',
         'echo "common_perf_print: prompt eval time =  573.10 ms / 35131 tokens (0.02 ms per token, 61300.00 tokens per second)"',
         'echo "common_perf_print:        eval time =  $((us * 31 / 1000)).$((us * 31 % 1000)) ms /    31 runs   '
-        '(1.00 ms per token,  1000.00 tokens per second)"']), script=True)
+        '(1.00 ms per token,  1000.00 tokens per second)"'])
     a = gpu.parse_args(["--full-bin", str(bin_dir), "--pre-bin", str(bin_dir), "--upstream-bin", str(bin_dir)])
     res = gpu.gate_f(a, tmp_path / "m.gguf", tmp_path)
     assert [p["window"] for p in res["fit_after"]["points"]] == [256, 12288, 24576]  # the line: tailed points only
@@ -213,21 +219,15 @@ def test_gate_f_adds_a_resident_point_and_fits_both_models(tmp_path: Path, monke
 
 
 def test_gate_d_fails_when_the_curve_misses_0089_s_targets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    import gates.gpu as gpu
-
-    monkeypatch.setattr(gpu, "link_bandwidth", lambda: {"pinned_gbps": 55.0})
-    bin_dir = tmp_path / "full"
-    bin_dir.mkdir()
     # resident 900 tok/s; a window with a tail decodes at $TG and prefills at $PP; -nkvo 12 / 9,000 tok/s
-    fake_tool(bin_dir / "llama-completion", "\n".join([
+    gpu, bin_dir = fake_gpu_bin(tmp_path, monkeypatch, [
         'case "$*" in *-nkvo*) pp=9000.00; tg=12.00;;',
         '  *) c=${OPENCOTI_KV_WINDOW_CELLS:-131072}; if [ "$c" -ge 35131 ]; then pp=60000.00; tg=900.00; '
         'echo "llama_kv_cache: position window = FULLY RESIDENT (131072 / 131072 cells on CUDA0)"; else pp=$PP; tg=$TG; '
         'echo "llama_kv_cache: position window = $c / 131072 cells resident + host tail $((131072 - c)) cells '
         '(1.00 MiB host)"; fi;; esac',
         'echo "common_perf_print: prompt eval time =  573.10 ms / 35131 tokens (0.02 ms per token, $pp tokens per second)"',
-        'echo "common_perf_print:        eval time =  70.00 ms /    63 runs   (1.00 ms per token,  $tg tokens per second)"']),
-        script=True)
+        'echo "common_perf_print:        eval time =  70.00 ms /    63 runs   (1.00 ms per token,  $tg tokens per second)"'])
     a = gpu.parse_args(["--full-bin", str(bin_dir), "--pre-bin", str(bin_dir), "--upstream-bin", str(bin_dir),
                         "--work", str(tmp_path), "--out", str(tmp_path), "--targets"])
     # the 0073 round's figures: every target met
