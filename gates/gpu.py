@@ -847,11 +847,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return a
 
 
+def upstream_note(a: argparse.Namespace) -> str | None:
+    """What the rows named upstream really ran, when --upstream-bin is the full build (a session without the time for
+    an upstream build): the full series in head mode, upstream's code path, not an unpatched build."""
+    if Path(a.upstream_bin).resolve() != Path(a.full_bin).resolve():
+        return None
+    return "--upstream-bin is --full-bin: the rows named upstream ran the full series in head mode, not an upstream build"
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     a.work.mkdir(parents=True, exist_ok=True)
     a.out.mkdir(parents=True, exist_ok=True)
     model = ensure_model(a.work / "synthetic-8l-2048.gguf", MODEL_ARGS)
+    note = upstream_note(a)
+    if note:
+        log(f"note: {note}")
     results: dict = {}
     names = {"a": "a_boot_repro", "b": "b_resident_unchanged", "c": "c_window_equals_resident", "d": "d_curve",
              "e": "e_compute_buffers", "f": "f_breakdown", "g": "g_budget_curve", "h": "h_prefill_repeats"}
@@ -880,6 +891,8 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:  # keep going: one broken gate must not hide the others' results
             res = {"pass": False, "error": f"{type(e).__name__}: {e}"}
         res["seconds"] = round(time.monotonic() - t0, 1)
+        if note:
+            res["upstream_bin"] = note
         results[names.get(g, g)] = res
         log(f"== gate {g}: {res['seconds']:.0f} s, {'pass' if res.get('pass') else 'FAIL'}")
         (a.out / "gpu_gates.json").write_text(json.dumps(results, indent=2))

@@ -1012,3 +1012,15 @@ def test_needle_divergence_names_the_first_differing_token_and_each_side_s_margi
     assert d["step"] == 1 and d["resident"]["token"] == "8" and d["window"]["token"] == "9"
     assert d["resident"]["margin"] == 0.04 and d["window"]["margin"] == 0.002
     assert divergence(res, res) is None
+
+
+def test_gpu_gates_say_when_the_upstream_rows_ran_the_full_build(tmp_path: Path):
+    import gates.gpu as gpu
+
+    full, upstream = tmp_path / "full", tmp_path / "upstream"
+    full.mkdir()
+    upstream.mkdir()
+    same = gpu.parse_args(["--full-bin", str(full), "--pre-bin", str(full), "--upstream-bin", str(tmp_path / "." / "full")])
+    apart = gpu.parse_args(["--full-bin", str(full), "--pre-bin", str(full), "--upstream-bin", str(upstream)])
+    assert "head mode, not an upstream build" in (gpu.upstream_note(same) or "")
+    assert gpu.upstream_note(apart) is None
