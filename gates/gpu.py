@@ -21,6 +21,7 @@ from pathlib import Path
 from gates import tail_models
 from gates.common import (
     DEBUG_ENV,
+    MODE_ENV,
     RE_SPAN_SPLIT,
     RE_WINDOW,
     TOL_SAME_TOP_PCT,
@@ -263,8 +264,8 @@ def gate_b(a: argparse.Namespace, model: Path, work: Path) -> dict:
     """Resident unchanged: llama-bench, warm-up, interleaved rounds, ratio of medians against measured noise.
     The full series runs in window mode (what the gate decides on) and in head mode (the same binary on upstream's
     code path: a difference both modes share is the build, not the window code)."""
-    builds = {"upstream": (a.upstream_bin, {}), "full": (a.full_bin, {"OPENCOTI_KV_RESIDENCY_MODE": "window"}),
-              "full_head": (a.full_bin, {"OPENCOTI_KV_RESIDENCY_MODE": "head"})}
+    builds = {"upstream": (a.upstream_bin, {}), "full": (a.full_bin, {MODE_ENV: "window"}),
+              "full_head": (a.full_bin, {MODE_ENV: "head"})}
     for name, (b, env) in builds.items():  # warm-up: page cache, GPU clocks, JIT caches; discarded
         bench(b, model, f"b-warmup-{name}", work, a, env)
     samples: dict[str, dict[str, list[list[float]]]] = {n: {"pp": [], "tg": []} for n in builds}

@@ -3,7 +3,8 @@
 Each configuration is one llama-bench invocation with the same test (a prefill of --pp tokens and a decode of
 --tg tokens, both after --depth tokens already in the cache), run in --rounds interleaved rounds of --reps
 repetitions, so slow drifts of the GPU hit every configuration alike. llama-bench has no window flags: the window
-comes from the two environment variables that fill in a default (OPENCOTI_KV_RESIDENCY_MODE, OPENCOTI_KV_WINDOW_CELLS),
+comes from the environment variables of the common flags, which llama-bench reads for them (LLAMA_ARG_KV_RESIDENCY_MODE,
+LLAMA_ARG_KV_WINDOW_CELLS),
 and its -v log shows the cache it got (position window or FULLY RESIDENT). Prints one JSON object; exits 1 when a
 run fails or a forced window was not engaged (no host tail logged).
 """
@@ -19,9 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from gates.common import DEBUG_ENV, WINDOW_ENV, parse_windows
-
-MODE_ENV = "OPENCOTI_KV_RESIDENCY_MODE"
+from gates.common import DEBUG_ENV, MODE_ENV, WINDOW_ENV, parse_windows
 
 
 def bench_once(a: argparse.Namespace, name: str, env_extra: dict, rnd: int) -> dict:

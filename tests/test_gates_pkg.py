@@ -203,7 +203,7 @@ def fake_gpu_bin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lines: list[st
 def test_gate_f_adds_a_resident_point_and_fits_both_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     # decode time = 1 ms + 0.02 ms per MiB of used tail (the sum model), the tail = 35,131 + 16 - the forced window
     gpu, bin_dir = fake_gpu_bin(tmp_path, monkeypatch, [
-        'cells=${OPENCOTI_KV_WINDOW_CELLS:-131072}',
+        'cells=${LLAMA_ARG_KV_WINDOW_CELLS:-131072}',
         'tail=$((35131 + 16 - cells)); [ $tail -lt 0 ] && tail=0',
         'us=$((1000 + tail * 16384 / 1048576 * 20))',
         'echo "common_perf_print: prompt eval time =  573.10 ms / 35131 tokens (0.02 ms per token, 61300.00 tokens per second)"',
@@ -222,7 +222,7 @@ def test_gate_d_fails_when_the_curve_misses_0089_s_targets(tmp_path: Path, monke
     # resident 900 tok/s; a window with a tail decodes at $TG and prefills at $PP; -nkvo 12 / 9,000 tok/s
     gpu, bin_dir = fake_gpu_bin(tmp_path, monkeypatch, [
         'case "$*" in *-nkvo*) pp=9000.00; tg=12.00;;',
-        '  *) c=${OPENCOTI_KV_WINDOW_CELLS:-131072}; if [ "$c" -ge 35131 ]; then pp=60000.00; tg=900.00; '
+        '  *) c=${LLAMA_ARG_KV_WINDOW_CELLS:-131072}; if [ "$c" -ge 35131 ]; then pp=60000.00; tg=900.00; '
         'echo "llama_kv_cache: position window = FULLY RESIDENT (131072 / 131072 cells on CUDA0)"; else pp=$PP; tg=$TG; '
         'echo "llama_kv_cache: position window = $c / 131072 cells resident + host tail $((131072 - c)) cells '
         '(1.00 MiB host)"; fi;; esac',
@@ -468,7 +468,7 @@ def test_gate_c_compares_each_quantized_cache_with_resident_of_the_same_type(tmp
     # a stand-in llama-perplexity: records its cache type and base file, logs a window when one is forced
     fake_tool(bin_dir / "llama-perplexity", "\n".join([
         f'echo "$*" >> {tmp_path}/calls.txt',
-        'if [ -n "$OPENCOTI_KV_WINDOW_CELLS" ]; then echo "llama_kv_cache: position window = $OPENCOTI_KV_WINDOW_CELLS'
+        'if [ -n "$LLAMA_ARG_KV_WINDOW_CELLS" ]; then echo "llama_kv_cache: position window = $LLAMA_ARG_KV_WINDOW_CELLS'
         ' / 16384 cells resident + host tail 1 cells (1.00 MiB host) [CUDA0, forced, budget 0.00 MiB]"; fi',
         'echo "Maximum KLD:   0.000034"', 'echo "Same top p: 100.000 ± 0.000 %"']), script=True)
     a = parse_args(["--full-bin", str(bin_dir), "--pre-bin", str(bin_dir), "--upstream-bin", str(bin_dir),
@@ -583,7 +583,7 @@ def test_model_bench_runs_resident_and_each_window_and_wants_a_tail(tmp_path: Pa
            {"n_prompt": 0, "n_gen": 128, "n_depth": 12288, "samples_ts": [800.0, 810.0]}]
     # a stand-in llama-bench: the window the environment asks for shows in its log, as with -v
     fake_tool(bin_dir / "llama-bench", "\n".join([
-        'if [ -n "$OPENCOTI_KV_WINDOW_CELLS" ]; then echo "llama_kv_cache: position window = $OPENCOTI_KV_WINDOW_CELLS '
+        'if [ -n "$LLAMA_ARG_KV_WINDOW_CELLS" ]; then echo "llama_kv_cache: position window = $LLAMA_ARG_KV_WINDOW_CELLS '
         '/ 16384 cells resident + host tail 100 cells (1.00 MiB host) [CUDA0, forced]" >&2; fi',
         f"cat <<'EOF'\n{json.dumps(doc)}\nEOF"]), script=True)
     r = run_module("gates.model_bench", "--bin", str(bin_dir), "--model", str(tmp_path / "m.gguf"),
@@ -1024,3 +1024,51 @@ def test_gpu_gates_say_when_the_upstream_rows_ran_the_full_build(tmp_path: Path)
     apart = gpu.parse_args(["--full-bin", str(full), "--pre-bin", str(full), "--upstream-bin", str(upstream)])
     assert "head mode, not an upstream build" in (gpu.upstream_note(same) or "")
     assert gpu.upstream_note(apart) is None
+
+
+@pytest.mark.slow
+def test_the_window_flags_env_vars_reach_the_tools_and_libllama_reads_none(tmp_path: Path):
+    """In the patched cpu build (FORKTOOL_CPU_BIN, else build/cpu/bin): the common flags' LLAMA_ARG_* variables
+    fill in a flag that is not given, a flag given wins, llama-bench reads them for its tests and refuses a bad value,
+    and the names libllama used to read change nothing."""
+    bin_dir = Path(os.environ.get("FORKTOOL_CPU_BIN", ROOT / "build" / "cpu" / "bin"))
+    if not (bin_dir / "llama-bench").exists():
+        pytest.skip(f"no llama-bench in {bin_dir}: build the cpu profile or set FORKTOOL_CPU_BIN")
+    model = tmp_path / "m.gguf"
+    r = run_module("gates.make_model", "-o", str(model), "--layers", "2", "--ctx", "512")
+    assert r.returncode == 0, r.stderr[-2000:]
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("LLAMA_ARG_", "OPENCOTI_"))}
+    window = re.compile(r"position window = (\d+) / (\d+) cells resident")
+
+    def completion(env: dict, *flags: str) -> str:
+        p = subprocess.run([str(bin_dir / "llama-completion"), "-m", str(model), "-p", "one two three four", "-n", "1",
+                            "-c", "512", "-fa", "on", "-no-cnv", "--temp", "0", "-t", "2", "-lv", "4", *flags],
+                           env=base | env, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr[-2000:]
+        return p.stderr + p.stdout
+
+    def cells(text: str) -> int | None:
+        m = window.search(text)
+        return int(m.group(1)) if m else None
+
+    assert cells(completion({"LLAMA_ARG_KV_WINDOW_CELLS": "32"}, "--kv-residency-mode", "window")) == 32
+    assert cells(completion({"LLAMA_ARG_KV_WINDOW_CELLS": "32"}, "--kv-residency-mode", "window",
+                            "--kv-window-cells", "64")) == 64
+    assert cells(completion({"LLAMA_ARG_KV_RESIDENCY_MODE": "window", "LLAMA_ARG_KV_WINDOW_CELLS": "128"})) == 128
+    assert cells(completion({"LLAMA_ARG_KV_RESIDENCY_MODE": "window", "LLAMA_ARG_KV_WINDOW_CELLS": "128"},
+                            "--kv-residency-mode", "head")) is None
+    assert cells(completion({"OPENCOTI_KV_RESIDENCY_MODE": "window", "OPENCOTI_KV_WINDOW_CELLS": "32"})) is None
+
+    def bench(env: dict) -> subprocess.CompletedProcess:
+        return subprocess.run([str(bin_dir / "llama-bench"), "-m", str(model), "-p", "16", "-n", "2", "-r", "1",
+                               "-fa", "1", "-t", "2", "-v"], env=base | env, capture_output=True, text=True, timeout=120)
+
+    b = bench({"LLAMA_ARG_KV_RESIDENCY_MODE": "window", "LLAMA_ARG_KV_WINDOW_CELLS": "64"})
+    assert b.returncode == 0, b.stderr[-2000:]
+    assert cells(b.stderr) == 64
+    b = bench({})
+    assert b.returncode == 0 and cells(b.stderr) is None
+    for env, msg in (({"LLAMA_ARG_KV_RESIDENCY_MODE": "tail"}, "LLAMA_ARG_KV_RESIDENCY_MODE=tail (expected head or window)"),
+                     ({"LLAMA_ARG_KV_WINDOW_CELLS": "12x"}, "LLAMA_ARG_KV_WINDOW_CELLS=12x (expected a number >= 0)")):
+        b = bench(env)
+        assert b.returncode == 1 and msg in b.stderr
