@@ -478,6 +478,8 @@ def gate_d(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
     # item 3's tail targets and the two models of a token's time, fitted to the forced-window rows (gates.tail_models)
     targets["tail"] = tail_models.tail_targets(rows, link.get("pinned_gbps") or 0.0, a.curve_n, KV_BYTES_PER_CELL)
     targets["models"] = tail_models.compare(tail_models.curve_points(rows, a.curve_n, KV_BYTES_PER_CELL))
+    for name, t in targets["tail"].items():  # issue targets beyond 0089's: reported, never part of the gate's pass
+        log(f"tail target {tail_models.target_line(name, t)}")
     values = {k: (targets.get("medians") or targets).get(k) for k in
               ("decode_at_max_share_tps", "decode_vs_nkvo", "prefill_at_half_vs_nkvo")}
     limit = (targets["tail"].get("large_tail") or {}).get("link_limit_tps")

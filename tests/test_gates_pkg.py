@@ -287,6 +287,15 @@ def test_tail_models_targets_from_a_curve_csv(tmp_path: Path):
     assert large["ratio"] == round(80.0 / (55e9 / tail_bytes), 3) and not large["met"]
     assert len(res["decode"]["points"]) == 4  # the forced-window rows only
     assert "0.95 (target 0.9, met)" in r.stdout
+    # a curve without a point near 1 % (or near 100 %) leaves that target not checked, never met or missed
+    from gates import tail_models
+
+    far = [{"config": c, "tail_share": t, "rc": rc, "resident_cells": n, "prompt_tokens": p, "decode_tps": d}
+           for c, t, rc, n, p, d in rows if t not in (0.01, 0.9927)]
+    t = tail_models.tail_targets(far, 55.0, 64, 8 * 2 * 4 * 128 * 2)
+    assert t["small_tail"]["met"] is None and t["small_tail"]["tail_share"] == 0.5
+    assert t["large_tail"]["met"] is None and "not checked" in tail_models.target_line("large_tail", t["large_tail"])
+    assert "not checked: no forced share at most 0.03" in tail_models.target_line("small_tail", t["small_tail"])
 
 
 def test_tail_models_refuses_a_file_that_is_not_a_curve(tmp_path: Path):
