@@ -1,37 +1,70 @@
-"""Source archives of three series positions (upstream, before 0089, full) for the CUDA build on a GPU machine."""
+"""Source archives of three series positions (upstream, before 0089, full) for the CUDA build on a GPU machine.
+
+Each position is computed in memory (pristine + its patches, forktool's applier), written out in a temporary
+directory and archived; the vendored tree is neither read nor moved, and the project lock is held throughout, so a
+forktool command run meanwhile cannot change what the archives hold (it is refused and says so)."""
 
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
+from forktool.errors import ForktoolError
 from forktool.package import source_date_epoch, write_targz
 from forktool.project import find_project
-from forktool.series import read_series
+from forktool.tree import EXECUTABLE, resolve_inside
+from forktool.txn import locked
+from forktool.vendor import materialise_to
+from forktool.workspace import Workspace
+
+
+def write_position(ws: Workspace, patches: list, dest: Path, epoch: int) -> None:
+    """dest = a tar.gz of pristine + patches (entries under llama.cpp/), byte-reproducible."""
+    result = ws.compute(patches)
+    with tempfile.TemporaryDirectory(prefix=".bundle-", dir=ws.state_dir) as tmp:
+        root = Path(tmp) / "tree"
+        materialise_to(ws.store, ws.pristine, root)
+        for rel in sorted(result.files):
+            p = resolve_inside(root, rel, "series result")
+            data = result.files[rel]
+            if data is None:
+                p.unlink(missing_ok=True)
+                for parent in p.parents:  # the tree keeps no directory a deletion emptied
+                    if parent == root or any(parent.iterdir()):
+                        break
+                    parent.rmdir()
+                continue
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(data)
+            e = ws.pristine.get(rel)
+            p.chmod(0o755 if e is not None and e.mode == EXECUTABLE else 0o644)
+        write_targz(root / "llama.cpp", "llama.cpp", dest, epoch)
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(prog="python -m gates.bundle", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m gates.bundle", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("build/device-bundle"))
     ap.add_argument("--fixed", default="0089", help="the patch whose effect the gates isolate")
     a = ap.parse_args()
     project = find_project()
-    ids = [e.id for e in read_series(project.series_file)]
-    if a.fixed not in ids or ids.index(a.fixed) == 0:
-        sys.exit(f"gates.bundle: {a.fixed} must be in the series after at least one patch")
-    before = ids[ids.index(a.fixed) - 1]
-    a.out.mkdir(parents=True, exist_ok=True)
-    ft = [sys.executable, "-m", "forktool"]
-    epoch = source_date_epoch()
-    for name, move in (("upstream", ft + ["unapply"]), ("pre" + a.fixed, ft + ["apply", "--upto", before]),
-                       ("full", ft + ["apply"])):
-        subprocess.run(move, check=True)
-        dest = a.out / f"{name}.tar.gz"
-        write_targz(project.tree / "llama.cpp", "llama.cpp", dest, epoch)
-        print(f"{dest} ({dest.stat().st_size >> 10} KiB)")
-    subprocess.run(ft + ["verify"], check=True)  # the tree is back at the full series, proven
+    try:
+        with locked(project.state_dir):
+            ws = Workspace(project)
+            ids = [p.id for p in ws.patches]
+            if a.fixed not in ids or ids.index(a.fixed) == 0:
+                sys.exit(f"gates.bundle: {a.fixed} must be in the series after at least one patch")
+            i = ids.index(a.fixed)
+            a.out.mkdir(parents=True, exist_ok=True)
+            epoch = source_date_epoch()
+            for name, patches in (("upstream", []), ("pre" + a.fixed, ws.patches[:i]), ("full", ws.patches)):
+                dest = a.out / f"{name}.tar.gz"
+                write_position(ws, patches, dest, epoch)
+                print(f"{dest} ({dest.stat().st_size >> 10} KiB)")
+    except ForktoolError as e:
+        print(f"gates.bundle: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

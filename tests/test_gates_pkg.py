@@ -1081,3 +1081,50 @@ def test_the_window_flags_env_vars_reach_the_tools_and_libllama_reads_none(tmp_p
                      ({"LLAMA_ARG_KV_WINDOW_CELLS": "12x"}, "LLAMA_ARG_KV_WINDOW_CELLS=12x (expected a number >= 0)")):
         b = bench(env)
         assert b.returncode == 1 and msg in b.stderr
+
+
+@pytest.mark.integration
+def test_bundle_archives_each_position_without_moving_the_tree(tmp_path: Path, session_cache: Path):
+    """gates.bundle computes upstream, pre0089 and full in memory: the archives hold what `apply` would write at each
+    position, the tree (left at an intermediate position) is not touched, and a held project lock refuses it."""
+    from forktool import tree as ft_tree
+    from forktool.package import archive_tree_digest
+    from tests.helpers.project import copy_real_project
+
+    root = copy_real_project(tmp_path / "proj")
+    env = {k: v for k, v in os.environ.items() if k not in ("FORKTOOL_ROOT", "FORCE_COLOR", "TTY_COMPATIBLE")}
+    env.update(FORKTOOL_CACHE=str(session_cache), PYTHONPATH=str(ROOT))  # gates from this checkout, run in the copy
+
+    def ft(*args: str) -> None:
+        subprocess.run([sys.executable, "-m", "forktool", *args], cwd=root, env=env, check=True, capture_output=True)
+
+    def llama_digest() -> str:
+        return ft_tree.digest(ft_tree.scan(root / "vendor" / "llamafile" / "llama.cpp"))
+
+    ft("vendor", "fetch")
+    want = {}
+    for name, move in (("upstream", ["unapply"]), ("pre0089", ["apply", "--upto", "0073"]), ("full", ["apply"])):
+        ft(*move)
+        want[name] = llama_digest()
+    ft("apply", "--upto", "0071")
+    before = ft_tree.digest(ft_tree.scan(root / "vendor" / "llamafile"))
+    out = tmp_path / "bundle"
+    r = subprocess.run([sys.executable, "-m", "gates.bundle", "--out", str(out)], cwd=root, env=env,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert ft_tree.digest(ft_tree.scan(root / "vendor" / "llamafile")) == before  # the tree stayed at 0071
+    for name, digest in want.items():
+        assert archive_tree_digest(out / f"{name}.tar.gz", "llama.cpp") == digest, name
+    assert len(set(want.values())) == 3
+    # another forktool command holding the lock: refused, nothing written
+    import fcntl
+
+    fd = os.open(root / ".opencoti" / "lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        r = subprocess.run([sys.executable, "-m", "gates.bundle", "--out", str(tmp_path / "locked")], cwd=root,
+                           env=env, capture_output=True, text=True)
+    finally:
+        os.close(fd)
+    assert r.returncode == 1 and "another forktool command is running" in r.stderr
+    assert not (tmp_path / "locked").exists()
