@@ -81,6 +81,16 @@ def test_only_the_units_a_header_reaches_are_compiled(project: Project) -> None:
 
 
 @needs_cmake
+def test_a_check_that_compiles_nothing_is_not_compiled_never_ok(project: Project) -> None:
+    # files that feed no unit the profile builds (a README; other.c, whose target the profile does not build)
+    for paths in (["llama.cpp/README.md"], ["llama.cpp/tools/other.c"], []):
+        res = run_check(project, paths)
+        assert not res.ok and res.status == check.NOT_COMPILED and res.units == [] and res.compiled == []
+        assert res.describe() == "tiny: not compiled (the files checked feed none of its translation units)"
+    assert objects_under(project.root / "build" / "tiny") == set()
+
+
+@needs_cmake
 def test_a_compile_error_is_quoted_at_its_cause_and_nothing_else_changes(project: Project) -> None:
     src = project.tree / "llama.cpp"
     ok = run_check(project, ["llama.cpp/src/a.c", "llama.cpp/src/b.c"])

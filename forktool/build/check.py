@@ -212,6 +212,10 @@ def compile_units(project: Project, cfg: BuildConfig, plan: Plan, paths: list[st
         touched = {os.path.normpath(os.path.join(root, p)) for p in paths}
         todo = [u for u in feeding(units(bdir), touched, root + "/") if built is None or u.target in built]
         res.units = sorted({os.path.relpath(u.source, root) for u in todo})
+        if not todo:  # a check that compiles nothing proves nothing: never "compiled"
+            res.status, res.reason = NOT_COMPILED, "the files checked feed none of its translation units"
+            res.seconds = time.monotonic() - t0
+            return res
         by_make: dict[str, list[Unit]] = {}
         for u in todo:
             by_make.setdefault(u.makefile, []).append(u)
