@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULES = ["gates.cpu", "gates.gpu", "gates.needle", "gates.demo", "gates.make_model", "gates.bundle", "gates.model_bench",
-           "gates.tail_models"]
+           "gates.sanitizer", "gates.tail_models"]
 
 
 def run_module(mod: str, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -1128,3 +1128,37 @@ def test_bundle_archives_each_position_without_moving_the_tree(tmp_path: Path, s
         os.close(fd)
     assert r.returncode == 1 and "another forktool command is running" in r.stderr
     assert not (tmp_path / "locked").exists()
+
+
+def test_sanitizer_passes_only_on_a_finished_clean_summary(tmp_path: Path, capsys: pytest.CaptureFixture):
+    from gates import sanitizer
+
+    def fake(name: str, body: str) -> Path:
+        p = tmp_path / name
+        p.write_text("#!/bin/sh\n" + body)
+        p.chmod(0o755)
+        return p
+
+    clean = fake("clean", 'echo "========= COMPUTE-SANITIZER"; echo "position window = 1024 / 2048 cells resident'
+                          ' + host tail 1024 cells (16.00 MiB host)"; echo "========= ERROR SUMMARY: 0 errors"\n')
+    resident = fake("resident", 'echo "position window = FULLY RESIDENT"; echo "========= ERROR SUMMARY: 0 errors"\n')
+    dirty = fake("dirty", 'echo "========= Invalid __global__ read of size 4"; echo "========= ERROR SUMMARY: 3 errors"\n'
+                          'exit 1\n')
+    crash = fake("crash", 'echo "========= ERROR SUMMARY: 0 errors"; exit 2\n')
+    slow = fake("slow", 'echo "========= COMPUTE-SANITIZER"; sleep 30\n')
+    base = ["--bin", str(tmp_path), "--model", str(tmp_path / "m.gguf"), "--work", str(tmp_path / "w")]
+    want = {clean: ("pass", 0), dirty: ("fail", 1), crash: ("fail", 1), slow: ("not checked", 1),
+            resident: ("not checked", 1),
+            tmp_path / "absent": ("not checked", 1)}
+    for tool, (verdict, code) in want.items():
+        out = tmp_path / f"{tool.name}.txt"
+        assert sanitizer.main([*base, "--sanitizer", str(tool), "--limit", "2", "--out", str(out)]) == code, tool.name
+        res = json.loads(capsys.readouterr().out)
+        assert [r["verdict"] for r in res["tools"].values()] == [verdict, verdict], tool.name
+        assert res["pass"] is (code == 0)
+        text = out.read_text()
+        assert f"memcheck: {verdict}" in text and f"racecheck: {verdict}" in text
+    assert "3 error(s)" in (tmp_path / "dirty.txt").read_text()
+    assert "stopped by the time limit" in (tmp_path / "slow.txt").read_text()
+    assert "position window = 1024 / 2048" in (tmp_path / "clean.txt").read_text()
+    assert "no host tail logged" in (tmp_path / "resident.txt").read_text()

@@ -1,0 +1,113 @@
+"""compute-sanitizer over a window run with the mapped tail: memcheck and racecheck, each a verdict.
+
+One llama-completion run per tool on the gates' synthetic model (`gates.gpu`'s, built here when missing) with a
+forced window smaller than the prompt, so that prefill ubatches reach past the device part (the prefill copy) and
+decode tokens attend the tail (the tail segments). Each tool's verdict is `pass` (the sanitizer's own
+`ERROR SUMMARY: 0 errors` and exit 0), `fail` (errors, or the run failed) or `not checked` (the limit stopped it
+before the summary, no compute-sanitizer, or a clean run that logged no host tail): a tool that did not finish,
+or ran over a resident cache, is never a pass. Writes the commands,
+the sanitizer's lines and the cache lines to --out (text) and prints one JSON object; exits 1 unless every tool
+passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from gates.common import WINDOW_ENV, ensure_model, make_text
+from gates.gpu import MODEL_ARGS
+
+MAX_LINES = 200  # of the sanitizer's own lines kept per tool (a racecheck hazard report is long)
+RE_SUMMARY = re.compile(r"=+ ERROR SUMMARY: (\d+) error")
+RE_TAIL = re.compile(r"position window = \d+ / \d+ cells resident \+ host tail [1-9]")
+KEEP = ("=========", "position window", "mapped into", "prompt eval time", "eval time")
+
+
+def verdict(rc: int | None, text: str) -> dict:
+    """pass / fail / not checked from the sanitizer's exit status (None: stopped by the limit) and its output."""
+    m = RE_SUMMARY.search(text)
+    if rc is None or m is None:
+        why = "stopped by the time limit before its summary" if rc is None else "no ERROR SUMMARY line"
+        return {"verdict": "not checked", "errors": None, "why": why}
+    errors = int(m.group(1))
+    ok = errors == 0 and rc == 0
+    return {"verdict": "pass" if ok else "fail", "errors": errors,
+            "why": "" if ok else (f"{errors} error(s)" if errors else f"exit status {rc}")}
+
+
+def run_limited(cmd: list[str], env: dict, limit: int) -> tuple[int | None, str]:
+    """(exit status, output) of cmd; (None, what it printed) when the limit stops it: its whole process group is
+    killed, so the program under the sanitizer does not keep the GPU."""
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=limit)
+        return p.returncode, out
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate()
+        return None, out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m gates.sanitizer", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bin", type=Path, required=True, help="CUDA build of the full series (llama-completion)")
+    ap.add_argument("--tools", default="memcheck,racecheck")
+    ap.add_argument("--sanitizer", default=os.environ.get("COMPUTE_SANITIZER", "compute-sanitizer"))
+    ap.add_argument("--ctx", type=int, default=2048)
+    ap.add_argument("--window", type=int, default=1024, help="forced window cells (less than the prompt)")
+    ap.add_argument("--words", type=int, default=1300,
+                    help="prompt length in words of the gates' text (1,300: about 1,500 tokens, past the window)")
+    ap.add_argument("--ubatch", type=int, default=256)
+    ap.add_argument("--limit", type=int, default=300, help="seconds each tool may run")
+    ap.add_argument("--work", type=Path, default=Path("build/gpu-gates"))
+    ap.add_argument("--model", type=Path, help="default: the gates' synthetic model in --work")
+    ap.add_argument("--out", type=Path, default=Path("build/gpu-gates/sanitizer.txt"))
+    a = ap.parse_args(argv)
+    tool_path = shutil.which(a.sanitizer)
+    model = a.model or ensure_model(a.work / "synthetic-8l-2048.gguf", MODEL_ARGS)
+    prompt = a.work / "sanitizer-prompt.txt"
+    prompt.parent.mkdir(parents=True, exist_ok=True)
+    prompt.write_text(make_text(a.words, 3))
+    run = [str(a.bin / "llama-completion"), "-m", str(model), "-f", str(prompt), "-c", str(a.ctx), "-n", "8",
+           "-ngl", "99", "-fa", "on", "-ub", str(a.ubatch), "--kv-residency-mode", "window", "-fit", "off",
+           "-no-cnv", "--temp", "0", "--seed", "1", "-t", "8", "-lv", "4"]
+    env = dict(os.environ, **{WINDOW_ENV: str(a.window)})
+    lines = [f"# compute-sanitizer over a window run with the mapped tail (python -m gates.sanitizer): ctx {a.ctx}, "
+             f"forced window {a.window}, -ub {a.ubatch}, {a.words}-word prompt, limit {a.limit} s per tool"]
+    results: dict[str, dict] = {}
+    for tool in [t for t in a.tools.split(",") if t]:
+        cmd = [tool_path or a.sanitizer, "--tool", tool, *run]
+        lines.append(f"\n## {tool}: {WINDOW_ENV}={a.window} {' '.join(cmd)}")
+        if tool_path is None:
+            results[tool] = {"verdict": "not checked", "errors": None, "why": f"no {a.sanitizer} on PATH"}
+            lines.append(f"{tool}: not checked (no {a.sanitizer} on PATH)")
+            continue
+        rc, text = run_limited(cmd, env, a.limit)
+        results[tool] = verdict(rc, text)
+        if results[tool]["verdict"] == "pass" and not RE_TAIL.search(text):
+            # clean, but over a resident cache: the mapped tail was not what ran
+            results[tool] = {"verdict": "not checked", "errors": 0,
+                             "why": "no host tail logged (the forced window did not engage)"}
+        own = [ln for ln in text.splitlines() if ln.startswith(KEEP[0])]
+        lines += own[:MAX_LINES] + [f"... {len(own) - MAX_LINES} more sanitizer lines"] * (len(own) > MAX_LINES)
+        lines += [ln for ln in text.splitlines() if any(k in ln for k in KEEP[1:])]
+        r = results[tool]
+        lines.append(f"{tool}: {r['verdict']}" + (f" ({r['why']})" if r["why"] else ""))
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text("\n".join(lines) + "\n")
+    ok = bool(results) and all(r["verdict"] == "pass" for r in results.values())
+    print(json.dumps({"pass": ok, "tools": results, "out": str(a.out)}, indent=1))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
