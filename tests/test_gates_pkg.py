@@ -1140,7 +1140,10 @@ def test_sanitizer_passes_only_on_a_finished_clean_summary(tmp_path: Path, capsy
         return p
 
     clean = fake("clean", 'echo "========= COMPUTE-SANITIZER"; echo "position window = 1024 / 2048 cells resident'
-                          ' + host tail 1024 cells (16.00 MiB host)"; echo "========= ERROR SUMMARY: 0 errors"\n')
+                          ' + host tail 1024 cells (16.00 MiB host)"; echo "llama_kv_cache: host tail mapped into the'
+                          ' device\'s address space: 16.00 MiB device"; echo "========= ERROR SUMMARY: 0 errors"\n')
+    copying = fake("copying", 'echo "position window = 1024 / 2048 cells resident + host tail 1024 cells"\n'
+                              'echo "========= ERROR SUMMARY: 0 errors"\n')
     resident = fake("resident", 'echo "position window = FULLY RESIDENT"; echo "========= ERROR SUMMARY: 0 errors"\n')
     dirty = fake("dirty", 'echo "========= Invalid __global__ read of size 4"; echo "========= ERROR SUMMARY: 3 errors"\n'
                           'exit 1\n')
@@ -1148,7 +1151,7 @@ def test_sanitizer_passes_only_on_a_finished_clean_summary(tmp_path: Path, capsy
     slow = fake("slow", 'echo "========= COMPUTE-SANITIZER"; sleep 30\n')
     base = ["--bin", str(tmp_path), "--model", str(tmp_path / "m.gguf"), "--work", str(tmp_path / "w")]
     want = {clean: ("pass", 0), dirty: ("fail", 1), crash: ("fail", 1), slow: ("not checked", 1),
-            resident: ("not checked", 1),
+            resident: ("not checked", 1), copying: ("not checked", 1),
             tmp_path / "absent": ("not checked", 1)}
     for tool, (verdict, code) in want.items():
         out = tmp_path / f"{tool.name}.txt"
@@ -1162,3 +1165,4 @@ def test_sanitizer_passes_only_on_a_finished_clean_summary(tmp_path: Path, capsy
     assert "stopped by the time limit" in (tmp_path / "slow.txt").read_text()
     assert "position window = 1024 / 2048" in (tmp_path / "clean.txt").read_text()
     assert "no host tail logged" in (tmp_path / "resident.txt").read_text()
+    assert "was not mapped" in (tmp_path / "copying.txt").read_text()
