@@ -1000,7 +1000,11 @@ def test_cpu_gate_d_loads_every_fallback_arch_in_a_real_build(tmp_path: Path):
     from gates.fallback_archs import ARCHS
 
     mtp = [f"{n}+mtp" for n, f in ARCHS.items() if f.mtp_memory]
-    assert sorted(result["fallback"]) == sorted(["mamba", *ARCHS, *mtp])
+    assert sorted(result["fallback"]) == sorted(["mamba", *ARCHS, *mtp, "gemma4-assistant"])
+    # --assistant-pairs gemma4 (the default): window mode refuses the assistant at load, naming it; head mode drafts
+    pair = result["fallback"].pop("gemma4-assistant")
+    assert pair["ok"] and pair["names_memory"] and pair["names_arch"] and "gemma4-assistant" in pair["refused_at_load"]
+    assert pair["drafted_tokens"]["head"] > 0
     for name, d in result["fallback"].items():
         assert d["ok"] and d["names_memory"] and not d["position_window_logged"], name
         if name in mtp:
