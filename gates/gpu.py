@@ -711,48 +711,102 @@ def read_budget_csv(path: Path) -> list[dict]:
                 for r in csv.DictReader(f)]
 
 
-def missed_prefill_points(rows: list[dict], share: float = 0.95) -> list[dict]:
+def missed_goal_points(rows: list[dict], share: float = 0.95) -> list[dict]:
     """The (ctx, budget) points of a budget curve whose goal an upstream configuration sets and whose best window
-    misses it in prefill: the reference configuration, the best window configuration and its --vram-target."""
+    misses it in prefill or in decode: the reference configuration, the best window configuration and its
+    --vram-target."""
     points = []
     for g in budget_goals(rows, share):
-        if g.get("prefill_ratio") is None or g["prefill_ratio"] >= share or not g.get("best_window"):
+        if g.get("prefill_ratio") is None or not g.get("best_window"):
+            continue
+        if g["prefill_ratio"] >= share and g["decode_ratio"] >= share:
             continue
         win = next(r for r in rows if r["ctx"] == g["ctx"] and r["budget_mib"] == g["budget_mib"]
                    and r["config"] == g["best_window"])
-        points.append({"ctx": g["ctx"], "budget_mib": g["budget_mib"], "reference": g["reference"],
-                       "window": g["best_window"], "vram_target_mib": int(win["vram_target_mib"]),
+        points.append({"kind": "goal", "ctx": g["ctx"], "budget_mib": g["budget_mib"], "reference": g["reference"],
+                       "reference_ctx": g["ctx"], "window": g["best_window"],
+                       "vram_target_mib": int(win["vram_target_mib"]), "bound": share, "metrics": ["prefill_tps", "decode_tps"],
                        "curve_prefill_ratio": g["prefill_ratio"], "curve_decode_ratio": g["decode_ratio"]})
     return points
 
 
+def same_type_points(rows: list[dict], share: float = 0.95) -> list[dict]:
+    """Issue 21's item 1 on a budget curve: at each context's largest budget, each quantized window configuration that
+    holds the whole prompt in device memory against upstream resident with the same cache type (decode)."""
+    points = []
+    for ctx in sorted({r["ctx"] for r in rows}):
+        b = max(r["budget_mib"] for r in rows if r["ctx"] == ctx)
+        at = {r["config"]: r for r in rows if r["ctx"] == ctx and r["budget_mib"] == b and r["fits_budget"]}
+        for cache in ("q8_0", "q4_0"):
+            win, ref = at.get(f"window {cache}"), at.get(f"upstream {cache}")
+            if not win or not ref or not win["prompt_tokens"] or not str(win["resident_cells"]).isdigit():
+                continue
+            if int(win["resident_cells"]) < int(win["prompt_tokens"]):
+                continue  # part of the prompt in the tail: not item 1's comparison
+            points.append({"kind": "same type", "ctx": ctx, "budget_mib": b, "reference": ref["config"],
+                           "reference_ctx": ctx, "window": win["config"], "vram_target_mib": int(win["vram_target_mib"]),
+                           "bound": share, "metrics": ["decode_tps"],
+                           "curve_decode_ratio": round(float(win["decode_tps"]) / float(ref["decode_tps"]), 3)})
+    return points
+
+
+def prompt_sized_points(rows: list[dict], share: float = 0.9, ctx_from: int = 1048576) -> list[dict]:
+    """Issue 21's item 3 on a budget curve: at contexts from ctx_from, the budgets where upstream f16 with ctx sized
+    to the prompt fits and the best window (by decode) decodes less than `share` of it."""
+    points = []
+    for ctx, b in sorted({(r["ctx"], r["budget_mib"]) for r in rows if r["ctx"] >= ctx_from}):
+        at = [r for r in rows if r["ctx"] == ctx and r["budget_mib"] == b and r["fits_budget"]]
+        ref = next((r for r in at if r["config"] == "upstream f16 ctx sized to the prompt"), None)
+        wins = [r for r in at if r["config"].startswith("window")]
+        if not ref or not wins:
+            continue
+        best = max(wins, key=lambda r: float(r["decode_tps"]))
+        ratio = round(float(best["decode_tps"]) / float(ref["decode_tps"]), 3)
+        if ratio >= share:
+            continue
+        points.append({"kind": "prompt-sized", "ctx": ctx, "budget_mib": b, "reference": ref["config"],
+                       "reference_ctx": int(ref["kv_ctx"]), "window": best["config"],
+                       "vram_target_mib": int(best["vram_target_mib"]), "bound": share, "metrics": ["decode_tps"],
+                       "curve_decode_ratio": ratio})
+    return points
+
+
+def repeat_points(rows: list[dict]) -> list[dict]:
+    """Every point of a budget curve whose target a single run missed or that issue 21's item 1 compares."""
+    return missed_goal_points(rows) + same_type_points(rows) + prompt_sized_points(rows)
+
+
 def gate_h(a: argparse.Namespace, model: Path, work: Path) -> dict:
-    """The budget-curve points whose prefill goal a single run missed, repeated: at each point, in --repeat-reps
-    interleaved rounds (each configuration leads in turn), the upstream reference, the same cache type in the full
-    build's head mode (upstream's code path in the patched build: what the build costs apart from the window), the
-    same with -fit off (the window runs' flag) and the best window configuration at the --vram-target the curve gave
-    it; medians, ratios of medians to the reference."""
-    points = missed_prefill_points(read_budget_csv(a.repeat_csv))
+    """Budget-curve points repeated (gates.gpu.repeat_points): the goals a single run missed (prefill or decode), each
+    fully resident quantized window against upstream resident of its type, and the 1M budgets where the window missed
+    0.9 of upstream f16 sized to the prompt. At each point, in --repeat-reps interleaved rounds (each configuration
+    leads in turn) with --repeat-n decoded tokens: the upstream reference and the window configuration at the
+    --vram-target the curve gave it; at a missed goal also the reference's cache type in the full build's head mode
+    (upstream's code path in the patched build: what the build costs apart from the window) and that with -fit off
+    (the window runs' flag). Medians, ratios of medians to the reference, each point's target met or not."""
+    points = repeat_points(read_budget_csv(a.repeat_csv))
     prompt = work / "prompt-d.txt"
     prompt.write_text(make_text(a.curve_words, 5))
-    n = a.curve_n
+    n = a.repeat_n
     # one discarded run first: the first prefill after the GPU idled is the slowest of a call
     run("h-warmup", completion(a.upstream_bin, model, 36864, prompt, n, []), work)
     out = []
     for pt in points:
         ctx, ref_cache, win_cache = pt["ctx"], pt["reference"].split()[1], pt["window"].split()[1]
-        configs = [
-            ("reference", completion(a.upstream_bin, model, ctx, prompt, n, [], ref_cache)),
-            ("head", completion(a.full_bin, model, ctx, prompt, n, ["--kv-residency-mode", "head"], ref_cache)),
-            ("head -fit off", completion(a.full_bin, model, ctx, prompt, n, ["--kv-residency-mode", "head", "-fit", "off"],
-                                         ref_cache)),
-            ("window", completion(a.full_bin, model, ctx, prompt, n, ["--kv-residency-mode", "window", "-fit", "off",
-                                  "--vram-target", str(pt["vram_target_mib"])], win_cache)),
-        ]
+        ref_ctx = pt["reference_ctx"]
+        configs = [("reference", completion(a.upstream_bin, model, ref_ctx, prompt, n, [], ref_cache))]
+        if pt["kind"] == "goal":
+            configs += [
+                ("head", completion(a.full_bin, model, ctx, prompt, n, ["--kv-residency-mode", "head"], ref_cache)),
+                ("head -fit off", completion(a.full_bin, model, ctx, prompt, n,
+                                             ["--kv-residency-mode", "head", "-fit", "off"], ref_cache))]
+        configs.append(("window", completion(a.full_bin, model, ctx, prompt, n, [
+            "--kv-residency-mode", "window", "-fit", "off", "--vram-target", str(pt["vram_target_mib"])], win_cache)))
         runs: dict = {name: [] for name, _ in configs}
         for rep in range(a.repeat_reps):
             for name, argv in configs[rep % len(configs):] + configs[:rep % len(configs)]:
-                r = run(f"h-{ctx}-{pt['budget_mib']}-{name.replace(' ', '')}-{rep}", argv, work, measure=True)
+                tag = f"h-{pt['kind'].replace(' ', '')}-{ctx}-{pt['budget_mib']}-{win_cache}-{name.replace(' ', '')}-{rep}"
+                r = run(tag, argv, work, measure=True)
                 runs[name].append(strip(r))
         med = {name: {k: statistics.median([r[k] for r in rs if r.get(k)] or [0])
                       for k in ("prefill_tps", "decode_tps", "device_mib_peak")} for name, rs in runs.items()}
@@ -761,16 +815,18 @@ def gate_h(a: argparse.Namespace, model: Path, work: Path) -> dict:
                  for name, m in med.items()}
         last_win = runs["window"][-1]
         cells = (last_win.get("window") or {}).get("resident", "all" if last_win.get("fully_resident") else None)
-        row = pt | {"medians": med, "ratios_to_reference": ratio, "window_cells": cells,
+        row = pt | {"decode_n": n, "medians": med, "ratios_to_reference": ratio, "window_cells": cells,
                     "samples": {name: [(r.get("prefill_tps"), r.get("decode_tps")) for r in rs] for name, rs in runs.items()},
                     "window_fits_budget": all((r.get("device_mib_peak") or 1e9) <= pt["budget_mib"] for r in runs["window"]),
                     "rc": {name: [r["rc"] for r in rs] for name, rs in runs.items()}}
-        row["prefill_goal_met"] = (ratio["window"]["prefill_tps"] or 0) >= 0.95
-        row["decode_goal_met"] = (ratio["window"]["decode_tps"] or 0) >= 0.95
-        log(f"repeat: ctx {ctx} budget {pt['budget_mib']}: {json.dumps(med)} ratios {json.dumps(ratio)}")
+        for k in ("prefill_tps", "decode_tps"):
+            row[f"{k.split('_')[0]}_goal_met"] = ((ratio["window"][k] or 0) >= pt["bound"]) if k in pt["metrics"] else None
+        row["met"] = all(row[f"{k.split('_')[0]}_goal_met"] for k in pt["metrics"])
+        log(f"repeat ({pt['kind']}): ctx {ctx} budget {pt['budget_mib']} {pt['window']} against {pt['reference']}: "
+            f"{json.dumps(med)} ratios {json.dumps(ratio)}: {'met' if row['met'] else 'MISSED'}")
         out.append(row)
     return {"pass": bool(points) and all(rc == 0 for p in out for rcs in p["rc"].values() for rc in rcs),
-            "reps": a.repeat_reps, "points": out}
+            "reps": a.repeat_reps, "decode_n": n, "points": out}
 
 
 def linear_fit(pts: list[dict]) -> dict:
@@ -828,8 +884,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--fit-windows", type=int, nargs="+", default=[256, 12288, 24576])
     ap.add_argument("--budget-ctxs", type=int, nargs="+", default=[131072, 1048576], help="gate g: declared contexts")
     ap.add_argument("--repeat-csv", type=Path, default=Path("docs/gpu/budget_curve.csv"),
-                    help="gate h: the budget curve whose missed prefill points are repeated")
+                    help="gate h: the budget curve whose points are repeated (gates.gpu.repeat_points)")
     ap.add_argument("--repeat-reps", type=int, default=3, help="gate h: runs of each configuration at each point")
+    ap.add_argument("--repeat-n", type=int, default=128,
+                    help="gate h: tokens decoded per run (more than the curve's, for a steadier decode figure)")
     ap.add_argument("--budget-margin", type=int, default=48,
                     help="gate g: MiB kept below a budget beyond the measured overhead (it moved by up to 24 MiB)")
     ap.add_argument("--budgets-128k", type=int, nargs="+", default=[1900, 2100, 2400, 2800, 3300, 3900],
@@ -868,7 +926,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"note: {note}")
     results: dict = {}
     names = {"a": "a_boot_repro", "b": "b_resident_unchanged", "c": "c_window_equals_resident", "d": "d_curve",
-             "e": "e_compute_buffers", "f": "f_breakdown", "g": "g_budget_curve", "h": "h_prefill_repeats"}
+             "e": "e_compute_buffers", "f": "f_breakdown", "g": "g_budget_curve", "h": "h_repeats"}
     for g in a.only.split(","):
         t0 = time.monotonic()
         log(f"== gate {g}")

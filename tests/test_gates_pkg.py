@@ -531,22 +531,40 @@ def test_cpu_gate_d_wants_the_fallback_line_no_window_and_head_modes_bytes(tmp_p
     assert not gate_d(c, "mamba", tmp_path / "m.gguf", text)["ok"]
 
 
-def test_missed_prefill_points_are_the_goals_a_window_misses_in_prefill(tmp_path: Path):
-    from gates.gpu import budget_rows, missed_prefill_points, read_budget_csv, write_budget_csv
+def test_repeat_points_are_missed_goals_same_type_pairs_and_prompt_sized_misses(tmp_path: Path):
+    from gates.gpu import budget_rows, read_budget_csv, repeat_points, write_budget_csv
 
     def r(prefill: float, decode: float, peak: int, window: dict | None = None, resident: bool = False) -> dict:
         return {"rc": 0, "prefill_tps": prefill, "decode_tps": decode, "device_mib_peak": peak, "prompt_tokens": 100,
                 "window": window, "fully_resident": resident}
 
-    rows = budget_rows(4096, [1000, 2000], "upstream q4_0", r(100.0, 50.0, 900), 4096)
+    rows = budget_rows(4096, [1000, 2000, 3000], "upstream q4_0", r(100.0, 50.0, 900), 4096)
     rows += budget_rows(4096, [1000], "window f16", r(90.0, 60.0, 990, {"resident": 512}), 4096, target=800)
-    rows += budget_rows(4096, [2000], "window f16", r(99.0, 60.0, 1900, resident=True), 4096, target=1800)
+    rows += budget_rows(4096, [2000], "window f16", r(99.0, 47.0, 1900, resident=True), 4096, target=1800)
+    rows += budget_rows(4096, [3000], "window f16", r(99.0, 60.0, 2900, resident=True), 4096, target=2800)
+    rows += budget_rows(4096, [3000], "window q4_0", r(99.0, 49.0, 2900, resident=True), 4096, target=2800)
+    # a quantized window with part of the prompt in the tail is not item 1's comparison
+    rows += budget_rows(4096, [3000], "upstream q8_0", r(100.0, 50.0, 1000), 4096)
+    rows += budget_rows(4096, [3000], "window q8_0", r(99.0, 40.0, 2900, {"resident": 64}), 4096, target=2800)
+    # at 1M: upstream f16 sized to the prompt fits at both budgets; the best window decodes 0.8 of it at the first
+    sized = r(100.0, 100.0, 1500)
+    rows += budget_rows(1048576, [2000, 3000], "upstream f16 ctx sized to the prompt", sized, 1024)
+    rows += budget_rows(1048576, [2000], "window f16", r(90.0, 80.0, 1900, resident=True), 1048576, target=1800)
+    rows += budget_rows(1048576, [2000], "window q4_0", r(90.0, 70.0, 1900, resident=True), 1048576, target=1800)
+    rows += budget_rows(1048576, [3000], "window f16", r(90.0, 95.0, 2900, resident=True), 1048576, target=2800)
     path = tmp_path / "budget_curve.csv"
-    write_budget_csv(path, rows, [4096])
-    points = missed_prefill_points(read_budget_csv(path))
-    # at 1000 MiB the window reaches 0.90 of upstream's prefill (missed); at 2000 MiB 0.99 (met): one point
-    assert points == [{"ctx": 4096, "budget_mib": 1000, "reference": "upstream q4_0", "window": "window f16",
-                       "vram_target_mib": 800, "curve_prefill_ratio": 0.9, "curve_decode_ratio": 1.2}]
+    write_budget_csv(path, rows, [4096, 1048576])
+    points = repeat_points(read_budget_csv(path))
+    # 1000 MiB: prefill 0.90 (missed); 2000 MiB: decode 0.94 (missed); 3000 MiB: met, not repeated as a goal
+    assert [(p["kind"], p["budget_mib"], p["window"]) for p in points] == [
+        ("goal", 1000, "window f16"), ("goal", 2000, "window f16"), ("same type", 3000, "window q4_0"),
+        ("prompt-sized", 2000, "window f16")]
+    assert points[0] | {} == {"kind": "goal", "ctx": 4096, "budget_mib": 1000, "reference": "upstream q4_0",
+                              "reference_ctx": 4096, "window": "window f16", "vram_target_mib": 800, "bound": 0.95,
+                              "metrics": ["prefill_tps", "decode_tps"], "curve_prefill_ratio": 0.9,
+                              "curve_decode_ratio": 1.2}
+    assert points[2]["reference"] == "upstream q4_0" and points[2]["curve_decode_ratio"] == 0.98
+    assert points[3]["reference_ctx"] == 1024 and points[3]["curve_decode_ratio"] == 0.8 and points[3]["bound"] == 0.9
 
 
 def test_gate_h_repeats_each_missed_point_with_every_configuration(tmp_path: Path):
@@ -566,23 +584,31 @@ def test_gate_h_repeats_each_missed_point_with_every_configuration(tmp_path: Pat
     rows = budget_rows(131072, [2800], "upstream q4_0", {"rc": 0, "prefill_tps": 60000.0, "decode_tps": 700.0,
                                                           "device_mib_peak": 2600}, 131072)
     rows += budget_rows(131072, [2800], "window q8_0", {"rc": 0, "prefill_tps": 50000.0, "decode_tps": 720.0,
-                                                         "device_mib_peak": 2700, "window": {"resident": 90112}},
-                        131072, target=2336)
+                                                         "device_mib_peak": 2700, "window": {"resident": 90112},
+                                                         "prompt_tokens": 35131}, 131072, target=2336)
+    # upstream q8_0 resident beside it: the fully resident q8_0 window is also repeated against it (item 1)
+    rows += budget_rows(131072, [2800], "upstream q8_0", {"rc": 0, "prefill_tps": 61000.0, "decode_tps": 690.0,
+                                                          "device_mib_peak": 2650}, 131072)
     csv_path = tmp_path / "curve.csv"
     write_budget_csv(csv_path, rows, [131072])
     a = parse_args(["--full-bin", str(bin_dir), "--pre-bin", str(bin_dir), "--upstream-bin", str(bin_dir),
                     "--repeat-csv", str(csv_path), "--repeat-reps", "3", "--curve-words", "50"])
     res = gate_h(a, tmp_path / "m.gguf", tmp_path)
-    assert res["pass"] and len(res["points"]) == 1
-    pt = res["points"][0]
+    assert res["pass"] and [p["kind"] for p in res["points"]] == ["goal", "same type"]
+    pt, same = res["points"]
     assert pt["ratios_to_reference"]["window"]["prefill_tps"] == 0.75
     assert pt["ratios_to_reference"]["head"]["prefill_tps"] == 1.0
-    assert not pt["prefill_goal_met"] and pt["decode_goal_met"]
+    assert not pt["prefill_goal_met"] and pt["decode_goal_met"] and not pt["met"]
+    # the same-type point is judged on decode only (700 against 700: met)
+    assert same["decode_goal_met"] and same["prefill_goal_met"] is None and same["met"]
+    assert set(same["medians"]) == {"reference", "window"}
     lines = calls.read_text().splitlines()
-    assert len(lines) == 1 + 4 * 3  # a warm-up, then 4 configurations x 3 rounds
+    assert len(lines) == 1 + 4 * 3 + 2 * 3  # a warm-up, 4 configurations x 3 rounds, then 2 x 3
+    assert all("-n 128 " in ln for ln in lines)  # --repeat-n's default
     window_runs = [ln for ln in lines if "window" in ln]
-    assert len(window_runs) == 3 and all("--vram-target 2336" in ln and "-ctk q8_0" in ln for ln in window_runs)
+    assert len(window_runs) == 6 and all("--vram-target 2336" in ln and "-ctk q8_0" in ln for ln in window_runs)
     assert sum("-ctk q4_0" in ln and "head" in ln and "-fit off" in ln for ln in lines) == 3
+    assert sum("-ctk q8_0" in ln and "window" not in ln for ln in lines) == 3  # upstream q8_0, the reference
 
 
 def test_model_bench_runs_resident_and_each_window_and_wants_a_tail(tmp_path: Path):
