@@ -318,7 +318,10 @@ def gate_c(a: argparse.Namespace, model: Path, work: Path) -> dict:
     # cells the 2 MiB granularity puts the device/host boundary inside the tensors of W 12,288 and 8,192, and W 512
     # lies wholly in host memory; at -ub 1 (the vector kernel's shape) W 6,144 of 8,192 cells has a device part for
     # q8_0 and none for q4_0, so decode reads the quantized tail in place with both kernels' choices
-    configs = [("f16", 512, 2048, a.windows), ("f16", 1, 2048, a.windows), ("f16", 512, 4096, a.windows_4k)]
+    # f16 at 3,072 and 1,024 cells: tensors of 3 MiB and 1 MiB, not whole granules (mapped for 4 and 2 MiB; W 2,560
+    # keeps 2,048 cells on the device, W 1,024 and 512 none)
+    configs = [("f16", 512, 2048, a.windows), ("f16", 1, 2048, a.windows), ("f16", 512, 4096, a.windows_4k),
+               ("f16", 512, 3072, a.windows_3k), ("f16", 128, 1024, [512])]
     for cache in a.quant_caches:
         configs += [(cache, 512, 16384, a.windows_16k), (cache, 1, 8192, [6144])]
     for cache, ub, ctx, windows in configs:
@@ -861,6 +864,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--window-debug", default="",
                     help="gate c: OPENCOTI_KV_DEBUG flags for the window runs, e.g. span-min (the attention span is "
                          "the window itself, so ubatches past it are split and the reserve is the window's)")
+    ap.add_argument("--windows-3k", type=int, nargs="*", default=[2560, 1024],
+                    help="gate c: windows at 3,072 cells (f16 tensors of 1.5 granules)")
     ap.add_argument("--quant-caches", nargs="*", default=["q8_0", "q4_0"],
                     help="gate c: quantized K/V types, each window against resident of the same type")
     ap.add_argument("--windows-16k", type=int, nargs="*", default=[12288, 8192, 512],

@@ -63,11 +63,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bin", type=Path, required=True, help="CUDA build of the full series (llama-completion)")
     ap.add_argument("--tools", default="memcheck,racecheck")
     ap.add_argument("--sanitizer", default=os.environ.get("COMPUTE_SANITIZER", "compute-sanitizer"))
-    ap.add_argument("--ctx", type=int, default=2048)
-    ap.add_argument("--window", type=int, default=1024, help="forced window cells (less than the prompt)")
-    ap.add_argument("--words", type=int, default=1300,
-                    help="prompt length in words of the gates' text (1,300: about 1,500 tokens, past the window)")
-    ap.add_argument("--ubatch", type=int, default=256)
+    # the default run is small (racecheck takes minutes over a few hundred tokens) and its 1 MiB tensors are smaller
+    # than the 2 MiB mapping granularity: the whole cache is host memory mapped for the device
+    ap.add_argument("--ctx", type=int, default=1024)
+    ap.add_argument("--window", type=int, default=512, help="forced window cells (less than the prompt)")
+    ap.add_argument("--words", type=int, default=500,
+                    help="prompt length in words of the gates' text (500: about 580 tokens, past the window)")
+    ap.add_argument("--ubatch", type=int, default=128)
     ap.add_argument("--limit", type=int, default=300, help="seconds each tool may run")
     ap.add_argument("--work", type=Path, default=Path("build/gpu-gates"))
     ap.add_argument("--model", type=Path, help="default: the gates' synthetic model in --work")

@@ -485,7 +485,9 @@ def test_gate_c_compares_each_quantized_cache_with_resident_of_the_same_type(tmp
     res = gate_c(a, tmp_path / "m.gguf", tmp_path)
     assert res["pass"]
     got = [(w["cache"], w["window"], w["ubatch"], w["ctx"]) for w in res["windows"]]
+    # f16 at 3,072 and 1,024 cells: tensors that are not whole 2 MiB granules
     assert got == [("f16", 256, 512, 2048), ("f16", 256, 1, 2048), ("f16", 512, 512, 4096),
+                   ("f16", 2560, 512, 3072), ("f16", 1024, 512, 3072), ("f16", 512, 128, 1024),
                    ("q8_0", 8192, 512, 16384), ("q8_0", 6144, 1, 8192),
                    ("q4_0", 8192, 512, 16384), ("q4_0", 6144, 1, 8192)]
     calls = (tmp_path / "calls.txt").read_text().splitlines()
