@@ -27,21 +27,28 @@ from gates.gpu import MODEL_ARGS
 
 MAX_LINES = 200  # of the sanitizer's own lines kept per tool (a racecheck hazard report is long)
 RE_SUMMARY = re.compile(r"=+ ERROR SUMMARY: (\d+) error")
+# racecheck ends with its own summary line, never an ERROR SUMMARY
+RE_RACE = re.compile(r"=+ RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) errors?, (\d+) warnings?\)")
 MAPPED = "host tail mapped into the device's address space"
 RE_TAIL = re.compile(r"position window = \d+ / \d+ cells resident \+ host tail [1-9]")
-KEEP = ("=========", "position window", "mapped into", "prompt eval time", "eval time")
+KEEP = ("=========", "position window", "mapped into", "prompt eval time", "eval time", "GGML_ASSERT", "error:")
 
 
 def verdict(rc: int | None, text: str) -> dict:
-    """pass / fail / not checked from the sanitizer's exit status (None: stopped by the limit) and its output."""
+    """pass / fail / not checked from the sanitizer's exit status (None: stopped by the limit) and its summary line
+    (memcheck's ERROR SUMMARY, racecheck's RACECHECK SUMMARY, whose warnings are reported, not counted as errors)."""
     m = RE_SUMMARY.search(text)
-    if rc is None or m is None:
-        why = "stopped by the time limit before its summary" if rc is None else "no ERROR SUMMARY line"
+    race = RE_RACE.search(text)
+    if rc is None or (m is None and race is None):
+        why = "stopped by the time limit before its summary" if rc is None else "no summary line"
         return {"verdict": "not checked", "errors": None, "why": why}
-    errors = int(m.group(1))
+    errors = int(m.group(1)) if m else int(race.group(1))
+    warnings = int(race.group(2)) if race and not m else None
     ok = errors == 0 and rc == 0
-    return {"verdict": "pass" if ok else "fail", "errors": errors,
-            "why": "" if ok else (f"{errors} error(s)" if errors else f"exit status {rc}")}
+    why = "" if ok else (f"{errors} error(s)" if errors else f"exit status {rc}: the program failed under it")
+    if warnings:
+        why = "; ".join(x for x in (why, f"{warnings} racecheck warning(s)") if x)
+    return {"verdict": "pass" if ok else "fail", "errors": errors, "warnings": warnings, "why": why}
 
 
 def run_limited(cmd: list[str], env: dict, limit: int) -> tuple[int | None, str]:

@@ -1171,19 +1171,27 @@ def test_sanitizer_passes_only_on_a_finished_clean_summary(tmp_path: Path, capsy
         p.chmod(0o755)
         return p
 
-    clean = fake("clean", 'echo "========= COMPUTE-SANITIZER"; echo "position window = 1024 / 2048 cells resident'
-                          ' + host tail 1024 cells (16.00 MiB host)"; echo "llama_kv_cache: host tail mapped into the'
-                          ' device\'s address space: 16.00 MiB device"; echo "========= ERROR SUMMARY: 0 errors"\n')
-    copying = fake("copying", 'echo "position window = 1024 / 2048 cells resident + host tail 1024 cells"\n'
-                              'echo "========= ERROR SUMMARY: 0 errors"\n')
-    resident = fake("resident", 'echo "position window = FULLY RESIDENT"; echo "========= ERROR SUMMARY: 0 errors"\n')
-    dirty = fake("dirty", 'echo "========= Invalid __global__ read of size 4"; echo "========= ERROR SUMMARY: 3 errors"\n'
-                          'exit 1\n')
-    crash = fake("crash", 'echo "========= ERROR SUMMARY: 0 errors"; exit 2\n')
+    # each tool's own summary line: memcheck's ERROR SUMMARY, racecheck's RACECHECK SUMMARY
+    def summary(errors: int, warnings: int = 0) -> str:
+        return (f'if [ "$2" = racecheck ]; then echo "========= RACECHECK SUMMARY: {errors + warnings} hazards displayed '
+                f'({errors} errors, {warnings} warnings)"; else echo "========= ERROR SUMMARY: {errors} errors"; fi\n')
+
+    mapped = ('echo "========= COMPUTE-SANITIZER"; echo "position window = 1024 / 2048 cells resident + host tail 1024 '
+              'cells (16.00 MiB host)"; echo "llama_kv_cache: host tail mapped into the device\'s address space: 16.00 '
+              'MiB device"\n')
+    clean = fake("clean", mapped + summary(0))
+    warned = fake("warned", mapped + summary(0, 15))
+    copying = fake("copying", 'echo "position window = 1024 / 2048 cells resident + host tail 1024 cells"\n' + summary(0))
+    resident = fake("resident", 'echo "position window = FULLY RESIDENT"\n' + summary(0))
+    dirty = fake("dirty", 'echo "========= Invalid __global__ read of size 4"\n' + summary(3) + 'exit 1\n')
+    # the program aborts under the sanitizer, which finds no error of its own: a failed run, never a pass
+    crash = fake("crash", mapped + 'echo "ggml-backend.cpp:71: GGML_ASSERT(size <= ggml_nbytes(tensor)) failed"\n'
+                 + summary(0) + 'exit 6\n')
+    no_summary = fake("no_summary", mapped)
     slow = fake("slow", 'echo "========= COMPUTE-SANITIZER"; sleep 30\n')
     base = ["--bin", str(tmp_path), "--model", str(tmp_path / "m.gguf"), "--work", str(tmp_path / "w")]
-    want = {clean: ("pass", 0), dirty: ("fail", 1), crash: ("fail", 1), slow: ("not checked", 1),
-            resident: ("not checked", 1), copying: ("not checked", 1),
+    want = {clean: ("pass", 0), warned: ("pass", 0), dirty: ("fail", 1), crash: ("fail", 1), slow: ("not checked", 1),
+            resident: ("not checked", 1), copying: ("not checked", 1), no_summary: ("not checked", 1),
             tmp_path / "absent": ("not checked", 1)}
     for tool, (verdict, code) in want.items():
         out = tmp_path / f"{tool.name}.txt"
@@ -1194,6 +1202,9 @@ def test_sanitizer_passes_only_on_a_finished_clean_summary(tmp_path: Path, capsy
         text = out.read_text()
         assert f"memcheck: {verdict}" in text and f"racecheck: {verdict}" in text
     assert "3 error(s)" in (tmp_path / "dirty.txt").read_text()
+    assert "racecheck: pass (15 racecheck warning(s))" in (tmp_path / "warned.txt").read_text()
+    crashed = (tmp_path / "crash.txt").read_text()
+    assert "exit status 6" in crashed and "GGML_ASSERT" in crashed  # the program's own failure is kept
     assert "stopped by the time limit" in (tmp_path / "slow.txt").read_text()
     assert "position window = 1024 / 2048" in (tmp_path / "clean.txt").read_text()
     assert "no host tail logged" in (tmp_path / "resident.txt").read_text()
