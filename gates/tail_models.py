@@ -132,6 +132,9 @@ def tail_targets(rows: list[dict], link_gbps: float, n_decoded: int, bytes_per_c
         out["small_tail"] = {"tail_share": float(small["tail_share"]), "decode_tps": float(small["decode_tps"]),
                              "resident_decode_tps": float(res[0]["decode_tps"]), "ratio": round(ratio, 3),
                              "target": TARGET, "met": ratio >= TARGET}
+        if small.get("prompt_tokens"):  # the device part is whole mapping granules: it can hold less than the window
+            n_prompt = int(small["prompt_tokens"])
+            out["small_tail"]["device_tail_share"] = round(max(0, n_prompt - device_cells(small)) / n_prompt, 4)
         if float(small["tail_share"]) > SMALL_TAIL_MAX:
             out["small_tail"] |= {"met": None, "note": f"not checked: no forced share at most {SMALL_TAIL_MAX} "
                                   f"(the smallest is {float(small['tail_share'])})"}
@@ -156,7 +159,8 @@ def target_line(name: str, t: dict) -> str:
     ref = (f"resident {t['resident_decode_tps']}" if name == "small_tail"
            else f"link limit {t['link_limit_tps']} tok/s ({t['tail_mib_per_token']} MiB at {t['link_gbps']} GB/s)")
     verdict = t.get("note") or ("met" if t["met"] else "missed")
-    return (f"{name}: share {t['tail_share']}, decode {t['decode_tps']} tok/s against {ref}: "
+    past = f" ({t['device_tail_share']} past device memory)" if "device_tail_share" in t else ""
+    return (f"{name}: share {t['tail_share']}{past}, decode {t['decode_tps']} tok/s against {ref}: "
             f"{t['ratio']} (target {t['target']}, {verdict})")
 
 
