@@ -13,7 +13,6 @@ from pathlib import Path
 from gates import make_model
 
 WINDOW_ENV = "LLAMA_ARG_KV_WINDOW_CELLS"
-MODE_ENV = "LLAMA_ARG_KV_RESIDENCY_MODE"
 DEBUG_ENV = "OPENCOTI_KV_DEBUG"  # the KV window's one debug variable (comma-separated flags)
 # kv-attention-span: llama_decode retrying a batch in smaller ubatches (a debug line: -lv 5)
 RE_SPAN_SPLIT = re.compile(r"retrying batch size \d+ in ubatches of (\d+) \(attention span\)")

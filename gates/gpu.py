@@ -21,7 +21,6 @@ from pathlib import Path
 from gates import tail_models
 from gates.common import (
     DEBUG_ENV,
-    MODE_ENV,
     RE_SPAN_SPLIT,
     RE_WINDOW,
     TOL_SAME_TOP_PCT,
@@ -223,13 +222,13 @@ def gate_a(a: argparse.Namespace, model: Path, work: Path) -> dict:
 
 
 # (b) ---------------------------------------------------------------------------------------------------------
-def bench(bin_dir: Path, model: Path, tag: str, work: Path, a: argparse.Namespace, env: dict) -> dict[str, list[float]]:
+def bench(bin_dir: Path, model: Path, tag: str, work: Path, a: argparse.Namespace, flags: list[str]) -> dict[str, list[float]]:
     """One llama-bench invocation: pp and tg samples (tokens/s), -r repetitions each."""
     argv = [str(bin_dir / "llama-bench"), "-m", str(model), "-ngl", "99", "-fa", "1", "-p", str(a.bench_pp),
-            "-n", str(a.bench_tg), "-r", str(a.bench_reps), "-o", "json"]
+            "-n", str(a.bench_tg), "-r", str(a.bench_reps), "-o", "json", *flags]
     if a.bench_cpus and shutil.which("taskset"):
         argv = ["taskset", "-c", a.bench_cpus, *argv]
-    r = run(tag, argv, work, env=env, timeout=600)
+    r = run(tag, argv, work, timeout=600)
     if r["rc"] != 0:
         raise RuntimeError(f"{tag}: llama-bench exit {r['rc']}")
     text = r["text"]
@@ -264,16 +263,17 @@ def gate_b(a: argparse.Namespace, model: Path, work: Path) -> dict:
     """Resident unchanged: llama-bench, warm-up, interleaved rounds, ratio of medians against measured noise.
     The full series runs in window mode (what the gate decides on) and in head mode (the same binary on upstream's
     code path: a difference both modes share is the build, not the window code)."""
-    builds = {"upstream": (a.upstream_bin, {}), "full": (a.full_bin, {MODE_ENV: "window"}),
-              "full_head": (a.full_bin, {MODE_ENV: "head"})}
-    for name, (b, env) in builds.items():  # warm-up: page cache, GPU clocks, JIT caches; discarded
-        bench(b, model, f"b-warmup-{name}", work, a, env)
+    # upstream's llama-bench has no --kv-residency-mode (0070 adds it): it runs without
+    builds = {"upstream": (a.upstream_bin, []), "full": (a.full_bin, ["--kv-residency-mode", "window"]),
+              "full_head": (a.full_bin, ["--kv-residency-mode", "head"])}
+    for name, (b, flags) in builds.items():  # warm-up: page cache, GPU clocks, JIT caches; discarded
+        bench(b, model, f"b-warmup-{name}", work, a, flags)
     samples: dict[str, dict[str, list[list[float]]]] = {n: {"pp": [], "tg": []} for n in builds}
     for i in range(a.bench_rounds):
         order = list(builds)[i % len(builds):] + list(builds)[:i % len(builds)]  # each build leads in turn
         for name in order:
-            b, env = builds[name]
-            s = bench(b, model, f"b-{name}-{i}", work, a, env)
+            b, flags = builds[name]
+            s = bench(b, model, f"b-{name}-{i}", work, a, flags)
             for k in ("pp", "tg"):
                 samples[name][k].append(s[k])
     res: dict = {"rounds": a.bench_rounds, "reps_per_round": a.bench_reps, "pp": a.bench_pp, "tg": a.bench_tg,

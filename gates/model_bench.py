@@ -2,11 +2,10 @@
 
 Each configuration is one llama-bench invocation with the same test (a prefill of --pp tokens and a decode of
 --tg tokens, both after --depth tokens already in the cache), run in --rounds interleaved rounds of --reps
-repetitions, so slow drifts of the GPU hit every configuration alike. llama-bench has no window flags: the window
-comes from the environment variables of the common flags, which llama-bench reads for them (LLAMA_ARG_KV_RESIDENCY_MODE,
-LLAMA_ARG_KV_WINDOW_CELLS),
-and its -v log shows the cache it got (position window or FULLY RESIDENT). Prints one JSON object; exits 1 when a
-run fails or a forced window was not engaged (no host tail logged).
+repetitions, so slow drifts of the GPU hit every configuration alike. The window comes from llama-bench's
+--kv-residency-mode and --kv-window-cells (0070: one setting for every test of a run), and its -v log shows the
+cache it got (position window or FULLY RESIDENT). Prints one JSON object; exits 1 when a run fails or a forced
+window was not engaged (no host tail logged).
 """
 
 from __future__ import annotations
@@ -20,12 +19,12 @@ import sys
 import time
 from pathlib import Path
 
-from gates.common import DEBUG_ENV, MODE_ENV, WINDOW_ENV, parse_windows
+from gates.common import DEBUG_ENV, WINDOW_ENV, parse_windows
 
 
-def bench_once(a: argparse.Namespace, name: str, env_extra: dict, rnd: int) -> dict:
+def bench_once(a: argparse.Namespace, name: str, flags: list[str], env_extra: dict, rnd: int) -> dict:
     argv = [str(a.bin / "llama-bench"), "-m", str(a.model), "-ngl", "99", "-fa", "1", "-p", str(a.pp),
-            "-n", str(a.tg), "-d", str(a.depth), "-r", str(a.reps), "-o", "json", "-v"]
+            "-n", str(a.tg), "-d", str(a.depth), "-r", str(a.reps), "-o", "json", "-v", *flags]
     env = dict(os.environ)
     env.pop(WINDOW_ENV, None)
     env.pop(DEBUG_ENV, None)
@@ -60,17 +59,18 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     a.work.mkdir(parents=True, exist_ok=True)
     windows = [int(x) for x in a.windows.split(",") if x]
-    flags = [f for f in a.debug.split(",") if f]
-    configs = [("resident", {MODE_ENV: "head"})]
+    debug = [f for f in a.debug.split(",") if f]
+    configs: list[tuple[str, list[str], dict]] = [("resident", ["--kv-residency-mode", "head"], {})]
     for w in windows:
-        configs.append((f"window {w}", {MODE_ENV: "window", WINDOW_ENV: str(w)}))
-        configs += [(f"window {w} {f}", {MODE_ENV: "window", WINDOW_ENV: str(w), DEBUG_ENV: f}) for f in flags]
+        win = ["--kv-residency-mode", "window", "--kv-window-cells", str(w)]
+        configs.append((f"window {w}", win, {}))
+        configs += [(f"window {w} {f}", win, {DEBUG_ENV: f}) for f in debug]
     t0 = time.monotonic()
-    samples: dict = {n: {"prefill": [], "decode": [], "windows": [], "fully_resident": []} for n, _ in configs}
+    samples: dict = {n: {"prefill": [], "decode": [], "windows": [], "fully_resident": []} for n, _, _ in configs}
     for rnd in range(a.rounds):
         order = configs[rnd % len(configs):] + configs[:rnd % len(configs)]  # each configuration leads in turn
-        for name, env in order:
-            r = bench_once(a, name.replace(" ", "-"), env, rnd)
+        for name, flags, env in order:
+            r = bench_once(a, name.replace(" ", "-"), flags, env, rnd)
             s = samples[name]
             s["prefill"] += r.get("prefill", [])
             s["decode"] += r.get("decode", [])
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     res = samples["resident"]
     rows = []
     ok = True
-    for name, _ in configs:
+    for name, _, _ in configs:
         s = samples[name]
         row = {"config": name, "prefill_median": statistics.median(s["prefill"]),
                "decode_median": statistics.median(s["decode"]), "prefill_samples": s["prefill"],

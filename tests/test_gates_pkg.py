@@ -142,8 +142,30 @@ def test_gpu_bench_reads_llama_bench_json(tmp_path: Path):
            {"n_prompt": 0, "n_gen": 128, "samples_ts": [1750.0, 1748.5]}]
     fake_tool(tmp_path / "llama-bench", "main: loading\n" + json.dumps(doc))
     a = argparse.Namespace(bench_pp=2048, bench_tg=128, bench_reps=2, bench_cpus="")
-    assert bench(tmp_path, tmp_path / "m.gguf", "b", tmp_path, a, {}) == {"pp": [146000.5, 145000.0],
+    assert bench(tmp_path, tmp_path / "m.gguf", "b", tmp_path, a, []) == {"pp": [146000.5, 145000.0],
                                                                         "tg": [1750.0, 1748.5]}
+
+
+def test_gate_b_gives_the_residency_flags_to_the_full_build_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    # upstream's llama-bench has no --kv-residency-mode: it runs without; the full build runs in window and head mode
+    gpu, full = fake_gpu_bin(tmp_path, monkeypatch, [
+        'echo "llama_kv_cache: position window = FULLY RESIDENT (131072 / 131072 cells on CUDA0, 2048.00 MiB, auto)"'])
+    upstream = tmp_path / "upstream"
+    upstream.mkdir()
+    doc = json.dumps([{"n_prompt": 2048, "n_gen": 0, "samples_ts": [100000.0]},
+                      {"n_prompt": 0, "n_gen": 128, "samples_ts": [1700.0]}])
+    for b in (full, upstream):
+        fake_tool(b / "llama-bench", f'echo "{b.name} $*" >> {tmp_path}/calls.txt\ncat <<\'EOF\'\n{doc}\nEOF', script=True)
+    a = gpu.parse_args(["--full-bin", str(full), "--pre-bin", str(full), "--upstream-bin", str(upstream),
+                        "--bench-rounds", "2", "--bench-cpus", ""])
+    res = gpu.gate_b(a, tmp_path / "m.gguf", tmp_path)
+    assert res["pass"] and res["fully_resident_single_pass"]
+    calls = (tmp_path / "calls.txt").read_text().splitlines()
+    assert len(calls) == 3 * 3  # a warm-up and 2 rounds of each build
+    assert all("--kv-residency-mode" not in c for c in calls if c.startswith("upstream "))
+    full_calls = [c for c in calls if c.startswith("full ")]
+    assert sum(c.endswith("--kv-residency-mode window") for c in full_calls) == 3
+    assert sum(c.endswith("--kv-residency-mode head") for c in full_calls) == 3
 
 
 def test_gate_b_compare_fails_a_slowdown_beyond_the_noise_and_passes_within_it():
@@ -618,9 +640,10 @@ def test_model_bench_runs_resident_and_each_window_and_wants_a_tail(tmp_path: Pa
     bin_dir.mkdir()
     doc = [{"n_prompt": 4096, "n_gen": 0, "n_depth": 12288, "samples_ts": [50000.0, 52000.0]},
            {"n_prompt": 0, "n_gen": 128, "n_depth": 12288, "samples_ts": [800.0, 810.0]}]
-    # a stand-in llama-bench: the window the environment asks for shows in its log, as with -v
+    # a stand-in llama-bench: the window its --kv-window-cells asks for shows in its log, as with -v
     fake_tool(bin_dir / "llama-bench", "\n".join([
-        'if [ -n "$LLAMA_ARG_KV_WINDOW_CELLS" ]; then echo "llama_kv_cache: position window = $LLAMA_ARG_KV_WINDOW_CELLS '
+        'w=""; prev=""; for x in "$@"; do [ "$prev" = "--kv-window-cells" ] && w=$x; prev=$x; done',
+        'if [ -n "$w" ]; then echo "llama_kv_cache: position window = $w '
         '/ 16384 cells resident + host tail 100 cells (1.00 MiB host) [CUDA0, forced]" >&2; fi',
         f"cat <<'EOF'\n{json.dumps(doc)}\nEOF"]), script=True)
     r = run_module("gates.model_bench", "--bin", str(bin_dir), "--model", str(tmp_path / "m.gguf"),
@@ -1070,8 +1093,8 @@ def test_gpu_gates_say_when_the_upstream_rows_ran_the_full_build(tmp_path: Path)
 @pytest.mark.slow
 def test_the_window_flags_env_vars_reach_the_tools_and_libllama_reads_none(tmp_path: Path):
     """In the patched cpu build (FORKTOOL_CPU_BIN, else build/cpu/bin): the common flags' LLAMA_ARG_* variables
-    fill in a flag that is not given, a flag given wins, llama-bench reads them for its tests and refuses a bad value,
-    and the names libllama used to read change nothing."""
+    fill in a flag that is not given, a flag given wins, and the names libllama used to read change nothing;
+    llama-bench has the same flags for every test of a run, refuses a bad value and reads no environment for them."""
     bin_dir = Path(os.environ.get("FORKTOOL_CPU_BIN", ROOT / "build" / "cpu" / "bin"))
     if not (bin_dir / "llama-bench").exists():
         pytest.skip(f"no llama-bench in {bin_dir}: build the cpu profile or set FORKTOOL_CPU_BIN")
@@ -1100,19 +1123,25 @@ def test_the_window_flags_env_vars_reach_the_tools_and_libllama_reads_none(tmp_p
                             "--kv-residency-mode", "head")) is None
     assert cells(completion({"OPENCOTI_KV_RESIDENCY_MODE": "window", "OPENCOTI_KV_WINDOW_CELLS": "32"})) is None
 
-    def bench(env: dict) -> subprocess.CompletedProcess:
+    def bench(env: dict, *flags: str) -> subprocess.CompletedProcess:
         return subprocess.run([str(bin_dir / "llama-bench"), "-m", str(model), "-p", "16", "-n", "2", "-r", "1",
-                               "-fa", "1", "-t", "2", "-v"], env=base | env, capture_output=True, text=True, timeout=120)
+                               "-fa", "1", "-t", "2", "-v", *flags], env=base | env, capture_output=True, text=True,
+                              timeout=120)
 
-    b = bench({"LLAMA_ARG_KV_RESIDENCY_MODE": "window", "LLAMA_ARG_KV_WINDOW_CELLS": "64"})
+    # llama-bench has the flags of the same names, for every test of a run; it reads no environment for them
+    b = bench({}, "--kv-residency-mode", "window", "--kv-window-cells", "64")
     assert b.returncode == 0, b.stderr[-2000:]
     assert cells(b.stderr) == 64
-    b = bench({})
+    b = bench({"LLAMA_ARG_KV_RESIDENCY_MODE": "window", "LLAMA_ARG_KV_WINDOW_CELLS": "64"})
     assert b.returncode == 0 and cells(b.stderr) is None
-    for env, msg in (({"LLAMA_ARG_KV_RESIDENCY_MODE": "tail"}, "LLAMA_ARG_KV_RESIDENCY_MODE=tail (expected head or window)"),
-                     ({"LLAMA_ARG_KV_WINDOW_CELLS": "12x"}, "LLAMA_ARG_KV_WINDOW_CELLS=12x (expected a number >= 0)")):
-        b = bench(env)
-        assert b.returncode == 1 and msg in b.stderr
+    b = bench({}, "--kv-residency-mode", "window", "--kv-window-cells", "64", "--kv-residency-mode", "head")
+    assert b.returncode == 0 and cells(b.stderr) is None  # the last one given wins
+    assert "--kv-residency-mode <head|window>" in bench({}, "--help").stdout
+    for flags in (("--kv-residency-mode", "tail"), ("--kv-window-cells", "12x"), ("--vram-target", "-1"),
+                  ("--kv-window-cells", "4294967296"), ("--kv-window-cells", "99999999999999999999999"),
+                  ("--vram-target",)):
+        b = bench({}, *flags)
+        assert b.returncode == 1 and f"error: invalid parameter for argument: {flags[0]}" in b.stderr, (flags, b.stderr)
 
 
 @pytest.mark.integration
