@@ -161,11 +161,9 @@ EDITS: dict[str, dict[str, Edit | list[Edit]]] = {
         "src/llama-kv-cache.cpp": ('ggml_format_name(kv[i], i == 0 ? "cache_%sk_l%d" : "cache_%sv_l%d", name_tag, il);',
                                    'ggml_format_name(kv[i], i == 0 ? "cache_k_l%d" : "cache_v_l%d", il);', 1),
         "ggml/src/ggml-cuda/fattn.cu": [
-            ("            K->ne[1] % FATTN_KQ_STRIDE != 0 || "
-             "ggml_cuda_get_fattn_vec_case(Q->ne[0], K->type, V->type) == nullptr) {\n",
-             "            K->ne[1] % FATTN_KQ_STRIDE != 0 ||\n"
-             "            (K->type != GGML_TYPE_F16 && K->type != GGML_TYPE_Q4_0 && K->type != GGML_TYPE_Q8_0 &&\n"
-             "             K->type != GGML_TYPE_BF16)) {\n", 1),
+            ("    } else if (ggml_cuda_get_fattn_vec_case(Q->ne[0], K->type, V->type) == nullptr ||\n",
+             "    } else if ((K->type != GGML_TYPE_F16 && K->type != GGML_TYPE_Q4_0 && K->type != GGML_TYPE_Q8_0 &&\n"
+             "             K->type != GGML_TYPE_BF16) ||\n", 1),
             ("    const ggml_tensor * Q    = dst->src[0];\n    const ggml_tensor * K    = dst->src[1];\n"
              "    const ggml_tensor * V    = dst->src[2];\n    const ggml_tensor * mask = dst->src[3];\n\n"
              "    cudaStream_t stream = ctx.stream();\n",
