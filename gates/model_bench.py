@@ -19,15 +19,14 @@ import sys
 import time
 from pathlib import Path
 
-from gates.common import DEBUG_ENV, WINDOW_ENV, parse_windows
+from gates.common import DEBUG_ENV, parse_windows
 
 
 def bench_once(a: argparse.Namespace, name: str, flags: list[str], env_extra: dict, rnd: int) -> dict:
     argv = [str(a.bin / "llama-bench"), "-m", str(a.model), "-ngl", "99", "-fa", "1", "-p", str(a.pp),
             "-n", str(a.tg), "-d", str(a.depth), "-r", str(a.reps), "-o", "json", "-v", *flags]
     env = dict(os.environ)
-    env.pop(WINDOW_ENV, None)
-    env.pop(DEBUG_ENV, None)
+    env.pop(DEBUG_ENV, None)  # llama-bench reads no window variable; the debug flags are libllama's
     env.update(env_extra)
     p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=a.timeout)
     (a.work / f"{name}-r{rnd}.log").write_text(" ".join(argv) + "\n" + json.dumps(env_extra) + "\n\n" + p.stderr)

@@ -2,12 +2,12 @@
 
 One llama-completion run per tool on the gates' synthetic model (`gates.gpu`'s, built here when missing) with a
 forced window smaller than the prompt, so that prefill ubatches reach past the device part (the prefill copy) and
-decode tokens attend the tail (the tail segments). Each tool's verdict is `pass` (the sanitizer's own
-`ERROR SUMMARY: 0 errors` and exit 0), `fail` (errors, or the run failed) or `not checked` (the limit stopped it
-before the summary, no compute-sanitizer, or a clean run that logged no mapped host tail): a tool that did not finish,
-or ran over a resident cache or the copying tail path, is never a pass. Writes the commands,
-the sanitizer's lines and the cache lines to --out (text) and prints one JSON object; exits 1 unless every tool
-passed.
+decode tokens attend the tail (the tail segments). Each tool's verdict is `pass` (the tool's own summary with 0
+errors, memcheck's `ERROR SUMMARY` or racecheck's `RACECHECK SUMMARY`, and exit 0), `fail` (errors, or the run
+failed) or `not checked` (the limit stopped it before the summary, no compute-sanitizer, or a clean run that
+logged no mapped host tail): a tool that did not finish, or ran over a resident cache or the copying tail path,
+is never a pass. Writes the commands, the sanitizer's lines and the cache lines to --out (text) and prints one
+JSON object; exits 1 unless every tool passed.
 """
 
 from __future__ import annotations
