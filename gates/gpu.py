@@ -45,6 +45,9 @@ MODEL_ARGS = ["--arch", "llama", "--layers", "8", "--n-embd", "2048", "--n-head"
               "--head-dim", "128", "--n-ff", "8192", "--ctx", "1048576", "--vocab", "512"]
 COPY_TAIL_ENV = {DEBUG_ENV: "copy-tail"}  # 0073 off: the full build on 0072's copying tail path
 KV_BYTES_PER_CELL = 8 * 2 * 4 * 128 * 2  # layers * (K+V) * kv heads * head dim * f16
+# the cells of one 2 MiB mapping granule in a K or V tensor of the gate model (4 kv heads * head dim 128 * f16): a
+# mapped tail's device part is whole granules, so only a window of whole granules keeps exactly its cells there
+GRANULE_CELLS = (2 << 20) // (4 * 128 * 2)
 
 
 class Ballast:
@@ -402,6 +405,15 @@ def gate_d(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
             row = curve_row(config, round(1.0 - min(cells, n_prompt) / n_prompt, 4), r, ctx)
             rows.append(row)
             log(f"curve: {row}")
+    # the small tail past device memory: a forced share keeps its window rounded down to whole granules there (1 %
+    # of this prompt leaves 6.7 % in host memory), so the smallest whole-granule window short of the prompt is run too
+    cells = -(-int(n_prompt * (1.0 - tail_models.SMALL_TAIL)) // GRANULE_CELLS) * GRANULE_CELLS
+    if cells < n_prompt:
+        share = round(1.0 - cells / n_prompt, 4)
+        r = run(f"d-window-granules-{cells}", completion(a.full_bin, model, ctx, prompt, a.curve_n,
+                ["--kv-residency-mode", "window", "-fit", "off"]), work, env={WINDOW_ENV: str(cells)}, measure=True)
+        rows.append(curve_row("window", share, r, ctx))
+        log(f"curve (whole granules): {rows[-1]}")
     # the same prompt under --vram-target budgets (the sizer picks the window; "before" sizes its own)
     for target in a.targets:
         for config, b, benv in builds:

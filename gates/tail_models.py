@@ -105,6 +105,15 @@ def device_cells(r: dict) -> int:
     return int(v) if v not in (None, "") else int(r["resident_cells"])
 
 
+def past_device_share(r: dict) -> float:
+    """The share of a row's prompt past the cells its K/V keep in device memory (its forced share where the row does
+    not say how many prompt tokens it had)."""
+    if not r.get("prompt_tokens"):
+        return float(r["tail_share"])
+    n_prompt = int(r["prompt_tokens"])
+    return round(max(0, n_prompt - device_cells(r)) / n_prompt, 4)
+
+
 def curve_points(rows: list[dict], n_decoded: int, bytes_per_cell: int) -> list[tuple[float, float]]:
     """(tail MiB read per token, ms per token) of a gate d curve's forced-window rows (config "window"): the tail a
     token reads is the prompt past the cells in device memory, plus half the decoded tokens (the average over the
@@ -126,18 +135,21 @@ def tail_targets(rows: list[dict], link_gbps: float, n_decoded: int, bytes_per_c
     res = [r for r in win if float(r["tail_share"]) == 0.0]
     tails = [r for r in win if float(r["tail_share"]) > 0.0]
     out: dict = {}
-    if res and tails:
-        small = min(tails, key=lambda r: abs(float(r["tail_share"]) - SMALL_TAIL))
+    # the small tail is judged at the share really past device memory (a device part is whole mapping granules, so
+    # a forced window can keep fewer cells there than it names); rows with none past it are no tail at all
+    small_tails = [r for r in tails if past_device_share(r) > 0.0]
+    if res and small_tails:
+        small = min(small_tails, key=lambda r: abs(past_device_share(r) - SMALL_TAIL))
         ratio = float(small["decode_tps"]) / float(res[0]["decode_tps"])
+        past = past_device_share(small)
         out["small_tail"] = {"tail_share": float(small["tail_share"]), "decode_tps": float(small["decode_tps"]),
                              "resident_decode_tps": float(res[0]["decode_tps"]), "ratio": round(ratio, 3),
                              "target": TARGET, "met": ratio >= TARGET}
-        if small.get("prompt_tokens"):  # the device part is whole mapping granules: it can hold less than the window
-            n_prompt = int(small["prompt_tokens"])
-            out["small_tail"]["device_tail_share"] = round(max(0, n_prompt - device_cells(small)) / n_prompt, 4)
-        if float(small["tail_share"]) > SMALL_TAIL_MAX:
-            out["small_tail"] |= {"met": None, "note": f"not checked: no forced share at most {SMALL_TAIL_MAX} "
-                                  f"(the smallest is {float(small['tail_share'])})"}
+        if small.get("prompt_tokens"):
+            out["small_tail"]["device_tail_share"] = past
+        if past > SMALL_TAIL_MAX:
+            out["small_tail"] |= {"met": None, "note": f"not checked: no forced window with at most {SMALL_TAIL_MAX} "
+                                  f"of the prompt past device memory (the smallest is {past})"}
     if tails and link_gbps > 0:
         large = max(tails, key=lambda r: float(r["tail_share"]))
         n_prompt, cells = int(large["prompt_tokens"]), device_cells(large)

@@ -285,8 +285,21 @@ def test_tail_models_count_the_tail_past_the_cells_in_device_memory():
     assert pts[1][0] == pytest.approx((35131 + 32 - 32768) * 16384 / 2**20)  # 37.4 MiB, not the window's 5.9
     rows[1]["device_cells"] = ""  # an older curve without the column: the window it kept
     assert tail_models.curve_points(rows, 64, 16384)[1][0] == pytest.approx((35131 + 32 - 34780) * 16384 / 2**20)
+    # the small-tail target is judged at the share past device memory: 6.7 % there is no 1 % tail
+    rows[1]["device_cells"] = 32768
     t = tail_models.tail_targets(rows, 55.0, 64, 16384)
-    assert t["small_tail"]["ratio"] == pytest.approx(481 / 930, abs=1e-3) and t["small_tail"]["met"] is False
+    assert t["small_tail"]["device_tail_share"] == round((35131 - 32768) / 35131, 4) and t["small_tail"]["met"] is None
+    assert "not checked: no forced window with at most 0.03 of the prompt past device memory (the smallest is 0.0673)" \
+        in tail_models.target_line("small_tail", t["small_tail"])
+    # a window of whole granules (34,816 cells, 0.9 % past device memory) is the one it is judged at
+    rows.append({"config": "window", "rc": 0, "tail_share": 0.009, "resident_cells": 34816, "device_cells": 34816,
+                 "prompt_tokens": 35131, "decode_tps": 600.0})
+    t = tail_models.tail_targets(rows, 55.0, 64, 16384)
+    assert t["small_tail"]["tail_share"] == 0.009 and t["small_tail"]["device_tail_share"] == 0.009
+    assert t["small_tail"]["ratio"] == pytest.approx(600 / 930, abs=1e-3) and t["small_tail"]["met"] is False
+    # a forced window whose device part holds the whole prompt has no tail: never the small-tail point
+    rows[-1]["device_cells"] = 36864
+    assert tail_models.tail_targets(rows, 55.0, 64, 16384)["small_tail"]["tail_share"] == 0.01
 
 
 def test_tail_models_targets_from_a_curve_csv(tmp_path: Path):
@@ -317,7 +330,8 @@ def test_tail_models_targets_from_a_curve_csv(tmp_path: Path):
     t = tail_models.tail_targets(far, 55.0, 64, 8 * 2 * 4 * 128 * 2)
     assert t["small_tail"]["met"] is None and t["small_tail"]["tail_share"] == 0.5
     assert t["large_tail"]["met"] is None and "not checked" in tail_models.target_line("large_tail", t["large_tail"])
-    assert "not checked: no forced share at most 0.03" in tail_models.target_line("small_tail", t["small_tail"])
+    assert "not checked: no forced window with at most 0.03 of the prompt past device memory" \
+        in tail_models.target_line("small_tail", t["small_tail"])
 
 
 def test_tail_models_refuses_a_file_that_is_not_a_curve(tmp_path: Path):
