@@ -54,7 +54,7 @@ def verdict(rc: int | None, text: str) -> dict:
 def run_limited(cmd: list[str], env: dict, limit: int) -> tuple[int | None, str]:
     """(exit status, output) of cmd; (None, what it printed) when the limit stops it: its whole process group is
     killed, so the program under the sanitizer does not keep the GPU."""
-    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
                          start_new_session=True)
     try:
         out, _ = p.communicate(timeout=limit)
