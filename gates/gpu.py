@@ -410,10 +410,12 @@ def gate_d(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
     cells = -(-int(n_prompt * (1.0 - tail_models.SMALL_TAIL)) // GRANULE_CELLS) * GRANULE_CELLS
     if cells < n_prompt:
         share = round(1.0 - cells / n_prompt, 4)
-        r = run(f"d-window-granules-{cells}", completion(a.full_bin, model, ctx, prompt, a.curve_n,
-                ["--kv-residency-mode", "window", "-fit", "off"]), work, env={WINDOW_ENV: str(cells)}, measure=True)
-        rows.append(curve_row("window", share, r, ctx))
-        log(f"curve (whole granules): {rows[-1]}")
+        for config, b, benv in builds:
+            r = run(f"d-{config.replace(' ', '-')}-granules-{cells}", completion(b, model, ctx, prompt, a.curve_n,
+                    ["--kv-residency-mode", "window", "-fit", "off"]), work, env={WINDOW_ENV: str(cells), **benv},
+                    measure=True)
+            rows.append(curve_row(config, share, r, ctx))
+            log(f"curve (whole granules): {rows[-1]}")
     # the same prompt under --vram-target budgets (the sizer picks the window; "before" sizes its own)
     for target in a.targets:
         for config, b, benv in builds:
