@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gates.common import WINDOW_ENV, ensure_model, make_text
+from gates.common import DEBUG_ENV, WINDOW_ENV, ensure_model, make_text
 from gates.gpu import MODEL_ARGS
 
 MAX_LINES = 200  # of the sanitizer's own lines kept per tool (a racecheck hazard report is long)
@@ -81,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=Path("build/gpu-gates"))
     ap.add_argument("--model", type=Path, help="default: the gates' synthetic model in --work")
     ap.add_argument("--out", type=Path, default=Path("build/gpu-gates/sanitizer.txt"))
+    ap.add_argument("--debug", default="",
+                    help="OPENCOTI_KV_DEBUG flags for the run (e.g. tail-ring); with --ctx 4096 --window 2048 a decode "
+                         "token attends a 2,048-cell device part and merges it with the staged tail")
     a = ap.parse_args(argv)
     tool_path = shutil.which(a.sanitizer)
     model = a.model or ensure_model(a.work / "synthetic-8l-2048.gguf", MODEL_ARGS)
@@ -91,12 +94,17 @@ def main(argv: list[str] | None = None) -> int:
            "-ngl", "99", "-fa", "on", "-ub", str(a.ubatch), "--kv-residency-mode", "window", "-fit", "off",
            "-no-cnv", "--temp", "0", "--seed", "1", "-t", "8", "-lv", "4"]
     env = dict(os.environ, **{WINDOW_ENV: str(a.window)})
+    env.pop(DEBUG_ENV, None)
+    if a.debug:
+        env[DEBUG_ENV] = a.debug
+    flags = f"{DEBUG_ENV}={a.debug} " if a.debug else ""
     lines = [f"# compute-sanitizer over a window run with the mapped tail (python -m gates.sanitizer): ctx {a.ctx}, "
-             f"forced window {a.window}, -ub {a.ubatch}, {a.words}-word prompt, limit {a.limit} s per tool"]
+             f"forced window {a.window}, -ub {a.ubatch}, {a.words}-word prompt, limit {a.limit} s per tool"
+             + (f", {DEBUG_ENV}={a.debug}" if a.debug else "")]
     results: dict[str, dict] = {}
     for tool in [t for t in a.tools.split(",") if t]:
         cmd = [tool_path or a.sanitizer, "--tool", tool, *run]
-        lines.append(f"\n## {tool}: {WINDOW_ENV}={a.window} {' '.join(cmd)}")
+        lines.append(f"\n## {tool}: {flags}{WINDOW_ENV}={a.window} {' '.join(cmd)}")
         if tool_path is None:
             results[tool] = {"verdict": "not checked", "errors": None, "why": f"no {a.sanitizer} on PATH"}
             lines.append(f"{tool}: not checked (no {a.sanitizer} on PATH)")

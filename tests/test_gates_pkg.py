@@ -1252,3 +1252,29 @@ def test_sanitizer_passes_only_on_a_finished_clean_summary(tmp_path: Path, capsy
     assert "position window = 1024 / 2048" in (tmp_path / "clean.txt").read_text()
     assert "no host tail logged" in (tmp_path / "resident.txt").read_text()
     assert "was not mapped" in (tmp_path / "copying.txt").read_text()
+
+
+def test_sanitizer_output_that_is_not_utf8_and_the_debug_flags_of_its_run(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                                         monkeypatch: pytest.MonkeyPatch):
+    from gates import sanitizer
+
+    # the tool prints bytes that are not UTF-8 (a kernel name, a hazard report) and the run's OPENCOTI_KV_DEBUG
+    tool = tmp_path / "bytes"
+    tool.write_text('#!/bin/sh\nprintf "========= COMPUTE-SANITIZER \\377\\376\\n"; echo "========= flags=[$OPENCOTI_KV_DEBUG]"; '
+                    'echo "position window = 1024 / 2048 cells resident + host tail 1024 cells"; '
+                    'echo "host tail mapped into the device\'s address space: 2.00 MiB device"; '
+                    'echo "========= ERROR SUMMARY: 0 errors"\n')
+    tool.chmod(0o755)
+    base = ["--bin", str(tmp_path), "--model", str(tmp_path / "m.gguf"), "--work", str(tmp_path / "w"),
+            "--sanitizer", str(tool), "--tools", "memcheck", "--limit", "5"]
+    monkeypatch.setenv("OPENCOTI_KV_DEBUG", "copy-tail")  # an inherited flag never reaches the checked run
+    out = tmp_path / "plain.txt"
+    assert sanitizer.main([*base, "--out", str(out)]) == 0
+    assert json.loads(capsys.readouterr().out)["tools"]["memcheck"]["verdict"] == "pass"
+    assert "COMPUTE-SANITIZER \ufffd\ufffd" in out.read_text() and "flags=[]" in out.read_text()
+    out = tmp_path / "ring.txt"
+    assert sanitizer.main([*base, "--debug", "tail-ring", "--out", str(out)]) == 0
+    capsys.readouterr()
+    text = out.read_text()
+    assert "OPENCOTI_KV_DEBUG=tail-ring" in text.splitlines()[0] and "## memcheck: OPENCOTI_KV_DEBUG=tail-ring " in text
+    assert "flags=[tail-ring]" in text
