@@ -4,7 +4,8 @@
 * max model: ms = max(compute, MiB x ms_per_mib) (the tail is read beside the device part's work)
 
 Both have two parameters, so their residual sums of squares compare directly: the measurements "follow" the model
-with the smaller one. The targets: decode with 1 % of the prompt in the tail against fully resident (>= 0.9), and
+with the smaller one. The targets: decode with 1 % of the prompt past the cells in device memory (the forced window
+nearest that share; a device part is whole mapping granules) against fully resident (>= 0.9), and
 decode with nearly all of it in the tail against the link's limit, the pinned bandwidth over the tail bytes a token
 reads (>= 0.9).
 
