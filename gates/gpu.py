@@ -889,7 +889,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "(OPENCOTI_KV_DEBUG=copy-tail) as 'before'")
     ap.add_argument("--compare-debug", default="",
                     help="without --before-bin: compare against the full build with these OPENCOTI_KV_DEBUG flags "
-                         "as 'before' (e.g. no-tail-segments: gates d, e and f then measure both paths in one call)")
+                         "as 'before' (e.g. no-tail-segments or no-tail-ring: gates d, e and f then measure both paths in "
+                         "one call)")
     ap.add_argument("--curve-ctx", type=int, default=131072)
     ap.add_argument("--curve-words", type=int, default=30000)
     ap.add_argument("--curve-n", type=int, default=64)
