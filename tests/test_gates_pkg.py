@@ -272,6 +272,33 @@ def test_gate_d_fails_when_the_curve_misses_0089_s_targets(tmp_path: Path, monke
     assert gpu.curve_checks({})[0] == {"target": "decode_at_max_share_tps", "value": None, "bound": 60.0, "met": False}
 
 
+def test_gate_d_judges_the_tail_targets_on_the_medians_of_interleaved_runs(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch):
+    # resident 900 tok/s; the whole-granule window (34,816 cells) decodes 700 in its first run, 850 and 860 in the
+    # repeats: the single run misses 0.9 of resident, the median (850 / 900) meets it
+    (tmp_path / "seq").write_text("700\n850\n860\n")
+    gpu, bin_dir = fake_gpu_bin(tmp_path, monkeypatch, [
+        'case "$*" in *-nkvo*) tg=12.00;;',
+        '  *) c=${LLAMA_ARG_KV_WINDOW_CELLS:-131072}; if [ "$c" -ge 35131 ]; then tg=900.00; '
+        'echo "llama_kv_cache: position window = FULLY RESIDENT (131072 / 131072 cells on CUDA0)"; '
+        'elif [ "$c" -eq 34816 ]; then tg=$(head -n1 "$SEQ").00; sed -i 1d "$SEQ"; '
+        'echo "llama_kv_cache: position window = $c / 131072 cells resident + host tail $((131072 - c)) cells '
+        '(1.00 MiB host)"; else tg=82.00; '
+        'echo "llama_kv_cache: position window = $c / 131072 cells resident + host tail $((131072 - c)) cells '
+        '(1.00 MiB host)"; fi;; esac',
+        'echo "common_perf_print: prompt eval time =  573.10 ms / 35131 tokens (0.02 ms per token, 31000.00 tokens per second)"',
+        'echo "common_perf_print:        eval time =  70.00 ms /    63 runs   (1.00 ms per token,  $tg tokens per second)"'])
+    monkeypatch.setenv("SEQ", str(tmp_path / "seq"))
+    a = gpu.parse_args(["--full-bin", str(bin_dir), "--pre-bin", str(bin_dir), "--upstream-bin", str(bin_dir),
+                        "--work", str(tmp_path), "--out", str(tmp_path), "--targets", "--shares", "0.5", "1.0"])
+    res = gpu.gate_d(a, tmp_path / "m.gguf", tmp_path, tmp_path)
+    single, med = res["targets"]["tail"]["small_tail"], res["targets"]["tail_medians"]["small_tail"]
+    assert single["decode_tps"] == 700.0 and single["met"] is False
+    assert med["decode_tps"] == 850.0 and med["ratio"] == pytest.approx(850 / 900, abs=1e-3) and med["met"] is True
+    assert res["targets"]["tail_medians"]["runs"] == 3
+    assert (tmp_path / "seq").read_text() == ""  # the small tail ran once in the curve and twice repeated
+
+
 def test_tail_models_count_the_tail_past_the_cells_in_device_memory():
     from gates import tail_models
 
