@@ -935,7 +935,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="gate g: MiB kept below a budget beyond the measured overhead (it moved by up to 24 MiB)")
     ap.add_argument("--budgets-128k", type=int, nargs="+", default=[1900, 2100, 2400, 2800, 3300, 3900],
                     help="gate g: device-memory budgets (MiB, nvidia-smi's figure) at contexts up to 131,072")
-    ap.add_argument("--budgets-1m", type=int, nargs="+", default=[2900, 3600, 5000, 7500, 11000, 19500],
+    ap.add_argument("--budgets-1m", type=int, nargs="+",
+                    default=[2000, 2300, 2600, 2900, 3600, 5000, 7500, 11000, 19500],
                     help="gate g: device-memory budgets (MiB) at larger contexts")
     a = ap.parse_args(argv)
     a.before_env = {}
