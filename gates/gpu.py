@@ -393,9 +393,13 @@ def gate_d(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
     if not n_prompt:
         return {"pass": False, "error": "the fully resident run printed no prompt timing"}
     rows = [curve_row("window", 0.0, r0, ctx)]
+
+    def forced_cells(share: float) -> int:  # the window that forces `share` of the prompt into the tail
+        return max(256, int(round(n_prompt * (1.0 - share))))
+
     builds = [("window", a.full_bin, {})] + ([("window before", a.before_bin, a.before_env)] if a.before_bin else [])
     for share in a.shares:
-        cells = max(256, int(round(n_prompt * (1.0 - share))))
+        cells = forced_cells(share)
         for config, b, benv in builds:
             if config != "window" and share not in a.before_shares:
                 continue
@@ -447,8 +451,7 @@ def gate_d(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
                 reps.setdefault(key, {}).setdefault(m, []).append(r[m])
 
     def realized(share: float) -> float:  # the tail share a forced window for `share` gives (as in the rows)
-        cells = max(256, int(round(n_prompt * (1.0 - share))))
-        return round(1.0 - min(cells, n_prompt) / n_prompt, 4)
+        return round(1.0 - min(forced_cells(share), n_prompt) / n_prompt, 4)
 
     # item 3's tail targets too: fully resident (share 0) and the small tail (the whole-granule row)
     for row in rows:
@@ -463,8 +466,7 @@ def gate_d(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
         if row["config"] == "upstream --no-kv-offload":
             sample("nkvo", row)
     rep_points: list[tuple[str, int | None]] = [
-        ("half", max(256, int(round(n_prompt * (1.0 - half_share))))),
-        ("max", max(256, int(round(n_prompt * (1.0 - max_share))))), ("nkvo", None), ("resident", 0)]
+        ("half", forced_cells(half_share)), ("max", forced_cells(max_share)), ("nkvo", None), ("resident", 0)]
     if granule_cells is not None:
         rep_points.append(("small", granule_cells))
     for i in range(1, a.target_reps):
@@ -512,9 +514,11 @@ def gate_d(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
         log(f"tail target (single runs) {tail_models.target_line(name, t)}")
     if a.target_reps > 1:  # the same targets on the medians of the interleaved runs: the figures to judge them by
         keyed = {0.0: "resident", realized(max_share): "max"} | ({granule_share: "small"} if granule_share else {})
-        med_rows = [r | {"decode_tps": med[keyed[r["tail_share"]]]["decode_tps"]}
-                    if r["config"] == "window" and keyed.get(r["tail_share"]) in med
-                    and "decode_tps" in med[keyed[r["tail_share"]]] else r for r in rows]
+
+        def median_decode(r: dict) -> float | None:
+            return med.get(keyed.get(r["tail_share"], ""), {}).get("decode_tps") if r["config"] == "window" else None
+
+        med_rows = [r | {"decode_tps": median_decode(r)} if median_decode(r) is not None else r for r in rows]
         targets["tail_medians"] = tail_models.tail_targets(med_rows, link.get("pinned_gbps") or 0.0, a.curve_n,
                                                            KV_BYTES_PER_CELL) | {"runs": a.target_reps}
         for name, t in targets["tail_medians"].items():
