@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULES = ["gates.cpu", "gates.gpu", "gates.needle", "gates.demo", "gates.make_model", "gates.bundle", "gates.model_bench",
-           "gates.sanitizer", "gates.tail_models"]
+           "gates.sanitizer", "gates.tail_models", "gates.kernel_profile"]
 
 
 def run_module(mod: str, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -1305,3 +1305,37 @@ def test_sanitizer_output_that_is_not_utf8_and_the_debug_flags_of_its_run(tmp_pa
     text = out.read_text()
     assert "OPENCOTI_KV_DEBUG=tail-ring" in text.splitlines()[0] and "## memcheck: OPENCOTI_KV_DEBUG=tail-ring " in text
     assert "flags=[tail-ring]" in text
+
+
+def test_kernel_profile_reads_ncu_csv_and_counts_the_decodes_kernels_per_token():
+    from gates import kernel_profile as kp
+
+    # ncu's --csv log: the program's own lines first, then one row per kernel and metric (ids in launch order)
+    head = '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",' \
+           '"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"\n'
+
+    def row(i: int, name: str, ns: str, metric: str = "gpu__time_duration.sum") -> str:
+        return f'"{i}","1","llama-completion","h","{name}","1","7","(128, 1, 1)","(1, 2, 4)","0","9.0",' \
+               f'"Command line profiler metrics","{metric}","ns","{ns}"\n'
+
+    text = "==PROF== Connected to process\nsome program output\n" + head + "".join([
+        row(0, "void flash_attn_ext_f16<128, 128, 8, 8>(const char *, int)", "50,000"),  # a prompt ubatch: not decode
+        row(1, "void flash_attn_ext_vec<128, 1, (ggml_type)1>(const char *)", "20000"),
+        row(2, "void flash_attn_combine_results<128>(const float *)", "2000"),
+        row(3, "opencoti_fattn_merge_segments(const float *, float *)", "3000"),
+        row(3, "opencoti_fattn_merge_segments(const float *, float *)", "99", metric="sm__cycles_elapsed.avg"),
+        row(4, "void flash_attn_ext_vec<128, 1, (ggml_type)1>(const char *)", "22000"),
+        row(5, "void flash_attn_combine_results<128>(const float *)", "2000"),
+        row(6, "opencoti_fattn_merge_segments(const float *, float *)", "5000"),
+    ])
+    rows = kp.parse_ncu_csv(text)
+    assert [r["id"] for r in rows] == [0, 1, 2, 3, 4, 5, 6]  # the other metric's row is not a launch
+    assert rows[0] == {"id": 0, "name": "flash_attn_ext_f16", "ns": 50000.0}
+    dec = kp.decode_kernels(rows)
+    assert [r["id"] for r in dec] == [1, 2, 3, 4, 5, 6]
+    pt = kp.per_token(dec, 2)
+    assert pt["us_per_token"] == 27.0  # (20 + 2 + 3 + 22 + 2 + 5) us over 2 tokens
+    assert pt["kernels"]["opencoti_fattn_merge_segments"] == {"launches_per_token": 1.0, "us_per_token": 4.0,
+                                                              "median_us": 4.0}
+    assert kp.parse_ncu_csv("no profile here") == []
+    assert kp.decode_kernels(rows[:1]) == []  # no vector launch: no decode was profiled
