@@ -627,9 +627,13 @@ def test_repeat_points_are_missed_goals_same_type_pairs_and_prompt_sized_misses(
     assert points[0] | {} == {"kind": "goal", "ctx": 4096, "budget_mib": 1000, "reference": "upstream q4_0",
                               "reference_ctx": 4096, "window": "window f16", "vram_target_mib": 800, "bound": 0.95,
                               "metrics": ["prefill_tps", "decode_tps"], "curve_prefill_ratio": 0.9,
-                              "curve_decode_ratio": 1.2}
+                              "curve_decode_ratio": 1.2, "windows": [{"config": "window f16", "vram_target_mib": 800}]}
     assert points[2]["reference"] == "upstream q4_0" and points[2]["curve_decode_ratio"] == 0.98
     assert points[3]["reference_ctx"] == 1024 and points[3]["curve_decode_ratio"] == 0.8 and points[3]["bound"] == 0.9
+    # a best window is judged among every window that fit the point; item 1's pairs are one window each
+    assert points[3]["windows"] == [{"config": "window f16", "vram_target_mib": 1800},
+                                    {"config": "window q4_0", "vram_target_mib": 1800}]
+    assert "windows" not in points[2]
 
 
 def test_gate_h_repeats_each_missed_point_with_every_configuration(tmp_path: Path):
@@ -661,12 +665,12 @@ def test_gate_h_repeats_each_missed_point_with_every_configuration(tmp_path: Pat
     res = gate_h(a, tmp_path / "m.gguf", tmp_path)
     assert res["pass"] and [p["kind"] for p in res["points"]] == ["goal", "same type"]
     pt, same = res["points"]
-    assert pt["ratios_to_reference"]["window"]["prefill_tps"] == 0.75
+    assert pt["ratios_to_reference"]["window q8_0"]["prefill_tps"] == 0.75 and pt["best_window"] == "window q8_0"
     assert pt["ratios_to_reference"]["head"]["prefill_tps"] == 1.0
     assert not pt["prefill_goal_met"] and pt["decode_goal_met"] and not pt["met"]
     # the same-type point is judged on decode only (700 against 700: met)
     assert same["decode_goal_met"] and same["prefill_goal_met"] is None and same["met"]
-    assert set(same["medians"]) == {"reference", "window"}
+    assert set(same["medians"]) == {"reference", "window q8_0"}
     lines = calls.read_text().splitlines()
     assert len(lines) == 1 + 4 * 3 + 2 * 3  # a warm-up, 4 configurations x 3 rounds, then 2 x 3
     assert all("-n 128 " in ln for ln in lines)  # --repeat-n's default
@@ -1339,3 +1343,46 @@ def test_kernel_profile_reads_ncu_csv_and_counts_the_decodes_kernels_per_token()
                                                               "median_us": 4.0}
     assert kp.parse_ncu_csv("no profile here") == []
     assert kp.decode_kernels(rows[:1]) == []  # no vector launch: no decode was profiled
+
+
+def test_gate_h_judges_a_goal_on_the_best_window_by_medians_not_on_the_curves_pick(tmp_path: Path):
+    from gates.gpu import budget_rows, gate_h, parse_args, write_budget_csv
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls.txt"
+    # upstream f16 decodes 1,000 tok/s; the q4_0 window 700 (the curve's single run picked it: its f16 run was slow),
+    # the f16 window, repeated, 990
+    fake_tool(bin_dir / "llama-completion", "\n".join([
+        f'echo "$*" >> {calls}',
+        'case "$*" in *q4_0*window*) tg=700.00;; *window*) tg=990.00;; *) tg=1000.00;; esac',
+        'echo "common_perf_print: prompt eval time =     573.10 ms / 35131 tokens (    0.02 ms per token, '
+        '60000.00 tokens per second)"',
+        'echo "common_perf_print:        eval time =      26.69 ms /    63 runs   (    0.86 ms per token, '
+        '$tg tokens per second)"']), script=True)
+    rows = budget_rows(131072, [3900], "upstream f16", {"rc": 0, "prefill_tps": 60000.0, "decode_tps": 1000.0,
+                                                         "device_mib_peak": 3864}, 131072)
+    rows += budget_rows(131072, [3900], "window f16", {"rc": 0, "prefill_tps": 40000.0, "decode_tps": 850.0,
+                                                        "device_mib_peak": 3850, "window": {"resident": 125696},
+                                                        "prompt_tokens": 35131}, 131072, target=3426)
+    rows += budget_rows(131072, [3900], "window q4_0", {"rc": 0, "prefill_tps": 55000.0, "decode_tps": 700.0,
+                                                         "device_mib_peak": 2604, "fully_resident": True,
+                                                         "prompt_tokens": 35131}, 131072, target=3426)
+    # a window over the budget is not a candidate
+    rows += budget_rows(131072, [3900], "window q8_0", {"rc": 0, "prefill_tps": 70000.0, "decode_tps": 990.0,
+                                                         "device_mib_peak": 4000, "fully_resident": True,
+                                                         "prompt_tokens": 35131}, 131072, target=3426)
+    csv_path = tmp_path / "curve.csv"
+    write_budget_csv(csv_path, rows, [131072])
+    a = parse_args(["--full-bin", str(bin_dir), "--pre-bin", str(bin_dir), "--upstream-bin", str(bin_dir),
+                    "--repeat-csv", str(csv_path), "--repeat-reps", "3", "--curve-words", "50"])
+    res = gate_h(a, tmp_path / "m.gguf", tmp_path)
+    goal = next(p for p in res["points"] if p["kind"] == "goal")
+    assert goal["window"] == "window q4_0"  # the curve's pick
+    assert [w["config"] for w in goal["windows"]] == ["window f16", "window q4_0"]
+    assert goal["best_window"] == "window f16" and goal["met"]
+    assert goal["ratios_to_reference"]["window f16"]["decode_tps"] == 0.99
+    assert goal["ratios_to_reference"]["window q4_0"]["decode_tps"] == 0.7
+    lines = calls.read_text().splitlines()
+    assert sum("window" in ln and "-ctk f16" in ln and "--vram-target 3426" in ln for ln in lines) == 3
+    assert not any("window" in ln and "-ctk q8_0" in ln for ln in lines)
