@@ -17,7 +17,6 @@ import io
 import json
 import shutil
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
