@@ -636,20 +636,27 @@ def test_repeat_points_are_missed_goals_same_type_pairs_and_prompt_sized_misses(
     assert "windows" not in points[2]
 
 
-def test_gate_h_repeats_each_missed_point_with_every_configuration(tmp_path: Path):
-    from gates.gpu import budget_rows, gate_h, parse_args, write_budget_csv
-
+def fake_completion_rates(tmp_path: Path, rates: str) -> tuple[Path, Path]:
+    """A stand-in llama-completion in tmp_path/bin that records its arguments in tmp_path/calls.txt and prints the
+    prefill and decode rates the sh line `rates` sets ($pp, $tg) from them: (bin dir, calls file)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     calls = tmp_path / "calls.txt"
-    # a stand-in llama-completion: records its arguments; window runs prefill slower than head mode
     fake_tool(bin_dir / "llama-completion", "\n".join([
-        f'echo "$*" >> {calls}',
-        'case "$*" in *window*) pp=45000.00;; *) pp=60000.00;; esac',
+        f'echo "$*" >> {calls}', rates,
         'echo "common_perf_print: prompt eval time =     573.10 ms / 35131 tokens (    0.02 ms per token, '
         '$pp tokens per second)"',
         'echo "common_perf_print:        eval time =      26.69 ms /    63 runs   (    0.86 ms per token, '
-        '700.00 tokens per second)"']), script=True)
+        '$tg tokens per second)"']), script=True)
+    return bin_dir, calls
+
+
+def test_gate_h_repeats_each_missed_point_with_every_configuration(tmp_path: Path):
+    from gates.gpu import budget_rows, gate_h, parse_args, write_budget_csv
+
+    # window runs prefill slower than head mode
+    bin_dir, calls = fake_completion_rates(tmp_path, 'case "$*" in *window*) pp=45000.00;; *) pp=60000.00;; esac; '
+                                                     'tg=700.00')
     rows = budget_rows(131072, [2800], "upstream q4_0", {"rc": 0, "prefill_tps": 60000.0, "decode_tps": 700.0,
                                                           "device_mib_peak": 2600}, 131072)
     rows += budget_rows(131072, [2800], "window q8_0", {"rc": 0, "prefill_tps": 50000.0, "decode_tps": 720.0,
@@ -1348,18 +1355,11 @@ def test_kernel_profile_reads_ncu_csv_and_counts_the_decodes_kernels_per_token()
 def test_gate_h_judges_a_goal_on_the_best_window_by_medians_not_on_the_curves_pick(tmp_path: Path):
     from gates.gpu import budget_rows, gate_h, parse_args, write_budget_csv
 
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    calls = tmp_path / "calls.txt"
     # upstream f16 decodes 1,000 tok/s; the q4_0 window 700 (the curve's single run picked it: its f16 run was slow),
     # the f16 window, repeated, 990
-    fake_tool(bin_dir / "llama-completion", "\n".join([
-        f'echo "$*" >> {calls}',
-        'case "$*" in *q4_0*window*) tg=700.00;; *window*) tg=990.00;; *) tg=1000.00;; esac',
-        'echo "common_perf_print: prompt eval time =     573.10 ms / 35131 tokens (    0.02 ms per token, '
-        '60000.00 tokens per second)"',
-        'echo "common_perf_print:        eval time =      26.69 ms /    63 runs   (    0.86 ms per token, '
-        '$tg tokens per second)"']), script=True)
+    bin_dir, calls = fake_completion_rates(tmp_path, 'pp=60000.00; '
+                                                     'case "$*" in *q4_0*window*) tg=700.00;; *window*) tg=990.00;; '
+                                                     '*) tg=1000.00;; esac')
     rows = budget_rows(131072, [3900], "upstream f16", {"rc": 0, "prefill_tps": 60000.0, "decode_tps": 1000.0,
                                                          "device_mib_peak": 3864}, 131072)
     rows += budget_rows(131072, [3900], "window f16", {"rc": 0, "prefill_tps": 40000.0, "decode_tps": 850.0,
