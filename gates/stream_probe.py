@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
                     slot.copy_(host, non_blocking=True)
                 else:
                     tiny()
-        torch.sum(big, dtype=torch.float32, out=acc)
+        torch.sum(big, dim=0, dtype=torch.float32, out=acc)
         if kind != "resident":
             if kind in ("fork", "copy"):
                 main_stream.wait_stream(side)  # the join, before the chunk's kernels
