@@ -356,6 +356,12 @@ def gate_c(a: argparse.Namespace, model: Path, work: Path) -> dict:
 
 
 # (d) ---------------------------------------------------------------------------------------------------------
+def small_tail_window(n_prompt: int) -> int:
+    """The window of whole mapping granules that leaves about tail_models.SMALL_TAIL of an n_prompt-token prompt past
+    device memory (gate d's whole-granule row; gates.kernel_profile's small tail)."""
+    return -(-int(n_prompt * (1.0 - tail_models.SMALL_TAIL)) // GRANULE_CELLS) * GRANULE_CELLS
+
+
 def curve_row(config: str, share: float | str, r: dict, ctx: int) -> dict:
     win = r.get("window") or {}
     return {"config": config, "tail_share": share, "rc": r["rc"],
@@ -411,7 +417,7 @@ def gate_d(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
             log(f"curve: {row}")
     # the small tail past device memory: a forced share keeps its window rounded down to whole granules there (1 %
     # of this prompt leaves 6.7 % in host memory), so the smallest whole-granule window short of the prompt is run too
-    cells = -(-int(n_prompt * (1.0 - tail_models.SMALL_TAIL)) // GRANULE_CELLS) * GRANULE_CELLS
+    cells = small_tail_window(n_prompt)
     granule_cells, granule_share = (cells, round(1.0 - cells / n_prompt, 4)) if cells < n_prompt else (None, None)
     if cells < n_prompt:
         share = round(1.0 - cells / n_prompt, 4)

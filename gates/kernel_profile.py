@@ -20,9 +20,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from gates import tail_models
 from gates.common import DEBUG_ENV, WINDOW_ENV, ensure_model, log, make_text
-from gates.gpu import GRANULE_CELLS, MODEL_ARGS, completion, run
+from gates.gpu import MODEL_ARGS, completion, run, small_tail_window
 
 # the kernels of a flash-attention node: upstream's vector and MMA kernels and their combine, and fattn.cu's own
 # (the segments' merge, the ring's patch)
@@ -103,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(f"gates.kernel_profile: the fully resident run failed (rc {r0['rc']}), see {a.work}")
     windows = a.windows
     if windows is None:  # gate d's whole-granule window: the smallest tail past device memory it measures
-        windows = [-(-int(n_prompt * (1.0 - tail_models.SMALL_TAIL)) // GRANULE_CELLS) * GRANULE_CELLS]
+        windows = [small_tail_window(n_prompt)]
     configs = [("resident", None, "")] + [(f"window {w}" + (f" {d}" if d else ""), w, d)
                                           for w in windows for d in a.debug]
 
