@@ -7,6 +7,9 @@ says how much of the tail's cost is kernel work; what is left of the measured co
 the events that order it, the gaps between launches). Run on a CUDA machine with the full build:
 
     python3 -m gates.kernel_profile --bin build/device-out/full --out build/gpu-gates/out/kernel_profile.json
+
+With --no-ncu only the timed runs are made (no profiler needed): `--debug "" no-tail-combine` then compares the
+window's decode with and without OPENCOTI_KV_DEBUG flags against fully resident, interleaved, in one call.
 """
 
 from __future__ import annotations
@@ -69,6 +72,27 @@ def per_token(rows: list[dict], tokens: int) -> dict:
                    "median_us": round(statistics.median(v) / 1e3, 2)} for n, v in sorted(by.items())}
     return {"tokens": tokens, "kernels": kernels,
             "us_per_token": round(sum(r["ns"] for r in rows) / tokens / 1e3, 2)}
+
+
+def over_resident(configs: dict) -> dict[str, str]:
+    """Each window configuration against "resident", in place as its "over_resident": the timed cost a token
+    (medians) and the decode ratio; where both were profiled, how much of the cost is kernel time and how much is
+    waiting. Returns a line a configuration for the log."""
+    base = configs["resident"]
+    lines = {}
+    for name, e in configs.items():
+        if name == "resident" or e.get("timed_median_ms") is None or base.get("timed_median_ms") is None:
+            continue
+        cost = (e["timed_median_ms"] - base["timed_median_ms"]) * 1e3
+        o = {"timed_us_per_token": round(cost, 1), "decode_ratio": round(base["timed_median_ms"] / e["timed_median_ms"], 3)}
+        line = f"{cost:.1f} us a token (decode {o['decode_ratio']})"
+        if e.get("us_per_token") is not None and base.get("us_per_token") is not None:
+            kern = e["us_per_token"] - base["us_per_token"]
+            o |= {"kernel_us_per_token": round(kern, 1), "waiting_us_per_token": round(cost - kern, 1)}
+            line += f", of it {kern:.1f} us kernels, {cost - kern:.1f} us waiting"
+        e["over_resident"] = o
+        lines[name] = line
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,21 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         result["configs"][name] = entry
         log(f"profiled {name}: {entry.get('us_per_token')} us of attention kernels a token, "
             f"timed {entry['timed_median_ms']} ms a token")
-    base = result["configs"]["resident"]
-    for name, e in result["configs"].items():
-        if name == "resident" or e.get("timed_median_ms") is None or base.get("timed_median_ms") is None:
-            continue
-        cost = (e["timed_median_ms"] - base["timed_median_ms"]) * 1e3
-        if e.get("us_per_token") is None or base.get("us_per_token") is None:
-            e["over_resident"] = {"timed_us_per_token": round(cost, 1),
-                                  "decode_ratio": round(base["timed_median_ms"] / e["timed_median_ms"], 3)}
-            log(f"{name} over resident: {cost:.1f} us a token (decode {e['over_resident']['decode_ratio']})")
-            continue
-        kern = e["us_per_token"] - base["us_per_token"]
-        e["over_resident"] = {"timed_us_per_token": round(cost, 1), "kernel_us_per_token": round(kern, 1),
-                              "waiting_us_per_token": round(cost - kern, 1),
-                              "decode_ratio": round(base["timed_median_ms"] / e["timed_median_ms"], 3)}
-        log(f"{name} over resident: {cost:.1f} us a token, of it {kern:.1f} us kernels, {cost - kern:.1f} us waiting")
+    for name, line in over_resident(result["configs"]).items():
+        log(f"{name} over resident: {line}")
     a.out.write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
     return 0

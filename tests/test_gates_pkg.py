@@ -1387,3 +1387,22 @@ def test_gate_h_judges_a_goal_on_the_best_window_by_medians_not_on_the_curves_pi
     lines = calls.read_text().splitlines()
     assert sum("window" in ln and "-ctk f16" in ln and "--vram-target 3426" in ln for ln in lines) == 3
     assert not any("window" in ln and "-ctk q8_0" in ln for ln in lines)
+
+
+def test_kernel_profile_sets_each_window_against_resident_with_or_without_the_profile():
+    from gates import kernel_profile as kp
+
+    configs = {
+        "resident": {"timed_median_ms": 1.0, "us_per_token": 300.0},
+        "window 34816": {"timed_median_ms": 1.25, "us_per_token": 380.0},  # profiled: kernels and waiting
+        "window 34816 no-tail-combine": {"timed_median_ms": 1.125},          # --no-ncu: the timed cost only
+        "window 512": {"timed_median_ms": None},                             # every timed run failed: left out
+    }
+    lines = kp.over_resident(configs)
+    assert configs["window 34816"]["over_resident"] == {"timed_us_per_token": 250.0, "decode_ratio": 0.8,
+                                                        "kernel_us_per_token": 80.0, "waiting_us_per_token": 170.0}
+    assert configs["window 34816 no-tail-combine"]["over_resident"] == {"timed_us_per_token": 125.0,
+                                                                        "decode_ratio": 0.889}
+    assert "over_resident" not in configs["window 512"] and "over_resident" not in configs["resident"]
+    assert lines["window 34816"] == "250.0 us a token (decode 0.8), of it 80.0 us kernels, 170.0 us waiting"
+    assert sorted(lines) == ["window 34816", "window 34816 no-tail-combine"]
