@@ -171,7 +171,7 @@ EDITS: dict[str, dict[str, Edit | list[Edit]]] = {
              "    const ggml_tensor * V    = dst->src[2];\n    const ggml_tensor * mask = dst->src[3];\n\n"
              "    cudaStream_t stream = ctx.stream();\n", 1),
             ("    const fattn_vec_case_t vec_case = ggml_cuda_get_fattn_vec_case(Q->ne[0], K->type, V->type);\n\n", "", 1),
-            ("vec_case(ctx, &", "ggml_cuda_flash_attn_ext_vec(ctx, &", 4),  # the segments, the one-chunk tail and its device part
+            ("vec_case(ctx, &", "ggml_cuda_flash_attn_ext_vec(ctx, &", 3),  # the segments, the one-chunk tail and its device part
         ],
     },
     "0070": {
