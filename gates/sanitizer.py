@@ -84,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--debug", default="",
                     help="OPENCOTI_KV_DEBUG flags for the run (e.g. tail-ring); with --ctx 4096 --window 2048 a decode "
                          "token attends a 2,048-cell device part and merges it with the staged tail")
+    ap.add_argument("--kernels", default="",
+                    help="instrument only kernels whose name contains this (compute-sanitizer's --kernel-name "
+                         "kns=...; 'attn' keeps every flash-attention kernel and the tail's combine, and makes "
+                         "racecheck over a 4,096-cell run take minutes, not hours); the file says it was filtered")
     a = ap.parse_args(argv)
     tool_path = shutil.which(a.sanitizer)
     model = a.model or ensure_model(a.work / "synthetic-8l-2048.gguf", MODEL_ARGS)
@@ -100,10 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     flags = f"{DEBUG_ENV}={a.debug} " if a.debug else ""
     lines = [f"# compute-sanitizer over a window run with the mapped tail (python -m gates.sanitizer): ctx {a.ctx}, "
              f"forced window {a.window}, -ub {a.ubatch}, {a.words}-word prompt, limit {a.limit} s per tool"
-             + (f", {DEBUG_ENV}={a.debug}" if a.debug else "")]
+             + (f", {DEBUG_ENV}={a.debug}" if a.debug else "")
+             + (f"; only kernels whose name contains '{a.kernels}' are checked" if a.kernels else "")]
     results: dict[str, dict] = {}
     for tool in [t for t in a.tools.split(",") if t]:
-        cmd = [tool_path or a.sanitizer, "--tool", tool, *run]
+        only = ["--kernel-name", f"kns={a.kernels}"] if a.kernels else []
+        cmd = [tool_path or a.sanitizer, "--tool", tool, *only, *run]
         lines.append(f"\n## {tool}: {flags}{WINDOW_ENV}={a.window} {' '.join(cmd)}")
         if tool_path is None:
             results[tool] = {"verdict": "not checked", "errors": None, "why": f"no {a.sanitizer} on PATH"}

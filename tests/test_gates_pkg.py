@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULES = ["gates.cpu", "gates.gpu", "gates.needle", "gates.demo", "gates.make_model", "gates.bundle", "gates.model_bench",
-           "gates.sanitizer", "gates.tail_models", "gates.kernel_profile",
+           "gates.sanitizer", "gates.tail_models", "gates.kernel_profile", "gates.room_probe",
            "gates.stream_probe"]
 
 

@@ -1,0 +1,83 @@
+"""What the prefill copy's room costs a budget-sized window: one declared context and one --vram-target, the window
+with its tail machinery (the default) against the window without it (OPENCOTI_KV_DEBUG=no-tail-segments: no prefill
+copy room, no tail segments), beside a reference build at a context sized to the prompt; the runs interleaved,
+repeated, and reported as medians with the cells each kept in device memory and the device-memory peak.
+
+    python3 -m gates.room_probe --bin B [--ref-bin U] [--ctx 1048576] [--target 1844] [--reps 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from gates.common import ensure_model, make_text
+from gates.gpu import MODEL_ARGS, completion, run, strip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m gates.room_probe", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bin", type=Path, required=True, help="CUDA build of the whole series")
+    ap.add_argument("--ref-bin", type=Path, help="the reference build (default: --bin in head mode)")
+    ap.add_argument("--ctx", type=int, default=1048576)
+    ap.add_argument("--target", type=int, default=1844, help="--vram-target of the window runs (MiB)")
+    ap.add_argument("--words", type=int, default=30000, help="gate d's prompt (35,131 tokens)")
+    ap.add_argument("--n", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--debug", nargs="*", default=["", "no-tail-segments"], help="OPENCOTI_KV_DEBUG of each window")
+    ap.add_argument("--work", type=Path, default=Path("build/gpu-gates"))
+    ap.add_argument("--out", type=Path, default=Path("build/gpu-gates/room_probe.json"))
+    a = ap.parse_args(argv)
+    a.work.mkdir(parents=True, exist_ok=True)
+    model = ensure_model(a.work / "synthetic-8l-2048.gguf", MODEL_ARGS)
+    prompt = a.work / "prompt-d.txt"
+    prompt.write_text(make_text(a.words, 5))
+    window = ["--kv-residency-mode", "window", "-fit", "off", "--vram-target", str(a.target)]
+    configs: dict[str, tuple[list[str], dict]] = {}
+    for d in a.debug:
+        configs[f"window f16 ctx {a.ctx}" + (f" {d}" if d else "")] = (
+            completion(a.bin, model, a.ctx, prompt, a.n, window), {"OPENCOTI_KV_DEBUG": d} if d else {})
+    runs: dict[str, list[dict]] = {k: [] for k in configs}
+    sized = 0
+    for rep in range(a.reps):
+        for name, (argv_, env) in configs.items():
+            r = strip(run(f"room-{len(runs[name])}-{rep}-{name.replace(' ', '_')}", argv_, a.work, env, measure=True))
+            runs[name].append(r)
+            sized = sized or (r.get("prompt_tokens", 0) + a.n + 1023) // 1024 * 1024
+            print(f"{name}: rc {r['rc']} peak {r.get('device_mib_peak')} MiB, prefill {r.get('prefill_tps')}, "
+                  f"decode {r.get('decode_tps')}, window {r.get('window')}, device cells {r.get('device_cells')}",
+                  flush=True)
+        if sized:
+            name = f"reference f16 ctx {sized}" + ("" if a.ref_bin else " (head mode)")
+            ref = completion(a.ref_bin or a.bin, model, sized, prompt, a.n, [])
+            r = strip(run(f"room-ref-{rep}", ref, a.work, measure=True))
+            runs.setdefault(name, []).append(r)
+            print(f"{name}: rc {r['rc']} peak {r.get('device_mib_peak')} MiB, prefill {r.get('prefill_tps')}, "
+                  f"decode {r.get('decode_tps')}", flush=True)
+    summary = {}
+    for name, rs in runs.items():
+        ok = [r for r in rs if r["rc"] == 0 and r.get("decode_tps")]
+        summary[name] = {
+            "runs": len(rs), "ok": len(ok),
+            "decode_tps_median": statistics.median(r["decode_tps"] for r in ok) if ok else None,
+            "prefill_tps_median": statistics.median(r["prefill_tps"] for r in ok) if ok else None,
+            "device_mib_peak_max": max((r.get("device_mib_peak") or 0) for r in rs),
+            "device_cells": sorted({r.get("device_cells") for r in rs if r.get("device_cells") is not None}),
+            "window": rs[-1].get("window"),
+            "compute_mib": rs[-1].get("compute_mib"),
+        }
+    ref = next((v["decode_tps_median"] for k, v in summary.items() if k.startswith("reference")), None)
+    for v in summary.values():
+        v["decode_over_reference"] = round(v["decode_tps_median"] / ref, 3) if ref and v["decode_tps_median"] else None
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps({"ctx": a.ctx, "vram_target_mib": a.target, "summary": summary, "runs": runs},
+                                indent=1))
+    print(json.dumps(summary, indent=1))
+    return 0 if all(v["ok"] == v["runs"] for v in summary.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
