@@ -1,7 +1,8 @@
 """What the prefill copy's room costs a budget-sized window: one declared context and one --vram-target, the window
-with its tail machinery (the default) against the window without it (OPENCOTI_KV_DEBUG=no-tail-segments: no prefill
-copy room, no tail segments), beside a reference build at a context sized to the prompt; the runs interleaved,
-repeated, and reported as medians with the cells each kept in device memory and the device-memory peak.
+as it is by default (its compute reserve holds the room) against the window with --no-kv-prefill-copy (no room: the
+window keeps those bytes as cells) and against OPENCOTI_KV_DEBUG=no-tail-segments (neither the room nor the decode
+segments), beside a reference build at a context sized to the prompt; the runs interleaved, repeated, and reported as
+medians with the cells each kept in device memory and the device-memory peak.
 
     python3 -m gates.room_probe --bin B [--ref-bin U] [--ctx 1048576] [--target 1844] [--reps 3]
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 from pathlib import Path
@@ -27,24 +29,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--words", type=int, default=30000, help="gate d's prompt (35,131 tokens)")
     ap.add_argument("--n", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--debug", nargs="*", default=["", "no-tail-segments"], help="OPENCOTI_KV_DEBUG of each window")
+    ap.add_argument("--variants", nargs="*", default=["", "--no-kv-prefill-copy", "no-tail-segments"],
+                    help="the window runs: an item that starts with -- is more command-line arguments, any other "
+                         "OPENCOTI_KV_DEBUG flags ('' = the window as it is)")
+    ap.add_argument("--model", type=Path, help="default: the gates' synthetic model in --work")
     ap.add_argument("--work", type=Path, default=Path("build/gpu-gates"))
     ap.add_argument("--out", type=Path, default=Path("build/gpu-gates/room_probe.json"))
     a = ap.parse_args(argv)
     a.work.mkdir(parents=True, exist_ok=True)
-    model = ensure_model(a.work / "synthetic-8l-2048.gguf", MODEL_ARGS)
+    model = a.model or ensure_model(a.work / "synthetic-8l-2048.gguf", MODEL_ARGS)
+    measure = shutil.which("nvidia-smi") is not None  # the device-memory peak, where nvidia-smi can say it
     prompt = a.work / "prompt-d.txt"
     prompt.write_text(make_text(a.words, 5))
     window = ["--kv-residency-mode", "window", "-fit", "off", "--vram-target", str(a.target)]
     configs: dict[str, tuple[list[str], dict]] = {}
-    for d in a.debug:
-        configs[f"window f16 ctx {a.ctx}" + (f" {d}" if d else "")] = (
-            completion(a.bin, model, a.ctx, prompt, a.n, window), {"OPENCOTI_KV_DEBUG": d} if d else {})
+    for v in a.variants:
+        extra, env = (v.split(), {}) if v.startswith("--") else ([], {"OPENCOTI_KV_DEBUG": v} if v else {})
+        configs[f"window f16 ctx {a.ctx}" + (f" {v}" if v else "")] = (
+            completion(a.bin, model, a.ctx, prompt, a.n, window + extra), env)
     runs: dict[str, list[dict]] = {k: [] for k in configs}
     sized = 0
     for rep in range(a.reps):
         for name, (argv_, env) in configs.items():
-            r = strip(run(f"room-{len(runs[name])}-{rep}-{name.replace(' ', '_')}", argv_, a.work, env, measure=True))
+            r = strip(run(f"room-{len(runs[name])}-{rep}-{name.replace(' ', '_')}", argv_, a.work, env, measure=measure))
             runs[name].append(r)
             sized = sized or (r.get("prompt_tokens", 0) + a.n + 1023) // 1024 * 1024
             print(f"{name}: rc {r['rc']} peak {r.get('device_mib_peak')} MiB, prefill {r.get('prefill_tps')}, "
@@ -53,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         if sized:
             name = f"reference f16 ctx {sized}" + ("" if a.ref_bin else " (head mode)")
             ref = completion(a.ref_bin or a.bin, model, sized, prompt, a.n, [])
-            r = strip(run(f"room-ref-{rep}", ref, a.work, measure=True))
+            r = strip(run(f"room-ref-{rep}", ref, a.work, measure=measure))
             runs.setdefault(name, []).append(r)
             print(f"{name}: rc {r['rc']} peak {r.get('device_mib_peak')} MiB, prefill {r.get('prefill_tps')}, "
                   f"decode {r.get('decode_tps')}", flush=True)

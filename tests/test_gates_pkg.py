@@ -1406,3 +1406,46 @@ def test_kernel_profile_sets_each_window_against_resident_with_or_without_the_pr
     assert "over_resident" not in configs["window 512"] and "over_resident" not in configs["resident"]
     assert lines["window 34816"] == "250.0 us a token (decode 0.8), of it 80.0 us kernels, 170.0 us waiting"
     assert sorted(lines) == ["window 34816", "window 34816 no-tail-combine"]
+
+
+def test_room_probe_runs_each_window_variant_its_way_and_reports_medians_against_the_reference(
+        tmp_path: Path, capsys: pytest.CaptureFixture):
+    from gates import room_probe
+
+    # a stand-in llama-completion: the window's figures depend on how it was asked (a command-line setting, the
+    # debug variable, or neither); the reference is the run without --kv-residency-mode
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    fake = bindir / "llama-completion"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in\n'
+        '  *--no-kv-prefill-copy*) cells=34816; tps=870 ;;\n'
+        '  *--kv-residency-mode*) cells=28672; tps=420; [ "$OPENCOTI_KV_DEBUG" = no-tail-segments ] && tps=620 ;;\n'
+        '  *) cells=; tps=1000 ;;\n'
+        "esac\n"
+        'if [ -n "$cells" ]; then\n'
+        '  echo "llama_kv_cache: position window = 30464 / 1048576 cells resident + host tail 1018112 cells '
+        '(15908.00 MiB host)"\n'
+        "  echo \"llama_kv_cache: host tail mapped into the device's address space: 448.00 MiB device + 1.00 MiB "
+        'pinned host, 16 K/V buffers, $cells cells in device memory (x)"\n'
+        "fi\n"
+        'echo "common_perf_print: prompt eval time =     700.00 ms / 35131 tokens (    0.02 ms per token, '
+        '50000.00 tokens per second)"\n'
+        'echo "common_perf_print:        eval time =     100.00 ms /   127 runs   (    1.00 ms per token, '
+        '$tps.00 tokens per second)"\n')
+    fake.chmod(0o755)
+    out = tmp_path / "probe.json"
+    code = room_probe.main(["--bin", str(bindir), "--model", str(tmp_path / "m.gguf"), "--work", str(tmp_path / "w"),
+                            "--reps", "2", "--out", str(out)])
+    assert code == 0
+    summary = json.loads(out.read_text())["summary"]
+    got = {k: (v["decode_tps_median"], v["device_cells"], v["decode_over_reference"]) for k, v in summary.items()}
+    assert got == {
+        "window f16 ctx 1048576": (420.0, [28672], 0.42),
+        "window f16 ctx 1048576 --no-kv-prefill-copy": (870.0, [34816], 0.87),
+        "window f16 ctx 1048576 no-tail-segments": (620.0, [28672], 0.62),
+        "reference f16 ctx 35840 (head mode)": (1000.0, [], 1.0),  # 35,131 + 128 tokens, rounded up to 1,024 cells
+    }
+    assert all(v["ok"] == v["runs"] == 2 for v in summary.values())
+    capsys.readouterr()
