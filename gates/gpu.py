@@ -692,6 +692,19 @@ def write_budget_csv(path: Path, rows: list[dict], ctxs: list[int]) -> list[dict
     return allrows
 
 
+# the window configurations of the budget curve: each cache type, and F16 without the prefill copy's room (the room is
+# F16's alone: flash attention converts quantized K/V to F16 copies of its own)
+WINDOW_CONFIGS = ("window f16", "window f16 --no-kv-prefill-copy", "window q8_0", "window q4_0")
+
+
+def window_config(config: str) -> tuple[str, list[str]]:
+    """The cache type and the extra command-line arguments of a window configuration's name."""
+    words = config.split()
+    if len(words) < 2 or words[0] != "window" or any(not w.startswith("--") for w in words[2:]):
+        raise ValueError(f"not a window configuration: {config!r}")
+    return words[1], words[2:]
+
+
 def gate_g(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict:
     """The budget curve at a declared context: every configuration a user could run, at device-memory budgets
     from the smallest a window boots in to fully resident. A budget is the device memory the process may use, as
@@ -722,12 +735,14 @@ def gate_g(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
                      "overhead_mib": overhead, "prompt_tokens": n_prompt}
         log(f"budget curve: ctx {ctx}, overhead outside the sizer {overhead} MiB")
         for b in budgets:
-            for cache in ("f16", "q8_0", "q4_0"):
+            for config in WINDOW_CONFIGS:
+                cache, extra = window_config(config)
                 t = b - overhead - a.budget_margin  # the overhead moves by a few tens of MiB between runs
-                r = run(f"g-window-{cache}-{ctx}-{b}", completion(a.full_bin, model, ctx, prompt, n,
-                        ["--kv-residency-mode", "window", "-fit", "off", "--vram-target", str(t)], cache), work,
+                tag = f"g-{config.replace(' ', '-').replace('--', '')}-{ctx}-{b}"
+                r = run(tag, completion(a.full_bin, model, ctx, prompt, n,
+                        ["--kv-residency-mode", "window", "-fit", "off", "--vram-target", str(t), *extra], cache), work,
                         measure=True)
-                row = budget_rows(ctx, [b], f"window {cache}", r, ctx, target=t)
+                row = budget_rows(ctx, [b], config, r, ctx, target=t)
                 rows += row
                 log(f"budget curve: {row[0]}")
     # references: upstream with ctx sized to the prompt (the context a user would declare for this prompt alone)
@@ -864,9 +879,10 @@ def gate_h(a: argparse.Namespace, model: Path, work: Path) -> dict:
                                              ["--kv-residency-mode", "head", "-fit", "off"], ref_cache))]
         windows = pt.get("windows") or [{"config": pt["window"], "vram_target_mib": pt["vram_target_mib"]}]
         for w in windows:
+            cache, extra = window_config(w["config"])
             configs.append((w["config"], completion(a.full_bin, model, ctx, prompt, n, [
-                "--kv-residency-mode", "window", "-fit", "off", "--vram-target", str(w["vram_target_mib"])],
-                w["config"].split()[1])))
+                "--kv-residency-mode", "window", "-fit", "off", "--vram-target", str(w["vram_target_mib"]), *extra],
+                cache)))
         runs: dict = {name: [] for name, _ in configs}
         for rep in range(a.repeat_reps):
             for name, argv in configs[rep % len(configs):] + configs[:rep % len(configs)]:

@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 cache = next((c for c in STYLE if f" {c}" in config), "f16")
                 if config.startswith("window"):
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], STYLE[cache] + "-", lw=2, label=config)
+                    line = "-." if "--" in config else "-"  # a setting besides the cache type
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], STYLE[cache] + line, lw=2, label=config)
                 elif "-nkvo" in config:
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], "r:", label=config)
                 elif "sized" in config:

@@ -495,7 +495,7 @@ def test_gate_g_measures_every_configuration_at_every_budget(tmp_path: Path):
     fake_tool(bin_dir / "llama-completion", "\n".join([
         'case "$*" in *vram-target*) echo "llama_kv_cache: position window = 25600 / 131072 cells resident + host '
         'tail 105472 cells (400.00 MiB host) [CUDA0, auto, budget 100.00 MiB]";; esac',
-        'case "$*" in *-nkvo*) tg=10.00;; *q4_0*) tg=700.00;; *) tg=600.00;; esac',
+        'case "$*" in *-nkvo*) tg=10.00;; *q4_0*) tg=700.00;; *--no-kv-prefill-copy*) tg=650.00;; *) tg=600.00;; esac',
         'echo "common_perf_print: prompt eval time =     573.10 ms / 35131 tokens (    0.02 ms per token, '
         '61300.00 tokens per second)"',
         'echo "common_perf_print:        eval time =      26.69 ms /    63 runs   (    0.86 ms per token, '
@@ -509,15 +509,31 @@ def test_gate_g_measures_every_configuration_at_every_budget(tmp_path: Path):
     rows = list(csv.DictReader(open(out / "budget_curve.csv", newline="")))
     configs = {r["config"] for r in rows}
     assert configs == {"upstream f16", "upstream q8_0", "upstream q4_0", "upstream f16 -nkvo", "window f16",
-                       "window q8_0", "window q4_0", "upstream f16 ctx sized to the prompt",
+                       "window f16 --no-kv-prefill-copy", "window q8_0", "window q4_0",
+                       "upstream f16 ctx sized to the prompt",
                        "upstream q8_0 ctx sized to the prompt", "upstream q4_0 ctx sized to the prompt"}
     assert {(r["config"], r["budget_mib"]) for r in rows} == {(c, b) for c in configs for b in ("2000", "3000")}
     sized = next(r for r in rows if r["config"] == "upstream f16 ctx sized to the prompt")
     assert sized["kv_ctx"] == str((35131 + 64 + 1023) // 1024 * 1024)
     assert next(r for r in rows if r["config"] == "window q4_0")["resident_cells"] == "25600"
+    # the setting reaches the run it names, and only that one
+    decode = {r["config"]: r["decode_tps"] for r in rows if r["config"].startswith("window") and r["budget_mib"] == "2000"}
+    assert decode == {"window f16": "600.0", "window f16 --no-kv-prefill-copy": "650.0", "window q8_0": "600.0",
+                      "window q4_0": "700.0"}
     meta = json.loads((out / "budget_curve.json").read_text())
     assert meta["contexts"]["131072"]["prompt_tokens"] == 35131
     assert {g["budget_mib"] for g in res["goals"]} == {2000, 3000}
+
+
+def test_window_config_names_give_the_cache_type_and_the_settings():
+    from gates.gpu import WINDOW_CONFIGS, window_config
+
+    assert window_config("window q4_0") == ("q4_0", [])
+    assert window_config("window f16 --no-kv-prefill-copy") == ("f16", ["--no-kv-prefill-copy"])
+    assert [window_config(c)[0] for c in WINDOW_CONFIGS] == ["f16", "f16", "q8_0", "q4_0"]
+    for bad in ("upstream f16", "window", "window f16 sized"):
+        with pytest.raises(ValueError, match="not a window configuration"):
+            window_config(bad)
 
 
 def test_gpu_run_reads_the_cache_pass_two_built_when_it_is_fully_resident(tmp_path: Path):
