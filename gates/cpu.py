@@ -328,6 +328,17 @@ class ArchGates:
                 "ok": bool(lines) and all(ln["tail"] > 0 and ln["window"] + ln["tail"] == ln["kv_size"] for ln in lines)
                 and all(kv <= win for kv in full),
             }
+        # --no-kv-prefill-copy reaches every cache of the model (each logs it) and, where no mapped tail gives a
+        # prefill copy room (a CPU build), changes no byte of the smallest forced window's run
+        win = min(a.windows)
+        wa, we = self.window_args(win)
+        pfile = w / f"{self.arch}.window-w{win}-no-prefill-copy.kld"
+        plog = self.ppl_base(f"c.no-prefill-copy-w{win}", self.pa_ppl, pfile, [*wa, "--no-kv-prefill-copy"], we)
+        caches = len(parse_windows(plog)) + len(RE_FULL_LINE.findall(plog))
+        c_res["no_prefill_copy"] = {"window": win, "caches": caches, "logged": len(RE_NO_PREFILL_COPY.findall(plog)),
+                                    "identical_to_window": sha256(pfile) == sha256(w / f"{self.arch}.window-w{win}.kld")}
+        c_res["no_prefill_copy"]["ok"] = (c_res["no_prefill_copy"]["identical_to_window"]
+                                          and 0 < caches <= c_res["no_prefill_copy"]["logged"])
         # Decode-shaped: -ub 1 makes each token its own ubatch (what generation does), against the
         # resident -ub 1 run, since attention numerics depend on the ubatch shape.
         ref1_path = w / f"{self.arch}.patched-default-ub1.kld"
@@ -345,11 +356,13 @@ class ArchGates:
                  "sensitivity_ok": bool(sens_ok),
                  "ok": bool(per_w) and all(e["ok"] for e in [*per_w.values(), *per_w1.values()]) and sens_ok}
         c_res["ok"] = (c_res["unforced_fully_resident"] and c_res["unforced_identical_to_head"]
-                       and all(v["ok"] for v in c_res["forced"].values()))
+                       and all(v["ok"] for v in c_res["forced"].values()) and c_res["no_prefill_copy"]["ok"])
         return b_res, c_res
 
 
 RE_FALLBACK = re.compile(r"kv-residency-mode window not possible, falling back to head mode: (.*)")
+# the KV cache's line when llama_context_params.kv_prefill_copy is false (0089)
+RE_NO_PREFILL_COPY = re.compile(r"window mode without the prefill copy's room \(kv_prefill_copy = false\)")
 RECURRENT = "llama_memory_recurrent"
 
 
