@@ -20,6 +20,14 @@ from gates.common import ensure_model, make_text
 from gates.gpu import MODEL_ARGS, completion, run, strip
 
 
+def variant(v: str) -> tuple[list[str], list[str]]:
+    """A --variants item as (OPENCOTI_KV_DEBUG flags, more command-line arguments): the words before the first that
+    starts with -- are flags, that word and the rest are arguments."""
+    words = v.split()
+    at = next((i for i, w in enumerate(words) if w.startswith("--")), len(words))
+    return words[:at], words[at:]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m gates.room_probe", description=__doc__.split("\n\n")[0])
     ap.add_argument("--bin", type=Path, required=True, help="CUDA build of the whole series")
@@ -30,12 +38,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--variants", nargs="*", default=["", "--no-kv-prefill-copy", "no-tail-segments"],
-                    help="the window runs: an item that starts with -- is more command-line arguments, any other "
-                         "OPENCOTI_KV_DEBUG flags ('' = the window as it is)")
+                    help="last on the line (its items may start with --): the window runs, one item each, "
+                         "OPENCOTI_KV_DEBUG flags, then from the first word that starts with -- more command-line "
+                         "arguments ('' = the window as it is; 'tail-ring --no-kv-prefill-copy' sets both; a later "
+                         "--vram-target replaces --target)")
     ap.add_argument("--model", type=Path, help="default: the gates' synthetic model in --work")
     ap.add_argument("--work", type=Path, default=Path("build/gpu-gates"))
     ap.add_argument("--out", type=Path, default=Path("build/gpu-gates/room_probe.json"))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    variants = None
+    if "--variants" in argv:  # everything after it is its items, which argparse would read as options
+        at = argv.index("--variants")
+        argv, variants = argv[:at], argv[at + 1:]
     a = ap.parse_args(argv)
+    if variants is not None:
+        a.variants = variants
     a.work.mkdir(parents=True, exist_ok=True)
     model = a.model or ensure_model(a.work / "synthetic-8l-2048.gguf", MODEL_ARGS)
     measure = shutil.which("nvidia-smi") is not None  # the device-memory peak, where nvidia-smi can say it
@@ -44,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     window = ["--kv-residency-mode", "window", "-fit", "off", "--vram-target", str(a.target)]
     configs: dict[str, tuple[list[str], dict]] = {}
     for v in a.variants:
-        extra, env = (v.split(), {}) if v.startswith("--") else ([], {"OPENCOTI_KV_DEBUG": v} if v else {})
+        flags, extra = variant(v)
+        env = {"OPENCOTI_KV_DEBUG": ",".join(flags)} if flags else {}
         configs[f"window f16 ctx {a.ctx}" + (f" {v}" if v else "")] = (
             completion(a.bin, model, a.ctx, prompt, a.n, window + extra), env)
     runs: dict[str, list[dict]] = {k: [] for k in configs}

@@ -31,6 +31,11 @@ RE_SUMMARY = re.compile(r"=+ ERROR SUMMARY: (\d+) error")
 RE_RACE = re.compile(r"=+ RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) errors?, (\d+) warnings?\)")
 MAPPED = "host tail mapped into the device's address space"
 RE_TAIL = re.compile(r"position window = \d+ / \d+ cells resident \+ host tail [1-9]")
+RE_DEVICE_PART = re.compile(r"[1-9]\d* cells in device memory")
+# --wide: two layers of 16 KV heads of 128 (4 KiB rows), so that a 2 MiB mapping granule is 512 cells and the default
+# run's 512-cell window is a device part: decode tokens attend it beside the staged tail and combine both
+WIDE_MODEL_ARGS = ["--arch", "llama", "--layers", "2", "--n-embd", "2048", "--n-head", "16", "--n-head-kv", "16",
+                   "--head-dim", "128", "--n-ff", "2048", "--ctx", "4096", "--vocab", "512"]
 KEEP = ("=========", "position window", "mapped into", "prompt eval time", "eval time", "GGML_ASSERT", "error:",
         "current device")  # ggml-cuda's CUDA error names the function and line on its "current device" line
 
@@ -81,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, default=300, help="seconds each tool may run")
     ap.add_argument("--work", type=Path, default=Path("build/gpu-gates"))
     ap.add_argument("--model", type=Path, help="default: the gates' synthetic model in --work")
+    ap.add_argument("--wide", action="store_true",
+                    help="a two-layer model with 4 KiB K/V rows (built in --work), whose 512-cell window keeps its "
+                         "cells in device memory: a pass then also needs the run to log cells in device memory")
     ap.add_argument("--out", type=Path, default=Path("build/gpu-gates/sanitizer.txt"))
     ap.add_argument("--debug", default="",
                     help="OPENCOTI_KV_DEBUG flags for the run (e.g. tail-ring); with --ctx 4096 --window 2048 a decode "
@@ -93,7 +101,10 @@ def main(argv: list[str] | None = None) -> int:
                          "head mode too (docs/gates.md, fifteenth round): there it gives no verdict")
     a = ap.parse_args(argv)
     tool_path = shutil.which(a.sanitizer)
-    model = a.model or ensure_model(a.work / "synthetic-8l-2048.gguf", MODEL_ARGS)
+    if a.wide and a.model:
+        ap.error("--wide builds its own model: give --model or --wide, not both")
+    model = a.model or (ensure_model(a.work / "synthetic-2l-wide.gguf", WIDE_MODEL_ARGS) if a.wide else
+                        ensure_model(a.work / "synthetic-8l-2048.gguf", MODEL_ARGS))
     prompt = a.work / "sanitizer-prompt.txt"
     prompt.parent.mkdir(parents=True, exist_ok=True)
     prompt.write_text(make_text(a.words, 3))
@@ -108,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"# compute-sanitizer over a window run with the mapped tail (python -m gates.sanitizer): ctx {a.ctx}, "
              f"forced window {a.window}, -ub {a.ubatch}, {a.words}-word prompt, limit {a.limit} s per tool"
              + (f", {DEBUG_ENV}={a.debug}" if a.debug else "")
+             + (", the two-layer model with 4 KiB K/V rows (a device part)" if a.wide else "")
              + (f"; only kernels whose name contains '{a.kernels}' are checked" if a.kernels else "")]
     results: dict[str, dict] = {}
     for tool in [t for t in a.tools.split(",") if t]:
@@ -125,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
             why = ("no host tail logged (the forced window did not engage)" if not RE_TAIL.search(text) else
                    "the host tail was not mapped into the device's address space (0072's copying path ran)")
             results[tool] = {"verdict": "not checked", "errors": 0, "why": why}
+        elif results[tool]["verdict"] == "pass" and a.wide and not RE_DEVICE_PART.search(text):
+            results[tool] = {"verdict": "not checked", "errors": 0,
+                             "why": "no cells in device memory (--wide asks for a device part)"}
         own = [ln for ln in text.splitlines() if ln.startswith(KEEP[0])]
         lines += own[:MAX_LINES] + [f"... {len(own) - MAX_LINES} more sanitizer lines"] * (len(own) > MAX_LINES)
         lines += [ln for ln in text.splitlines() if any(k in ln for k in KEEP[1:])]

@@ -1335,6 +1335,41 @@ def test_sanitizer_output_that_is_not_utf8_and_the_debug_flags_of_its_run(tmp_pa
     assert "flags=[tail-ring]" in text
 
 
+def test_sanitizer_wide_passes_only_where_the_window_kept_cells_in_device_memory(tmp_path: Path,
+                                                                                capsys: pytest.CaptureFixture):
+    from gates import sanitizer
+
+    def tool(name: str, cells: int) -> Path:
+        p = tmp_path / name
+        p.write_text('#!/bin/sh\necho "position window = 512 / 1024 cells resident + host tail 512 cells"; '
+                     f'echo "host tail mapped into the device\'s address space: 2.00 MiB device, {cells} cells in '
+                     'device memory (x)"; echo "model=$(echo "$@" | grep -o "synthetic-[^ ]*")"; '
+                     'echo "========= ERROR SUMMARY: 0 errors"\n')
+        p.chmod(0o755)
+        return p
+
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / "synthetic-2l-wide.gguf").write_bytes(b"GGUF")  # present: ensure_model keeps it
+    base = ["--bin", str(tmp_path), "--work", str(work), "--tools", "memcheck", "--limit", "5"]
+    out = tmp_path / "part.txt"
+    assert sanitizer.main([*base, "--wide", "--sanitizer", str(tool("part", 512)), "--out", str(out)]) == 0
+    assert json.loads(capsys.readouterr().out)["tools"]["memcheck"]["verdict"] == "pass"
+    text = out.read_text()
+    assert "4 KiB K/V rows" in text.splitlines()[0] and "synthetic-2l-wide.gguf" in text
+    # the same clean run with no device part is no pass under --wide, and is one without it
+    out = tmp_path / "none.txt"
+    assert sanitizer.main([*base, "--wide", "--sanitizer", str(tool("none", 0)), "--out", str(out)]) == 1
+    res = json.loads(capsys.readouterr().out)["tools"]["memcheck"]
+    assert res["verdict"] == "not checked" and "no cells in device memory" in res["why"]
+    assert sanitizer.main([*base, "--model", str(work / "synthetic-2l-wide.gguf"), "--sanitizer", str(tool("n2", 0)),
+                           "--out", str(out)]) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        sanitizer.main([*base, "--wide", "--model", str(work / "x.gguf"), "--out", str(out)])
+    capsys.readouterr()
+
+
 def test_kernel_profile_reads_ncu_csv_and_counts_the_decodes_kernels_per_token():
     from gates import kernel_profile as kp
 
@@ -1436,7 +1471,8 @@ def test_room_probe_runs_each_window_variant_its_way_and_reports_medians_against
     fake.write_text(
         "#!/bin/sh\n"
         'case "$*" in\n'
-        '  *--no-kv-prefill-copy*) cells=34816; tps=870 ;;\n'
+        '  *--no-kv-prefill-copy*--vram-target\\ 1880*) cells=36864; tps=990 ;;\n'
+        '  *--no-kv-prefill-copy*) cells=34816; tps=870; [ "$OPENCOTI_KV_DEBUG" = tail-ring,ring-wide ] && tps=900 ;;\n'
         '  *--kv-residency-mode*) cells=28672; tps=420; [ "$OPENCOTI_KV_DEBUG" = no-tail-segments ] && tps=620 ;;\n'
         '  *) cells=; tps=1000 ;;\n'
         "esac\n"
@@ -1452,8 +1488,10 @@ def test_room_probe_runs_each_window_variant_its_way_and_reports_medians_against
         '$tps.00 tokens per second)"\n')
     fake.chmod(0o755)
     out = tmp_path / "probe.json"
+    variants = ["", "--no-kv-prefill-copy", "no-tail-segments", "tail-ring ring-wide --no-kv-prefill-copy",
+                "--no-kv-prefill-copy --vram-target 1880"]
     code = room_probe.main(["--bin", str(bindir), "--model", str(tmp_path / "m.gguf"), "--work", str(tmp_path / "w"),
-                            "--reps", "2", "--out", str(out)])
+                            "--reps", "2", "--out", str(out), "--variants", *variants])
     assert code == 0
     summary = json.loads(out.read_text())["summary"]
     got = {k: (v["decode_tps_median"], v["device_cells"], v["decode_over_reference"]) for k, v in summary.items()}
@@ -1461,6 +1499,10 @@ def test_room_probe_runs_each_window_variant_its_way_and_reports_medians_against
         "window f16 ctx 1048576": (420.0, [28672], 0.42),
         "window f16 ctx 1048576 --no-kv-prefill-copy": (870.0, [34816], 0.87),
         "window f16 ctx 1048576 no-tail-segments": (620.0, [28672], 0.62),
+        # flags and arguments in one variant: the flags joined in the debug variable
+        "window f16 ctx 1048576 tail-ring ring-wide --no-kv-prefill-copy": (900.0, [34816], 0.9),
+        # a later --vram-target replaces the probe's
+        "window f16 ctx 1048576 --no-kv-prefill-copy --vram-target 1880": (990.0, [36864], 0.99),
         "reference f16 ctx 35840 (head mode)": (1000.0, [], 1.0),  # 35,131 + 128 tokens, rounded up to 1,024 cells
     }
     assert all(v["ok"] == v["runs"] == 2 for v in summary.values())
