@@ -319,14 +319,20 @@ def gate_c(a: argparse.Namespace, model: Path, work: Path) -> dict:
     # device part ends inside a tensor (the 2 MiB mapping granularity is 2048 cells of this model's 1 KiB rows)
     # quantized caches against resident of the same type: a q8_0 row is 544 bytes and a q4_0 row 288, so at 16,384
     # cells the 2 MiB granularity puts the device/host boundary inside the tensors of W 12,288 and 8,192, and W 512
-    # lies wholly in host memory; at -ub 1 (the vector kernel's shape) W 6,144 of 8,192 cells has a device part for
-    # q8_0 and none for q4_0, so decode reads the quantized tail in place with both kernels' choices
+    # lies wholly in host memory
     # f16 at 3,072 and 1,024 cells: tensors of 3 MiB and 1 MiB, not whole granules (mapped for 4 and 2 MiB; W 2,560
     # keeps 2,048 cells on the device, W 1,024 and 512 none)
-    configs = [("f16", 512, 2048, a.windows), ("f16", 1, 2048, a.windows), ("f16", 512, 4096, a.windows_4k),
-               ("f16", 512, 3072, a.windows_3k), ("f16", 128, 1024, [512])]
+    # the decode rows (-ub 1, the vector kernel's shape: every token of the text is one decode): f16 at 2,048 cells
+    # (no device part: the tail read in place) and at 4,096 with W 3,072 (2,048 cells on the device: the device part
+    # and the staged tail merged); at 8,192 cells W 6,144 keeps 3,855 q8_0 cells on the device and no q4_0 cell, and
+    # W 7,680 keeps 3,855 q8_0 and 7,281 q4_0 cells, so both quantized types' decode merges are checked
+    configs = [("f16", 512, 2048, a.windows), ("f16", 1, 2048, a.windows), ("f16", 1, 4096, a.windows_ub1_4k),
+               ("f16", 512, 4096, a.windows_4k), ("f16", 512, 3072, a.windows_3k), ("f16", 128, 1024, [512])]
     for cache in a.quant_caches:
-        configs += [(cache, 512, 16384, a.windows_16k), (cache, 1, 8192, [6144])]
+        configs += [(cache, 512, 16384, a.windows_16k), (cache, 1, 8192, a.windows_ub1_8k)]
+    if a.c_decode_only:
+        configs = [c for c in configs if c[1] == 1]
+    configs = [c for c in configs if c[3]]
     for cache, ub, ctx, windows in configs:
         tag = f"ub{ub}-c{ctx}" + ("" if cache == "f16" else f"-{cache}")
         base = work / f"resident-{tag}.kld"
@@ -949,6 +955,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--window-debug", default="",
                     help="gate c: OPENCOTI_KV_DEBUG flags for the window runs, e.g. span-min (the attention span is "
                          "the window itself, so ubatches past it are split and the reserve is the window's)")
+    ap.add_argument("--windows-ub1-4k", type=int, nargs="*", default=[3072],
+                    help="gate c: f16 windows of the -ub 1 (decode) rows at a 4,096-cell context")
+    ap.add_argument("--windows-ub1-8k", type=int, nargs="*", default=[6144, 7680],
+                    help="gate c: windows of the quantized caches' -ub 1 (decode) rows at an 8,192-cell context")
+    ap.add_argument("--c-decode-only", action="store_true",
+                    help="gate c: only the -ub 1 rows (every token a decode: the vector kernel and the tail's merges)")
     ap.add_argument("--windows-3k", type=int, nargs="*", default=[2560, 1024],
                     help="gate c: windows at 3,072 cells (f16 tensors of 1.5 granules)")
     ap.add_argument("--quant-caches", nargs="*", default=["q8_0", "q4_0"],

@@ -566,14 +566,22 @@ def test_gate_c_compares_each_quantized_cache_with_resident_of_the_same_type(tmp
     assert res["pass"]
     got = [(w["cache"], w["window"], w["ubatch"], w["ctx"]) for w in res["windows"]]
     # f16 at 3,072 and 1,024 cells: tensors that are not whole 2 MiB granules
-    assert got == [("f16", 256, 512, 2048), ("f16", 256, 1, 2048), ("f16", 512, 512, 4096),
+    assert got == [("f16", 256, 512, 2048), ("f16", 256, 1, 2048), ("f16", 3072, 1, 4096), ("f16", 512, 512, 4096),
                    ("f16", 2560, 512, 3072), ("f16", 1024, 512, 3072), ("f16", 512, 128, 1024),
-                   ("q8_0", 8192, 512, 16384), ("q8_0", 6144, 1, 8192),
-                   ("q4_0", 8192, 512, 16384), ("q4_0", 6144, 1, 8192)]
+                   ("q8_0", 8192, 512, 16384), ("q8_0", 6144, 1, 8192), ("q8_0", 7680, 1, 8192),
+                   ("q4_0", 8192, 512, 16384), ("q4_0", 6144, 1, 8192), ("q4_0", 7680, 1, 8192)]
     calls = (tmp_path / "calls.txt").read_text().splitlines()
     # each quantized window reads the base its own type's resident run wrote
     q4 = [c for c in calls if "-ctk q4_0 -ctv q4_0" in c]
-    assert len(q4) == 4 and all("resident-ub512-c16384-q4_0.kld" in c or "resident-ub1-c8192-q4_0.kld" in c for c in q4)
+    assert len(q4) == 5 and all("resident-ub512-c16384-q4_0.kld" in c or "resident-ub1-c8192-q4_0.kld" in c for c in q4)
+    # the decode rows alone (every token a decode), an emptied list leaves its rows out
+    (tmp_path / "calls.txt").unlink()
+    a = parse_args(["--full-bin", str(bin_dir), "--pre-bin", str(bin_dir), "--upstream-bin", str(bin_dir),
+                    "--c-decode-only", "--windows", "1024", "--windows-ub1-4k"])
+    got = [(w["cache"], w["window"], w["ubatch"], w["ctx"]) for w in gate_c(a, tmp_path / "m.gguf", tmp_path)["windows"]]
+    assert got == [("f16", 1024, 1, 2048), ("q8_0", 6144, 1, 8192), ("q8_0", 7680, 1, 8192),
+                   ("q4_0", 6144, 1, 8192), ("q4_0", 7680, 1, 8192)]
+    assert all(" -ub 1 " in c for c in (tmp_path / "calls.txt").read_text().splitlines())
     # a KLD over the bound fails the gate
     fake_tool(bin_dir / "llama-perplexity", 'echo "position window = 1 / 2 cells resident + host tail 1 cells (1.00 MiB '
               'host)"; echo "Maximum KLD:   0.043567"; echo "Same top p: 92.479 ± 0.1 %"', script=True)
