@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from gates import tail_models
@@ -308,10 +309,10 @@ def gate_c(a: argparse.Namespace, model: Path, work: Path) -> dict:
     long_text = work / "ppl-long.txt"
     long_text.write_text(make_text(48000, 3))  # two 16,384-cell contexts' worth of tokens
 
-    def common(ub: int, ctx: int, cache: str = "f16") -> list[str]:
+    def common(ub: int, ctx: int, cache: str = "f16", ngl: int = 99) -> list[str]:
         return ["-m", str(model), "-f", str(text if ctx <= 4096 else long_text), "-c", str(ctx), "-b", "512",
-                "-ub", str(ub), "-ngl", "99", "-fa", "on", "--chunks", "4" if ub > 1 and ctx <= 2048 else "1",
-                "-t", "8", "-lv", "4", "-ctk", cache, "-ctv", cache]
+                "-ub", str(ub), "-ngl", str(ngl), "-fa", "on", "--chunks", "4" if ub > 1 and ctx <= 2048 else "1",
+                "-t", str(os.cpu_count() or 8) if ngl == 0 else "8", "-lv", "4", "-ctk", cache, "-ctv", cache]
 
     out: dict = {"windows": []}
     ok = True
@@ -356,9 +357,34 @@ def gate_c(a: argparse.Namespace, model: Path, work: Path) -> dict:
             ok = ok and r["rc"] == 0 and bool(r["window"]) and stats.get("max_kld", 1) <= TOL_TOOL_MAX_KLD \
                 and stats.get("same_top_pct", 0) >= TOL_SAME_TOP_PCT
             out["windows"].append(row)
+        if ub == 1 and cache in a.c_cpu_reference:
+            out.setdefault("cpu_reference", []).append(
+                c_cpu_reference(a, work, tag, windows, lambda ngl, ub=ub, ctx=ctx, cache=cache: common(ub, ctx, cache, ngl)))
     out["pass"] = ok
     out["tolerance"] = {"max_kld": TOL_TOOL_MAX_KLD, "same_top_pct": TOL_SAME_TOP_PCT}
     return out
+
+
+def c_cpu_reference(a: argparse.Namespace, work: Path, tag: str, windows: list[int],
+                    args: Callable[[int], list[str]]) -> dict:
+    """Gate c's decode rows against the CPU backend (-ngl 0, the same cache type): resident and each window on the
+    GPU, each KLD taken from the CPU run's logits, which flash attention computes there with F32 sums. Where a window
+    misses gate c's bound against resident, these say which of the two the CPU's figures are nearer to. Reported,
+    not gated."""
+    ppl = str(a.full_bin / "llama-perplexity")
+    base = work / f"cpu-{tag}.kld"
+    r0 = run(f"c-cpu-{tag}", [ppl, *args(0), "--kl-divergence-base", str(base)], work)
+    res: dict = {"rows": tag, "cpu_rc": r0["rc"]}
+    if r0["rc"] != 0:
+        return res
+    r = run(f"c-resident-vs-cpu-{tag}", [ppl, *args(99), "--kl-divergence-base", str(base), "--kl-divergence"], work)
+    res["resident"] = parse_stats(r["text"])
+    for w in windows:
+        r = run(f"c-window-{w}-vs-cpu-{tag}", [ppl, *args(99), "--kv-residency-mode", "window",
+                                              "--kl-divergence-base", str(base), "--kl-divergence"],
+                work, env={WINDOW_ENV: str(w), **({DEBUG_ENV: a.window_debug} if a.window_debug else {})})
+        res[f"window {w}"] = parse_stats(r["text"])
+    return res
 
 
 # (d) ---------------------------------------------------------------------------------------------------------
@@ -959,6 +985,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="gate c: f16 windows of the -ub 1 (decode) rows at a 4,096-cell context")
     ap.add_argument("--windows-ub1-8k", type=int, nargs="*", default=[6144, 7680],
                     help="gate c: windows of the quantized caches' -ub 1 (decode) rows at an 8,192-cell context")
+    ap.add_argument("--c-cpu-reference", nargs="*", default=[], metavar="CACHE",
+                    help="gate c: for these cache types' -ub 1 rows, also the KLD of resident and of each window on "
+                         "the GPU against the CPU backend (-ngl 0), reported beside the rows (minutes per type)")
     ap.add_argument("--c-decode-only", action="store_true",
                     help="gate c: only the -ub 1 rows (every token a decode: the vector kernel and the tail's merges)")
     ap.add_argument("--windows-3k", type=int, nargs="*", default=[2560, 1024],

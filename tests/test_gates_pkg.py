@@ -588,6 +588,36 @@ def test_gate_c_compares_each_quantized_cache_with_resident_of_the_same_type(tmp
     assert not gate_c(a, tmp_path / "m.gguf", tmp_path)["pass"]
 
 
+def test_gate_c_cpu_reference_sets_resident_and_each_window_against_the_cpu_backend(tmp_path: Path):
+    from gates.gpu import gate_c, parse_args
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    # a stand-in llama-perplexity: against the CPU's base the window is nearer than resident; against resident's
+    # base the window misses the bound
+    fake_tool(bin_dir / "llama-perplexity", "\n".join([
+        f'echo "$*" >> {tmp_path}/calls.txt',
+        'case "$*" in *cpu-*.kld*--kl-divergence) cpu=1 ;; *) cpu= ;; esac',
+        'if [ -n "$LLAMA_ARG_KV_WINDOW_CELLS" ]; then echo "llama_kv_cache: position window = $LLAMA_ARG_KV_WINDOW_CELLS'
+        ' / 8192 cells resident + host tail 1 cells (1.00 MiB host) [CUDA0, forced, budget 0.00 MiB]"; kld=0.000747;'
+        ' [ -n "$cpu" ] && kld=0.000400; else kld=0.000034; [ -n "$cpu" ] && kld=0.000500; fi',
+        'echo "Maximum KLD:   $kld"', 'echo "Same top p: 99.829 ± 0.000 %"']), script=True)
+    a = parse_args(["--full-bin", str(bin_dir), "--pre-bin", str(bin_dir), "--upstream-bin", str(bin_dir),
+                    "--c-decode-only", "--windows", "256", "--windows-ub1-4k", "--quant-caches", "q4_0",
+                    "--windows-ub1-8k", "7680", "--c-cpu-reference", "q4_0"])
+    res = gate_c(a, tmp_path / "m.gguf", tmp_path)
+    assert not res["pass"]  # the window against resident misses 2e-4: the reference is reported, never a pass
+    ref = res["cpu_reference"]
+    assert ref == [{"rows": "ub1-c8192-q4_0", "cpu_rc": 0, "resident": {"max_kld": 0.0005, "same_top_pct": 99.829},
+                    "window 7680": {"max_kld": 0.0004, "same_top_pct": 99.829}}]
+    calls = (tmp_path / "calls.txt").read_text().splitlines()
+    cpu = [c for c in calls if " -ngl 0 " in c]
+    assert len(cpu) == 1 and "--kl-divergence-base" in cpu[0] and "cpu-ub1-c8192-q4_0.kld" in cpu[0]
+    assert "-ctk q4_0 -ctv q4_0" in cpu[0] and "--kl-divergence " not in cpu[0] + " "
+    assert sum("cpu-ub1-c8192-q4_0.kld --kl-divergence" in c and " -ngl 99 " in c for c in calls) == 2
+    assert not any(" -ngl 0 " in c for c in calls if "f16" in c)  # only the cache types asked for
+
+
 def test_cpu_gate_d_wants_the_fallback_line_no_window_and_head_modes_bytes(tmp_path: Path):
     from gates.cpu import Ctx, gate_d, parse_args
 
