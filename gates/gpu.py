@@ -105,6 +105,8 @@ class MemPeak:
 # kv-attention-span: the cache's reserve line
 RE_DEVICE_CELLS = re.compile(r"host tail mapped into the device's address space: .* (\d+) cells in device memory")
 RE_SPAN = re.compile(r"attention span (\d+) of (\d+) cells")
+# a window sized from a budget: the layers whose K and V hold one granule more (the granularity's remainders)
+RE_GRANULE_LAYERS = re.compile(r"the mapping granularity's remainders: (\d+) of (\d+) layers hold one granule more")
 
 
 def run(tag: str, argv: list[str], work: Path, env: dict | None = None, measure: bool = False,
@@ -150,6 +152,9 @@ def run(tag: str, argv: list[str], work: Path, env: dict | None = None, measure:
     dev = [int(x) for x in RE_DEVICE_CELLS.findall(final)]
     if dev:
         res["device_cells"] = min(dev)
+    more = RE_GRANULE_LAYERS.findall(final)
+    if more:  # per cache: an iSWA or hybrid model logs one line a cache
+        res["granule_layers"] = [[int(n), int(of)] for n, of in more]
     res["measure_pass"] = [ln.strip() for ln in text.splitlines() if "two-pass" in ln or "measure pass" in ln]
     res["window_lines"] = [ln.strip() for ln in text.splitlines() if "position window" in ln]
     res["oom_lines"] = [ln.strip() for ln in text.splitlines() if any(k in ln for k in OOM_LINES)]

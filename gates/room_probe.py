@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
             runs[name].append(r)
             sized = sized or (r.get("prompt_tokens", 0) + a.n + 1023) // 1024 * 1024
             print(f"{name}: rc {r['rc']} peak {r.get('device_mib_peak')} MiB, prefill {r.get('prefill_tps')}, "
-                  f"decode {r.get('decode_tps')}, window {r.get('window')}, device cells {r.get('device_cells')}",
+                  f"decode {r.get('decode_tps')}, window {r.get('window')}, device cells {r.get('device_cells')}"
+                  + (f", layers with a granule more {r['granule_layers']}" if r.get("granule_layers") else ""),
                   flush=True)
         if sized:
             name = f"reference f16 ctx {sized}" + ("" if a.ref_bin else " (head mode)")
@@ -91,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
             "prefill_tps_median": statistics.median(r["prefill_tps"] for r in ok) if ok else None,
             "device_mib_peak_max": max((r.get("device_mib_peak") or 0) for r in rs),
             "device_cells": sorted({r.get("device_cells") for r in rs if r.get("device_cells") is not None}),
+            "granule_layers": rs[-1].get("granule_layers"),
             "window": rs[-1].get("window"),
             "compute_mib": rs[-1].get("compute_mib"),
         }

@@ -1520,6 +1520,8 @@ def test_room_probe_runs_each_window_variant_its_way_and_reports_medians_against
         "  echo \"llama_kv_cache: host tail mapped into the device's address space: 448.00 MiB device + 1.00 MiB "
         'pinned host, 16 K/V buffers, $cells cells in device memory (x)"\n'
         "fi\n"
+        '[ "$cells" = 36864 ] && echo "llama_kv_cache: the mapping granularity\'s remainders: 4 of 8 layers hold one granule '
+        'more of K and of V in device memory"\n'
         'echo "common_perf_print: prompt eval time =     700.00 ms / 35131 tokens (    0.02 ms per token, '
         '50000.00 tokens per second)"\n'
         'echo "common_perf_print:        eval time =     100.00 ms /   127 runs   (    1.00 ms per token, '
@@ -1544,4 +1546,7 @@ def test_room_probe_runs_each_window_variant_its_way_and_reports_medians_against
         "reference f16 ctx 35840 (head mode)": (1000.0, [], 1.0),  # 35,131 + 128 tokens, rounded up to 1,024 cells
     }
     assert all(v["ok"] == v["runs"] == 2 for v in summary.values())
+    # the layers a sized window gave a granule more, where the cache logs them
+    assert summary["window f16 ctx 1048576 --no-kv-prefill-copy --vram-target 1880"]["granule_layers"] == [[4, 8]]
+    assert summary["window f16 ctx 1048576"]["granule_layers"] is None
     capsys.readouterr()
