@@ -561,7 +561,8 @@ def test_gate_c_compares_each_quantized_cache_with_resident_of_the_same_type(tmp
         ' / 16384 cells resident + host tail 1 cells (1.00 MiB host) [CUDA0, forced, budget 0.00 MiB]"; fi',
         'echo "Maximum KLD:   0.000034"', 'echo "Same top p: 100.000 ± 0.000 %"']), script=True)
     a = parse_args(["--full-bin", str(bin_dir), "--pre-bin", str(bin_dir), "--upstream-bin", str(bin_dir),
-                    "--windows", "256", "--windows-4k", "512", "--windows-16k", "8192"])
+                    "--windows", "256", "--windows-4k", "512", "--windows-16k", "8192", "--c-sized-ub1-8k",
+                    "--c-cpu-reference"])
     res = gate_c(a, tmp_path / "m.gguf", tmp_path)
     assert res["pass"]
     got = [(w["cache"], w["window"], w["ubatch"], w["ctx"]) for w in res["windows"]]
@@ -577,7 +578,8 @@ def test_gate_c_compares_each_quantized_cache_with_resident_of_the_same_type(tmp
     # the decode rows alone (every token a decode), an emptied list leaves its rows out
     (tmp_path / "calls.txt").unlink()
     a = parse_args(["--full-bin", str(bin_dir), "--pre-bin", str(bin_dir), "--upstream-bin", str(bin_dir),
-                    "--c-decode-only", "--windows", "1024", "--windows-ub1-4k"])
+                    "--c-decode-only", "--windows", "1024", "--windows-ub1-4k", "--c-sized-ub1-8k",
+                    "--c-cpu-reference"])
     got = [(w["cache"], w["window"], w["ubatch"], w["ctx"]) for w in gate_c(a, tmp_path / "m.gguf", tmp_path)["windows"]]
     assert got == [("f16", 1024, 1, 2048), ("q8_0", 6144, 1, 8192), ("q8_0", 7680, 1, 8192),
                    ("q4_0", 6144, 1, 8192), ("q4_0", 7680, 1, 8192)]
@@ -588,34 +590,98 @@ def test_gate_c_compares_each_quantized_cache_with_resident_of_the_same_type(tmp
     assert not gate_c(a, tmp_path / "m.gguf", tmp_path)["pass"]
 
 
-def test_gate_c_cpu_reference_sets_resident_and_each_window_against_the_cpu_backend(tmp_path: Path):
+def fake_perplexity_kld(bin_dir: Path, tmp_path: Path) -> None:
+    """A stand-in llama-perplexity for gate c's decode rows: a forced window (LLAMA_ARG_KV_WINDOW_CELLS) or a window
+    sized from --vram-target T (T - 100) * 100 cells, 3 of 8 layers given a granule more; its KLD (max, mean) read
+    from the files w-res, w-cpu and r-cpu (a window against resident, a window against the CPU, resident against the
+    CPU)."""
+    fake_tool(bin_dir / "llama-perplexity", "\n".join([
+        f'd={tmp_path}; echo "$*" >> $d/calls.txt',
+        'case "$*" in *cpu-*.kld*--kl-divergence*) cpu=1 ;; *) cpu= ;; esac',
+        't=$(echo "$*" | sed -n "s/.*--vram-target \\([0-9]*\\).*/\\1/p")',
+        'w=$LLAMA_ARG_KV_WINDOW_CELLS; how=forced',
+        'if [ -n "$t" ]; then w=$(( (t - 100) * 100 )); how=auto; fi',
+        'if [ -n "$w" ] && [ "$w" -ge 8192 ]; then echo "llama_kv_cache: position window = FULLY RESIDENT (8192 / 8192'
+        ' cells on CUDA0, 36.00 MiB, auto, budget 1.00 MiB)"; w=; win=; elif [ -n "$w" ]; then win=1;'
+        ' echo "llama_kv_cache: position window = $w / 8192 cells resident + host tail $((8192 - w)) cells'
+        ' ($(printf %d.%02d $(( (8192 - w) / 100 )) $(( (8192 - w) % 100 ))) MiB host) [CUDA0, $how, budget 1.00 MiB]";'
+        ' [ $how = auto ] && echo "llama_kv_cache: the mapping granularity\'s remainders: 3 of 8 layers hold one'
+        ' granule more of K and of V in device memory"; else win=; fi',
+        'case "$*" in *ppl-short.txt*) exit 1 ;; esac',
+        'f=r-cpu; [ -n "$win" ] && f=w-res && [ -n "$cpu" ] && f=w-cpu; [ -z "$win" ] && [ -z "$cpu" ] && f=none',
+        'if [ $f = none ]; then echo "kld base written"; else read mx mn < $d/$f; echo "Mean    KLD:   $mn ± 0.1";'
+        ' echo "Maximum KLD:   $mx"; fi',
+        'echo "Same top p: 99.829 ± 0.000 %"']), script=True)
+
+
+def kld_files(tmp_path: Path, w_res: str, w_cpu: str, r_cpu: str) -> None:
+    for name, v in (("w-res", w_res), ("w-cpu", w_cpu), ("r-cpu", r_cpu)):
+        (tmp_path / name).write_text(v + "\n")
+
+
+def test_gate_c_passes_a_decode_merge_within_the_kernels_own_spread_and_no_other(tmp_path: Path):
     from gates.gpu import gate_c, parse_args
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    # a stand-in llama-perplexity: against the CPU's base the window is nearer than resident; against resident's
-    # base the window misses the bound
-    fake_tool(bin_dir / "llama-perplexity", "\n".join([
-        f'echo "$*" >> {tmp_path}/calls.txt',
-        'case "$*" in *cpu-*.kld*--kl-divergence) cpu=1 ;; *) cpu= ;; esac',
-        'if [ -n "$LLAMA_ARG_KV_WINDOW_CELLS" ]; then echo "llama_kv_cache: position window = $LLAMA_ARG_KV_WINDOW_CELLS'
-        ' / 8192 cells resident + host tail 1 cells (1.00 MiB host) [CUDA0, forced, budget 0.00 MiB]"; kld=0.000747;'
-        ' [ -n "$cpu" ] && kld=0.000400; else kld=0.000034; [ -n "$cpu" ] && kld=0.000500; fi',
-        'echo "Maximum KLD:   $kld"', 'echo "Same top p: 99.829 ± 0.000 %"']), script=True)
+    fake_perplexity_kld(bin_dir, tmp_path)
     a = parse_args(["--full-bin", str(bin_dir), "--pre-bin", str(bin_dir), "--upstream-bin", str(bin_dir),
-                    "--c-decode-only", "--windows", "256", "--windows-ub1-4k", "--quant-caches", "q4_0",
-                    "--windows-ub1-8k", "7680", "--c-cpu-reference", "q4_0"])
+                    "--c-decode-only", "--windows-ub1-4k", "--quant-caches", "q4_0",
+                    "--windows-ub1-8k", "7680", "--c-sized-ub1-8k"])  # --c-cpu-reference: q4_0 by default
+    a.windows = []  # the quantized decode rows alone
+    # the H200's q4_0 row: the window misses 2e-4 against resident, and is as near the CPU as resident is
+    kld_files(tmp_path, "0.000747 0.000038", "0.033200 0.007087", "0.037736 0.007100")
     res = gate_c(a, tmp_path / "m.gguf", tmp_path)
-    assert not res["pass"]  # the window against resident misses 2e-4: the reference is reported, never a pass
-    ref = res["cpu_reference"]
-    assert ref == [{"rows": "ub1-c8192-q4_0", "cpu_rc": 0, "resident": {"max_kld": 0.0005, "same_top_pct": 99.829},
-                    "window 7680": {"max_kld": 0.0004, "same_top_pct": 99.829}}]
+    row = next(w for w in res["windows"] if w["cache"] == "q4_0")
+    assert res["pass"] and not row["within_bound"] and row["within_spread"] and row["pass"]
+    assert res["cpu_reference"] == [{"rows": "ub1-c8192-q4_0", "cpu_rc": 0,
+                                     "resident": {"mean_kld": 0.0071, "max_kld": 0.037736, "same_top_pct": 99.829},
+                                     "window 7680": {"mean_kld": 0.007087, "max_kld": 0.0332, "same_top_pct": 99.829}}]
     calls = (tmp_path / "calls.txt").read_text().splitlines()
     cpu = [c for c in calls if " -ngl 0 " in c]
     assert len(cpu) == 1 and "--kl-divergence-base" in cpu[0] and "cpu-ub1-c8192-q4_0.kld" in cpu[0]
     assert "-ctk q4_0 -ctv q4_0" in cpu[0] and "--kl-divergence " not in cpu[0] + " "
     assert sum("cpu-ub1-c8192-q4_0.kld --kl-divergence" in c and " -ngl 99 " in c for c in calls) == 2
-    assert not any(" -ngl 0 " in c for c in calls if "f16" in c)  # only the cache types asked for
+    # a window farther from the CPU than resident is, or a difference not small against the spread, fails
+    for w_res, w_cpu in (("0.000747 0.000038", "0.045000 0.007087"), ("0.000747 0.000038", "0.033200 0.009000"),
+                         ("0.004000 0.000038", "0.033200 0.007087")):
+        kld_files(tmp_path, w_res, w_cpu, "0.037736 0.007100")
+        res = gate_c(a, tmp_path / "m.gguf", tmp_path)
+        row = next(w for w in res["windows"] if w["cache"] == "q4_0")
+        assert not res["pass"] and not row["within_spread"], (w_res, w_cpu)
+    # without the CPU reference the bound alone judges
+    kld_files(tmp_path, "0.000747 0.000038", "0.033200 0.007087", "0.037736 0.007100")
+    a.c_cpu_reference = []
+    assert not gate_c(a, tmp_path / "m.gguf", tmp_path)["pass"]
+
+
+def test_gate_c_sized_rows_find_their_target_and_need_the_hand_back(tmp_path: Path):
+    from gates.gpu import gate_c, parse_args
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake_perplexity_kld(bin_dir, tmp_path)
+    kld_files(tmp_path, "0.000050 0.000001", "0.000500 0.000100", "0.000500 0.000100")
+    a = parse_args(["--full-bin", str(bin_dir), "--pre-bin", str(bin_dir), "--upstream-bin", str(bin_dir),
+                    "--c-decode-only", "--windows-ub1-4k", "--quant-caches", "q8_0",
+                    "--windows-ub1-8k", "--c-sized-ub1-8k", "6000", "--c-cpu-reference"])
+    a.windows = []  # the sized row alone
+    res = gate_c(a, tmp_path / "m.gguf", tmp_path)
+    sized = [w for w in res["windows"] if "sized_for" in w]
+    assert res["pass"] and len(sized) == 1
+    row = sized[0]
+    # (T - 100) * 100 cells: 160 MiB sizes 6,000 (the probes went 256: fully resident, 128: 2,800, then 160)
+    assert (row["vram_target_mib"], row["window"], row["granule_layers"]) == (160, 6000, [[3, 8]])
+    assert row["hand_back"] and row["cache"] == "q8_0" and row["ubatch"] == 1
+    calls = (tmp_path / "calls.txt").read_text().splitlines()
+    assert sum("ppl-short.txt" in c for c in calls) == 3
+    kld_run = [c for c in calls if "--vram-target 160" in c and "--kl-divergence " in c + " "]
+    assert len(kld_run) == 1 and "-fit off" in kld_run[0] and "resident-ub1-c8192-q8_0.kld" in kld_run[0]
+    # a sized row whose run gave no layer a granule more did not check the hand-back: it fails
+    text = (bin_dir / "llama-perplexity").read_text().replace("3 of 8 layers", "0 of 8 layers")
+    (bin_dir / "llama-perplexity").write_text(text)
+    res = gate_c(a, tmp_path / "m.gguf", tmp_path)
+    assert not res["pass"] and not res["windows"][-1]["hand_back"]
 
 
 def test_cpu_gate_d_wants_the_fallback_line_no_window_and_head_modes_bytes(tmp_path: Path):
