@@ -328,27 +328,31 @@ def within_spread(row: dict, resident_cpu: dict, window_cpu: dict) -> bool:
 
 def sized_target(ppl: str, args: list[str], work: Path, tag: str, want: int) -> tuple[int, dict]:
     """The --vram-target (MiB) under which the window sizer keeps about `want` cells for llama-perplexity with these
-    arguments, found by runs that stop after the context is made (a text too short to evaluate): each run's window
-    line gives the cells kept and the bytes a cell takes, and the next target moves by the difference."""
+    arguments, found by runs that stop once the context is made (a text too short to evaluate), each reading the
+    cells its window line gives: the target doubles until the window holds `want` cells, then bisects (the target
+    counts the weights and the compute buffers too, so it starts at 512 MiB). Returns the target and its run."""
     short = work / "ppl-short.txt"
     short.write_text("a few words\n")
-    target, last = 256, {}
-    for step in range(8):
+
+    def probe(step: int, target: int) -> tuple[int | None, dict]:  # the cells kept (None: fully resident)
         r = run(f"c-sized-probe-{tag}-{step}", [ppl, *args, "-f", str(short), "--kv-residency-mode", "window",
                                                  "-fit", "off", "--vram-target", str(target)], work, timeout=120)
-        last = r
-        w = r.get("window")
-        if r.get("fully_resident"):
-            target = max(1, target // 2)
-            continue
-        if not w:
-            target *= 2  # too small to boot a window, or no window line at all
-            continue
-        if abs(w["resident"] - want) <= max(64, want // 20):
+        return (None if r.get("fully_resident") else (r.get("window") or {}).get("resident", 0)), r
+
+    lo, hi = 0, 0
+    target, best = 512, (0, {})
+    for step in range(16):
+        cells, r = probe(step, target)
+        if cells is not None and abs(cells - want) <= max(64, want // 20):
             return target, r
-        cell_mib = w["tail_mib"] / max(1, w["tail"])
-        target = max(1, target + int(round((want - w["resident"]) * cell_mib)))
-    return target, last
+        if cells is not None and cells < want:
+            lo, best = target, (target, r)
+        else:
+            hi = target
+        if hi and hi - lo <= 1:
+            break
+        target = target * 2 if not hi else (lo + hi) // 2
+    return best
 
 
 def gate_c(a: argparse.Namespace, model: Path, work: Path) -> dict:
@@ -360,10 +364,8 @@ def gate_c(a: argparse.Namespace, model: Path, work: Path) -> dict:
     long_text.write_text(make_text(48000, 3))  # two 16,384-cell contexts' worth of tokens
 
     def common(ub: int, ctx: int, cache: str = "f16", ngl: int = 99, with_text: bool = True) -> list[str]:
-        # the CPU reference (-ngl 0) evaluates the row's chunks in ubatches of 512: it stands for the CPU backend's
-        # F32 flash attention, not for its ubatch, and one decode a token would take minutes there
         return ["-m", str(model), *(["-f", str(text if ctx <= 4096 else long_text)] if with_text else []),
-                "-c", str(ctx), "-b", "512", "-ub", str(512 if ngl == 0 else ub), "-ngl", str(ngl), "-fa", "on",
+                "-c", str(ctx), "-b", "512", "-ub", str(ub), "-ngl", str(ngl), "-fa", "on",
                 "--chunks", "4" if ub > 1 and ctx <= 2048 else "1",
                 "-t", str(os.cpu_count() or 8) if ngl == 0 else "8", "-lv", "4", "-ctk", cache, "-ctv", cache]
 

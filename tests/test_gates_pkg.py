@@ -592,7 +592,7 @@ def test_gate_c_compares_each_quantized_cache_with_resident_of_the_same_type(tmp
 
 def fake_perplexity_kld(bin_dir: Path, tmp_path: Path) -> None:
     """A stand-in llama-perplexity for gate c's decode rows: a forced window (LLAMA_ARG_KV_WINDOW_CELLS) or a window
-    sized from --vram-target T (T - 100) * 100 cells, 3 of 8 layers given a granule more; its KLD (max, mean) read
+    sized from --vram-target T (T - 300) * 100 cells (at least 256), 3 of 8 layers given a granule more; its KLD (max, mean) read
     from the files w-res, w-cpu and r-cpu (a window against resident, a window against the CPU, resident against the
     CPU)."""
     fake_tool(bin_dir / "llama-perplexity", "\n".join([
@@ -600,7 +600,7 @@ def fake_perplexity_kld(bin_dir: Path, tmp_path: Path) -> None:
         'case "$*" in *cpu-*.kld*--kl-divergence*) cpu=1 ;; *) cpu= ;; esac',
         't=$(echo "$*" | sed -n "s/.*--vram-target \\([0-9]*\\).*/\\1/p")',
         'w=$LLAMA_ARG_KV_WINDOW_CELLS; how=forced',
-        'if [ -n "$t" ]; then w=$(( (t - 100) * 100 )); how=auto; fi',
+        'if [ -n "$t" ]; then w=$(( (t - 300) * 100 )); [ $w -lt 256 ] && w=256; how=auto; fi',
         'if [ -n "$w" ] && [ "$w" -ge 8192 ]; then echo "llama_kv_cache: position window = FULLY RESIDENT (8192 / 8192'
         ' cells on CUDA0, 36.00 MiB, auto, budget 1.00 MiB)"; w=; win=; elif [ -n "$w" ]; then win=1;'
         ' echo "llama_kv_cache: position window = $w / 8192 cells resident + host tail $((8192 - w)) cells'
@@ -641,6 +641,7 @@ def test_gate_c_passes_a_decode_merge_within_the_kernels_own_spread_and_no_other
     cpu = [c for c in calls if " -ngl 0 " in c]
     assert len(cpu) == 1 and "--kl-divergence-base" in cpu[0] and "cpu-ub1-c8192-q4_0.kld" in cpu[0]
     assert "-ctk q4_0 -ctv q4_0" in cpu[0] and "--kl-divergence " not in cpu[0] + " "
+    assert " -ub 1 " in cpu[0]  # the row's own shape: every token a decode, on the CPU too
     assert sum("cpu-ub1-c8192-q4_0.kld --kl-divergence" in c and " -ngl 99 " in c for c in calls) == 2
     # a window farther from the CPU than resident is, or a difference not small against the spread, fails
     for w_res, w_cpu in (("0.000747 0.000038", "0.045000 0.007087"), ("0.000747 0.000038", "0.033200 0.009000"),
@@ -670,12 +671,14 @@ def test_gate_c_sized_rows_find_their_target_and_need_the_hand_back(tmp_path: Pa
     sized = [w for w in res["windows"] if "sized_for" in w]
     assert res["pass"] and len(sized) == 1
     row = sized[0]
-    # (T - 100) * 100 cells: 160 MiB sizes 6,000 (the probes went 256: fully resident, 128: 2,800, then 160)
-    assert (row["vram_target_mib"], row["window"], row["granule_layers"]) == (160, 6000, [[3, 8]])
+    # (T - 300) * 100 cells, at least 256: the probes went 512 (fully resident), 256 (256 cells), 384 (8,400: fully
+    # resident), 320 (2,000), 352 (5,200), 368 (6,800), 360 (6,000)
+    assert (row["vram_target_mib"], row["window"], row["granule_layers"]) == (360, 6000, [[3, 8]])
     assert row["hand_back"] and row["cache"] == "q8_0" and row["ubatch"] == 1
     calls = (tmp_path / "calls.txt").read_text().splitlines()
-    assert sum("ppl-short.txt" in c for c in calls) == 3
-    kld_run = [c for c in calls if "--vram-target 160" in c and "--kl-divergence " in c + " "]
+    probes = [c.split("--vram-target ")[1].split()[0] for c in calls if "ppl-short.txt" in c]
+    assert probes == ["512", "256", "384", "320", "352", "368", "360"]
+    kld_run = [c for c in calls if "--vram-target 360" in c and "--kl-divergence " in c + " "]
     assert len(kld_run) == 1 and "-fit off" in kld_run[0] and "resident-ub1-c8192-q8_0.kld" in kld_run[0]
     # a sized row whose run gave no layer a granule more did not check the hand-back: it fails
     text = (bin_dir / "llama-perplexity").read_text().replace("3 of 8 layers", "0 of 8 layers")
