@@ -817,6 +817,22 @@ def window_config(config: str) -> tuple[str, list[str]]:
     return words[1], words[2:]
 
 
+def refill(budget: int, target: int, r: dict, keep: int | None, again: Callable[[int], dict]) -> tuple[int, dict, str]:
+    """A window run whose measured peak left more than `keep` MiB of its budget runs once more, with the target
+    raised by what was left less `keep` (the largest target the measured overhead allows): the second run is kept
+    when it boots and its own peak fits the budget, else the first. Returns the target, the run kept and a note for
+    the row (empty where nothing was tried). keep None, or a peak not measured (0), tries nothing."""
+    peak = r.get("device_mib_peak") or 0
+    if keep is None or r.get("rc") != 0 or not peak or budget - peak <= keep:
+        return target, r, ""
+    t2 = target + (budget - peak) - keep
+    r2 = again(t2)
+    peak2 = r2.get("device_mib_peak") or 0
+    if r2.get("rc") == 0 and r2.get("decode_tps") and 0 < peak2 <= budget:
+        return t2, r2, f"refilled from --vram-target {target} (peak {peak} MiB)"
+    return target, r, f"refill to --vram-target {t2} not kept (peak {peak2 or 'not measured'} MiB, rc {r2.get('rc')})"
+
+
 def gate_g(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict:
     """The budget curve at a declared context: every configuration a user could run, at device-memory budgets
     from the smallest a window boots in to fully resident. A budget is the device memory the process may use, as
@@ -851,10 +867,19 @@ def gate_g(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
                 cache, extra = window_config(config)
                 t = b - overhead - a.budget_margin  # the overhead moves by a few tens of MiB between runs
                 tag = f"g-{config.replace(' ', '-').replace('--', '')}-{ctx}-{b}"
-                r = run(tag, completion(a.full_bin, model, ctx, prompt, n,
-                        ["--kv-residency-mode", "window", "-fit", "off", "--vram-target", str(t), *extra], cache), work,
-                        measure=True)
+
+                def window_run(target: int, suffix: str = "", cache: str = cache, extra: list = extra,
+                               tag: str = tag, ctx: int = ctx) -> dict:
+                    return run(tag + suffix, completion(a.full_bin, model, ctx, prompt, n,
+                               ["--kv-residency-mode", "window", "-fit", "off", "--vram-target", str(target), *extra],
+                               cache), work, measure=True)
+
+                r = window_run(t)
+                keep = a.budget_refill if a.budget_refill >= 0 else None
+                t, r, note = refill(b, t, r, keep, lambda t2: window_run(t2, "-refill"))
                 row = budget_rows(ctx, [b], config, r, ctx, target=t)
+                if note:
+                    row[0]["note"] = (row[0]["note"] + "; " if row[0]["note"] else "") + note
                 rows += row
                 log(f"budget curve: {row[0]}")
     # references: upstream with ctx sized to the prompt (the context a user would declare for this prompt alone)
@@ -1104,6 +1129,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--repeat-reps", type=int, default=3, help="gate h: runs of each configuration at each point")
     ap.add_argument("--repeat-n", type=int, default=128,
                     help="gate h: tokens decoded per run (more than the curve's, for a steadier decode figure)")
+    ap.add_argument("--budget-refill", type=int, default=8, metavar="MIB",
+                    help="gate g: a window run whose peak left more than MIB of its budget runs once more with its "
+                         "target raised by the rest less MIB, kept when that run's peak fits (-1: never)")
     ap.add_argument("--budget-margin", type=int, default=48,
                     help="gate g: MiB kept below a budget beyond the measured overhead (it moved by up to 24 MiB)")
     ap.add_argument("--budgets-128k", type=int, nargs="+", default=[1900, 2100, 2400, 2800, 3300, 3900],

@@ -1619,3 +1619,31 @@ def test_room_probe_runs_each_window_variant_its_way_and_reports_medians_against
     assert summary["window f16 ctx 1048576 --no-kv-prefill-copy --vram-target 1880"]["granule_layers"] == [[4, 8]]
     assert summary["window f16 ctx 1048576"]["granule_layers"] is None
     capsys.readouterr()
+
+
+def test_gate_g_refill_raises_the_target_by_what_the_peak_left_and_keeps_it_only_where_it_fits():
+    from gates.gpu import refill
+
+    first = {"rc": 0, "device_mib_peak": 2284, "decode_tps": 864.5}
+    tried: list[int] = []
+
+    def again(peak: int, rc: int = 0):
+        def run_at(target: int) -> dict:
+            tried.append(target)
+            return {"rc": rc, "device_mib_peak": peak, "decode_tps": 986.6 if rc == 0 else None}
+        return run_at
+
+    # 16 MiB left under 2,300, 8 kept back: the target rises by 8 and the second run fits
+    t, r, note = refill(2300, 1824, first, 8, again(2296))
+    assert (t, r["decode_tps"], tried) == (1832, 986.6, [1832])
+    assert note == "refilled from --vram-target 1824 (peak 2284 MiB)"
+    # a second run over the budget, or one that fails, is not kept: the first stays, and the row says so
+    for peak, rc in ((2301, 0), (2296, 1)):
+        t, r, note = refill(2300, 1824, first, 8, again(peak, rc))
+        assert (t, r) == (1824, first) and note.startswith("refill to --vram-target 1832 not kept"), note
+    # nothing is tried where the peak left no more than the kept MiB, where it was not measured, or when turned off
+    tried.clear()
+    for budget, run, keep in ((2292, first, 8), (2300, {**first, "device_mib_peak": 0}, 8), (2300, first, None),
+                              (2300, {**first, "rc": 1}, 8)):
+        assert refill(budget, 1824, run, keep, again(2296)) == (1824, run, "")
+    assert tried == []
