@@ -352,7 +352,7 @@ def sized_target(ppl: str, args: list[str], work: Path, tag: str, want: int) -> 
         if hi and hi - lo <= 1:
             break
         target = target * 2 if not hi else (lo + hi) // 2
-    return best
+    return best if best[0] else (0, r)
 
 
 def gate_c(a: argparse.Namespace, model: Path, work: Path) -> dict:
@@ -403,6 +403,13 @@ def gate_c(a: argparse.Namespace, model: Path, work: Path) -> dict:
         if ub == 1 and ctx == 8192 and cache != "f16":
             for want in a.c_sized_ub1_8k:
                 target, probe = sized_target(ppl, common(ub, ctx, cache, with_text=False), work, f"{tag}-{want}", want)
+                if not target:  # no target sized a window under `want` cells: nothing to measure, and the row fails
+                    ok = False
+                    out["windows"].append({"cache": cache, "window": None, "sized_for": want, "ubatch": ub,
+                                           "ctx": ctx, "vram_target_mib": None, "pass": False,
+                                           "error": f"no --vram-target sized a window of about {want} cells "
+                                                    f"(last probe: rc {probe.get('rc')}, see c-sized-probe-* logs)"})
+                    continue
                 runs.append((f"sized {want}", {}, ["-fit", "off", "--vram-target", str(target)],
                              {"window": (probe.get("window") or {}).get("resident"), "sized_for": want,
                               "vram_target_mib": target}))

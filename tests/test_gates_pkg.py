@@ -1647,3 +1647,28 @@ def test_gate_g_refill_raises_the_target_by_what_the_peak_left_and_keeps_it_only
                               (2300, {**first, "rc": 1}, 8)):
         assert refill(budget, 1824, run, keep, again(2296)) == (1824, run, "")
     assert tried == []
+
+
+def test_gate_c_sized_row_fails_with_a_reason_when_no_target_sizes_its_window(tmp_path: Path):
+    from gates.gpu import gate_c, parse_args
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    # a stand-in whose every sized run is fully resident: no target keeps fewer cells than the row wants
+    fake_tool(bin_dir / "llama-perplexity", "\n".join([
+        f'echo "$*" >> {tmp_path}/calls.txt',
+        'case "$*" in *vram-target*) echo "llama_kv_cache: position window = FULLY RESIDENT (8192 / 8192 cells on CUDA0,'
+        ' 36.00 MiB, auto, budget 1.00 MiB)";; esac',
+        'echo "Maximum KLD:   0.000034"', 'echo "Same top p: 100.000 ± 0.000 %"']), script=True)
+    a = parse_args(["--full-bin", str(bin_dir), "--pre-bin", str(bin_dir), "--upstream-bin", str(bin_dir),
+                    "--c-decode-only", "--windows-ub1-4k", "--quant-caches", "q4_0", "--windows-ub1-8k",
+                    "--c-sized-ub1-8k", "6000", "--c-cpu-reference"])
+    a.windows = []
+    res = gate_c(a, tmp_path / "m.gguf", tmp_path)
+    assert not res["pass"]
+    (row,) = res["windows"]
+    assert row["sized_for"] == 6000 and row["vram_target_mib"] is None and not row["pass"]
+    assert "no --vram-target sized a window of about 6000 cells" in row["error"]
+    calls = (tmp_path / "calls.txt").read_text().splitlines()
+    # the probes halved down to 1 MiB, and no measuring run followed them
+    assert all("ppl-short.txt" in c for c in calls if "--vram-target" in c)
