@@ -68,6 +68,69 @@ def need_tool(bin_dir: Path, name: str) -> Path:
     return p
 
 
+# The shared libraries a build brings beside its programs. CMake writes RUNPATH ($ORIGIN), which the dynamic loader
+# searches after LD_LIBRARY_PATH: a directory of another build named there (a host build unpacked on the GPU machine,
+# say) would lend its libllama and libggml to this build's programs, and a row named upstream would run the fork.
+BUILD_LIBRARIES = ("libllama", "libggml", "libmtmd")
+RE_LOADED = re.compile(r"^\s*(\S+) => (.+?)(?: \(0x[0-9a-f]+\))?$")
+
+
+def program_of(argv: list[str]) -> Path | None:
+    """The build's program an argv runs: its first word named llama-* (argv[0], or after a profiler or sanitizer)."""
+    for w in argv:
+        if Path(w).name.startswith("llama-"):
+            return Path(w)
+    return None
+
+
+def own_libraries_env(argv: list[str], env: dict) -> dict:
+    """env with the directory of argv's program leading LD_LIBRARY_PATH, so the program loads its own build's
+    libraries whatever else LD_LIBRARY_PATH names (see BUILD_LIBRARIES)."""
+    program = program_of(argv)
+    if program is None:
+        return dict(env)
+    own = str(program.resolve().parent)
+    rest = [d for d in env.get("LD_LIBRARY_PATH", "").split(":") if d and d != own]
+    return dict(env, LD_LIBRARY_PATH=":".join([own, *rest]))
+
+
+def foreign_libraries(program: Path, env: dict) -> list[str]:
+    """The build libraries (BUILD_LIBRARIES) that program would load from outside its own directory under env, or
+    not find at all, as 'name => path' lines: the dynamic loader's own answer (LD_TRACE_LOADED_OBJECTS, what ldd
+    uses; the program itself does not run)."""
+    own = program.resolve().parent
+    p = subprocess.run([str(program)], env=dict(env, LD_TRACE_LOADED_OBJECTS="1"), stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, timeout=60)
+    text = p.stdout.decode("utf-8", "replace")
+    if p.returncode != 0:
+        raise GateError(f"{program}: the dynamic loader could not list its libraries (exit {p.returncode}): "
+                        f"{text.strip()[:300]}")
+    bad = []
+    for line in text.splitlines():
+        m = RE_LOADED.match(line)
+        if not m or not m.group(1).startswith(BUILD_LIBRARIES):
+            continue
+        where = m.group(2).strip()
+        if where == "not found" or Path(where).resolve().parent != own:
+            bad.append(f"{m.group(1)} => {where}")
+    return bad
+
+
+def check_own_libraries(programs: dict[str, Path], env: dict) -> dict[str, str]:
+    """For each named build's program: run as the gates run it (own_libraries_env), every build library it loads
+    comes from its own directory, or GateError says which came from where and what to do. Returns {name: that
+    directory} for the results."""
+    seen: dict[str, str] = {}
+    for name, program in programs.items():
+        bad = foreign_libraries(program, own_libraries_env([str(program)], env))
+        if bad:
+            raise GateError(f"the {name} build's {program.name} would load libraries of another build or none: "
+                            f"{'; '.join(bad)}. Put the build's shared libraries beside {program} (copy its whole "
+                            f"bin directory) and run again")
+        seen[name] = str(program.resolve().parent)
+    return seen
+
+
 def supports_flag(binary: Path, flag: str) -> bool:
     """True when `binary --help` lists flag: tells a patched build from an unpatched one."""
     p = subprocess.run([str(binary), "--help"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)

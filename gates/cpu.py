@@ -33,8 +33,10 @@ from gates.common import (
     TOL_TOOL_MAX_KLD,
     WINDOW_ENV,
     GateError,
+    check_own_libraries,
     make_text,
     need_tool,
+    own_libraries_env,
     parse_stats,
     parse_windows,
     sha256,
@@ -58,6 +60,7 @@ class Ctx:
         env.pop(WINDOW_ENV, None)  # a stray window in the caller's environment would poison the resident runs
         env.pop(DEBUG_ENV, None)
         env.update(env_extra or {})
+        env = own_libraries_env(argv, env)
         log_path = self.work / f"{tag}.log"
         t0 = time.monotonic()
         try:
@@ -630,6 +633,12 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     work = a.work_dir or Path(tempfile.mkdtemp(prefix="forktool-cpu-gates-"))
     work.mkdir(parents=True, exist_ok=True)
+    try:
+        check_own_libraries({"patched": need_tool(a.patched_bin, "llama-perplexity"),
+                             "upstream": need_tool(a.upstream_bin, "llama-perplexity")}, dict(os.environ))
+    except GateError as e:
+        print(f"gates.cpu: {e}", file=sys.stderr)
+        return 2
     c = Ctx(a, work)
     models: list[tuple[str, Path]] = []
     if a.model:

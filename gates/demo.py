@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gates.common import ensure_model
+from gates.common import ensure_model, own_libraries_env
 
 
 def main() -> int:
@@ -28,11 +28,12 @@ def main() -> int:
     argv = [str(exe), "-m", str(model), "-p", prompt, "-n", "16", "-c", "2048", "-b", "512", "-ub", "512",
             "-fa", "on", "--kv-residency-mode", "window", "--kv-window-cells", str(a.window),
             "--temp", "0", "--seed", "1", "-t", "2", "-no-cnv", "-lv", "4"]
-    r = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, LLAMA_LOG_COLORS="0"))
+    r = subprocess.run(argv, capture_output=True, text=True, env=own_libraries_env(argv, dict(os.environ, LLAMA_LOG_COLORS="0")))
     log = r.stdout + r.stderr
     (a.work / "demo.log").write_text(log)
     lines = [ln for ln in log.splitlines() if "position window" in ln]
-    version = subprocess.run([str(exe), "--version"], capture_output=True, text=True)
+    version = subprocess.run([str(exe), "--version"], capture_output=True, text=True,
+                             env=own_libraries_env([str(exe)], dict(os.environ)))
     vtext = (version.stdout + version.stderr).strip().splitlines()
     print("binary:", " ".join(vtext[:2]) if vtext else "?")
     for ln in lines:

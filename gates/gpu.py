@@ -27,9 +27,13 @@ from gates.common import (
     TOL_SAME_TOP_PCT,
     TOL_TOOL_MAX_KLD,
     WINDOW_ENV,
+    GateError,
+    check_own_libraries,
     ensure_model,
     log,
     make_text,
+    need_tool,
+    own_libraries_env,
     parse_stats,
 )
 
@@ -115,6 +119,7 @@ def run(tag: str, argv: list[str], work: Path, env: dict | None = None, measure:
     e = dict(os.environ)
     e.pop(WINDOW_ENV, None)
     e.update(env or {})
+    e = own_libraries_env(argv, e)
     mp = MemPeak() if measure else None
     t0 = time.monotonic()
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=e)
@@ -1172,10 +1177,20 @@ def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     a.work.mkdir(parents=True, exist_ok=True)
     a.out.mkdir(parents=True, exist_ok=True)
-    model = ensure_model(a.work / "synthetic-8l-2048.gguf", MODEL_ARGS)
     note = upstream_note(a)
     if note:
         log(f"note: {note}")
+    builds = {"full": a.full_bin, "pre0089": a.pre_bin, "upstream": a.upstream_bin}
+    if a.before_bin:
+        builds["before"] = a.before_bin
+    try:
+        libraries = check_own_libraries({k: need_tool(v, "llama-completion") for k, v in builds.items()},
+                                        dict(os.environ))
+    except GateError as e:
+        log(f"gates.gpu: {e}")
+        return 2
+    log("libraries: every build loads its own: " + ", ".join(f"{k} {v}" for k, v in libraries.items()))
+    model = ensure_model(a.work / "synthetic-8l-2048.gguf", MODEL_ARGS)
     results: dict = {}
     names = {"a": "a_boot_repro", "b": "b_resident_unchanged", "c": "c_window_equals_resident", "d": "d_curve",
              "e": "e_compute_buffers", "f": "f_breakdown", "g": "g_budget_curve", "h": "h_repeats"}
@@ -1206,6 +1221,7 @@ def main(argv: list[str] | None = None) -> int:
         res["seconds"] = round(time.monotonic() - t0, 1)
         if note:
             res["upstream_bin"] = note
+        res["libraries"] = libraries
         results[names.get(g, g)] = res
         log(f"== gate {g}: {res['seconds']:.0f} s, {'pass' if res.get('pass') else 'FAIL'}")
         (a.out / "gpu_gates.json").write_text(json.dumps(results, indent=2))

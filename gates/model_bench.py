@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from gates.common import DEBUG_ENV, parse_windows
+from gates.common import DEBUG_ENV, own_libraries_env, parse_windows
 
 
 def bench_once(a: argparse.Namespace, name: str, flags: list[str], env_extra: dict, rnd: int) -> dict:
@@ -28,7 +28,7 @@ def bench_once(a: argparse.Namespace, name: str, flags: list[str], env_extra: di
     env = dict(os.environ)
     env.pop(DEBUG_ENV, None)  # llama-bench reads no window variable; the debug flags are libllama's
     env.update(env_extra)
-    p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=a.timeout)
+    p = subprocess.run(argv, capture_output=True, text=True, env=own_libraries_env(argv, env), timeout=a.timeout)
     (a.work / f"{name}-r{rnd}.log").write_text(" ".join(argv) + "\n" + json.dumps(env_extra) + "\n\n" + p.stderr)
     if p.returncode != 0:
         raise RuntimeError(f"{name}: llama-bench exited {p.returncode}; log {a.work / f'{name}-r{rnd}.log'}")

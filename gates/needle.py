@@ -16,7 +16,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from gates.common import WINDOW_ENV, parse_windows, supports_flag
+from gates.common import WINDOW_ENV, own_libraries_env, parse_windows, supports_flag
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 QUESTION = "What is the pass key? The pass key is"
@@ -57,7 +57,7 @@ class Server:
                 *argv_extra]
         self.argv, self.env_extra = argv, env_extra
         self.log_f = open(log, "wb")
-        self.proc = subprocess.Popen(argv, stdout=self.log_f, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(argv, stdout=self.log_f, stderr=subprocess.STDOUT, env=own_libraries_env(argv, env))
         deadline = time.monotonic() + a.boot_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import sys
 from pathlib import Path
 
-from gates.common import ensure_model, make_text
+from gates.common import GateError, check_own_libraries, ensure_model, make_text, need_tool
 from gates.gpu import MODEL_ARGS, completion, run, strip
 
 
@@ -54,6 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     if variants is not None:
         a.variants = variants
     a.work.mkdir(parents=True, exist_ok=True)
+    try:
+        check_own_libraries({"window": need_tool(a.bin, "llama-completion")}
+                            | ({"reference": need_tool(a.ref_bin, "llama-completion")} if a.ref_bin else {}),
+                            dict(os.environ))
+    except GateError as e:
+        sys.exit(f"gates.room_probe: {e}")
     model = a.model or ensure_model(a.work / "synthetic-8l-2048.gguf", MODEL_ARGS)
     measure = shutil.which("nvidia-smi") is not None  # the device-memory peak, where nvidia-smi can say it
     prompt = a.work / "prompt-d.txt"

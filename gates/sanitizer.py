@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gates.common import DEBUG_ENV, WINDOW_ENV, ensure_model, make_text
+from gates.common import DEBUG_ENV, WINDOW_ENV, ensure_model, make_text, own_libraries_env
 from gates.gpu import MODEL_ARGS
 
 MAX_LINES = 200  # of the sanitizer's own lines kept per tool (a racecheck hazard report is long)
@@ -60,7 +60,8 @@ def verdict(rc: int | None, text: str) -> dict:
 def run_limited(cmd: list[str], env: dict, limit: int) -> tuple[int | None, str]:
     """(exit status, output) of cmd; (None, what it printed) when the limit stops it: its whole process group is
     killed, so the program under the sanitizer does not keep the GPU."""
-    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+    p = subprocess.Popen(cmd, env=own_libraries_env(cmd, env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, errors="replace",
                          start_new_session=True)
     try:
         out, _ = p.communicate(timeout=limit)

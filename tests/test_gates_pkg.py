@@ -1672,3 +1672,65 @@ def test_gate_c_sized_row_fails_with_a_reason_when_no_target_sizes_its_window(tm
     calls = (tmp_path / "calls.txt").read_text().splitlines()
     # the probes halved down to 1 MiB, and no measuring run followed them
     assert all("ppl-short.txt" in c for c in calls if "--vram-target" in c)
+
+
+def two_builds(tmp_path: Path) -> tuple[Path, Path]:
+    """Two real builds of one library: build `a` holds llama-which (RUNPATH $ORIGIN, as CMake writes it) and its
+    libllama.so, which says "a"; build `b` holds a libllama.so that says "b"."""
+    cc = "cc"
+    for name in ("a", "b"):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "lib.c").write_text(f'const char *which(void) {{ return "{name}"; }}\n')
+        subprocess.run([cc, "-shared", "-fPIC", "-o", str(d / "libllama.so"), str(d / "lib.c")], check=True)
+    (tmp_path / "main.c").write_text('#include <stdio.h>\nconst char *which(void);\n'
+                                     'int main(void) { puts(which()); return 0; }\n')
+    exe = tmp_path / "a" / "llama-which"
+    subprocess.run([cc, "-o", str(exe), str(tmp_path / "main.c"), "-L", str(tmp_path / "a"), "-lllama",
+                    "-Wl,--enable-new-dtags,-rpath,$ORIGIN"], check=True)
+    return exe, tmp_path / "b"
+
+
+def test_a_build_runs_its_own_libraries_whatever_ld_library_path_names(tmp_path: Path, monkeypatch):
+    """LD_LIBRARY_PATH naming another build's directory lends that build's libllama to this build's program (RUNPATH
+    is searched after it); the gates' runs put the program's own directory first, and the check says which library
+    came from where."""
+    from gates.common import GateError, check_own_libraries, foreign_libraries, own_libraries_env
+    from gates.gpu import run
+
+    exe, other = two_builds(tmp_path)
+    lent = dict(os.environ, LD_LIBRARY_PATH=str(other))
+    assert subprocess.run([str(exe)], env=lent, capture_output=True, text=True).stdout == "b\n"
+    assert foreign_libraries(exe, lent) == [f"libllama.so => {other / 'libllama.so'}"]
+
+    own = own_libraries_env(["/usr/bin/env", str(exe)], lent)
+    assert own["LD_LIBRARY_PATH"].split(":") == [str(exe.parent), str(other)]
+    assert foreign_libraries(exe, own) == []
+    assert subprocess.run([str(exe)], env=own, capture_output=True, text=True).stdout == "a\n"
+    assert check_own_libraries({"upstream": exe}, lent) == {"upstream": str(exe.parent)}
+
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(other))
+    r = run("which", [str(exe)], tmp_path)
+    assert r["rc"] == 0 and (tmp_path / "which.log").read_text().endswith("\na\n")
+
+    (exe.parent / "libllama.so").unlink()  # the build lacks its library: the other build's would be loaded
+    with pytest.raises(GateError, match=r"the upstream build's llama-which would load libraries of another build"
+                                        r".*libllama.so => .*/b/libllama.so.*copy its whole bin directory"):
+        check_own_libraries({"upstream": exe}, lent)
+    with pytest.raises(GateError, match=r"libllama.so => not found"):
+        check_own_libraries({"upstream": exe}, dict(os.environ, LD_LIBRARY_PATH=""))
+
+
+def test_gates_gpu_refuses_builds_that_would_borrow_libraries(tmp_path: Path):
+    """gates.gpu checks every build before any gate runs: exit 2, the reason, no gate results."""
+    exe, other = two_builds(tmp_path)
+    (exe.parent / "llama-completion").symlink_to(exe.name)
+    (exe.parent / "libllama.so").unlink()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["LD_LIBRARY_PATH"] = str(other)
+    r = subprocess.run([sys.executable, "-m", "gates.gpu", "--full-bin", str(exe.parent), "--pre-bin", str(exe.parent),
+                        "--upstream-bin", str(exe.parent), "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o"),
+                        "--only", "e"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "would load libraries of another build or none: libllama.so => " in r.stderr
+    assert not (tmp_path / "o" / "gpu_gates.json").exists()
