@@ -855,16 +855,25 @@ def gate_g(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
     n = a.curve_n
     rows: list[dict] = []
     refs: dict = {}
+    csv_path, meta_path = outdir / "budget_curve.csv", outdir / "budget_curve.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    meta["complete"] = False  # until the last row: a run cut short (a call's time limit) keeps what it measured
+    meta_path.write_text(json.dumps(meta, indent=2))
+
+    def measured(new: list[dict]) -> None:
+        rows.extend(new)
+        write_budget_csv(csv_path, rows, a.budget_ctxs)
+
     for ctx in a.budget_ctxs:
         budgets = sorted(a.budgets_1m if ctx > 131072 else a.budgets_128k)
         ups = {}
         for cache in ("f16", "q8_0", "q4_0"):
             ups[cache] = run(f"g-upstream-{cache}-{ctx}", completion(a.upstream_bin, model, ctx, prompt, n, [], cache),
                              work, measure=True)
-            rows += budget_rows(ctx, budgets, f"upstream {cache}", ups[cache], ctx)
+            measured(budget_rows(ctx, budgets, f"upstream {cache}", ups[cache], ctx))
         r = run(f"g-upstream-nkvo-{ctx}", completion(a.upstream_bin, model, ctx, prompt, n, ["-nkvo"]), work,
                 measure=True)
-        rows += budget_rows(ctx, budgets, "upstream f16 -nkvo", r, ctx)
+        measured(budget_rows(ctx, budgets, "upstream f16 -nkvo", r, ctx))
         n_prompt = next((u["prompt_tokens"] for u in [*ups.values(), r] if u.get("prompt_tokens")), 0)
         # the overhead outside the sizer's view, from a window run at a target in the middle of the range
         t0 = budgets[len(budgets) // 2] - 600
@@ -892,7 +901,7 @@ def gate_g(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
                 row = budget_rows(ctx, [b], config, r, ctx, target=t)
                 if note:
                     row[0]["note"] = (row[0]["note"] + "; " if row[0]["note"] else "") + note
-                rows += row
+                measured(row)
                 log(f"budget curve: {row[0]}")
     # references: upstream with ctx sized to the prompt (the context a user would declare for this prompt alone)
     n_prompt = max((v["prompt_tokens"] or 0) for v in refs.values()) if refs else 0
@@ -903,14 +912,11 @@ def gate_g(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
                     measure=True)
             for ctx in a.budget_ctxs:
                 budgets = sorted(a.budgets_1m if ctx > 131072 else a.budgets_128k)
-                rows += budget_rows(ctx, budgets, f"upstream {cache} ctx sized to the prompt", r, sized)
-    csv_path = outdir / "budget_curve.csv"
+                measured(budget_rows(ctx, budgets, f"upstream {cache} ctx sized to the prompt", r, sized))
     allrows = write_budget_csv(csv_path, rows, a.budget_ctxs)
     goals = budget_goals(allrows)
-    meta_path = outdir / "budget_curve.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     meta.setdefault("contexts", {}).update({str(k): v for k, v in refs.items()})
-    meta |= {"decode_n": n, "goals": goals}
+    meta |= {"decode_n": n, "goals": goals, "complete": True}
     meta_path.write_text(json.dumps(meta, indent=2))
     # the gate passes when every upstream run booted (the card holds each of them); the goal is reported, not gated
     return {"pass": all(r["rc"] == 0 for r in rows if r["config"].startswith("upstream")),

@@ -1734,3 +1734,43 @@ def test_gates_gpu_refuses_builds_that_would_borrow_libraries(tmp_path: Path):
     assert r.returncode == 2, r.stderr
     assert "would load libraries of another build or none: libllama.so => " in r.stderr
     assert not (tmp_path / "o" / "gpu_gates.json").exists()
+
+
+def test_gate_g_cut_short_keeps_the_rows_it_measured(tmp_path: Path, monkeypatch):
+    """A call's time limit stops gate g mid-curve: the CSV holds every run measured so far and the metadata says
+    the curve is not complete; a finished run says complete."""
+    import gates.gpu as gpu
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake_tool(bin_dir / "llama-completion", "\n".join([
+        'echo "common_perf_print: prompt eval time =     573.10 ms / 35131 tokens (    0.02 ms per token, '
+        '61300.00 tokens per second)"',
+        'echo "common_perf_print:        eval time =      26.69 ms /    63 runs   (    0.86 ms per token, '
+        '600.00 tokens per second)"']), script=True)
+    a = gpu.parse_args(["--full-bin", str(bin_dir), "--pre-bin", str(bin_dir), "--upstream-bin", str(bin_dir),
+                        "--budget-ctxs", "131072", "--budgets-128k", "2000", "3000", "--curve-words", "50",
+                        "--budget-refill", "-1"])
+    out = tmp_path / "out"
+    out.mkdir()
+    real_run, calls = gpu.run, []
+
+    def limited(tag, *args, **kw):
+        calls.append(tag)
+        if len(calls) == 8:  # 4 upstream runs, the calibration, 2 window runs, then the limit
+            raise TimeoutError("the call's limit")
+        return real_run(tag, *args, **kw)
+
+    monkeypatch.setattr(gpu, "run", limited)
+    with pytest.raises(TimeoutError):
+        gpu.gate_g(a, tmp_path / "m.gguf", tmp_path, out)
+    rows = list(csv.DictReader(open(out / "budget_curve.csv", newline="")))
+    assert {(r["config"], r["budget_mib"]) for r in rows} == (
+        {(f"upstream {c}", b) for c in ("f16", "q8_0", "q4_0", "f16 -nkvo") for b in ("2000", "3000")}
+        | {("window f16", "2000"), ("window f16 --no-kv-prefill-copy", "2000")})
+    assert json.loads((out / "budget_curve.json").read_text())["complete"] is False
+
+    monkeypatch.setattr(gpu, "run", real_run)
+    gpu.gate_g(a, tmp_path / "m.gguf", tmp_path, out)
+    assert json.loads((out / "budget_curve.json").read_text())["complete"] is True
+    assert len(list(csv.DictReader(open(out / "budget_curve.csv", newline="")))) == 11 * 2
