@@ -185,6 +185,34 @@ def test_gate_b_compare_fails_a_slowdown_beyond_the_noise_and_passes_within_it()
     noisy = [[90.0, 90.0], [130.0, 130.0]]
     r = compare({"full": noisy, "upstream": [[110.0, 110.0], [111.0, 111.0]]}, "full", "upstream", 0.03)
     assert r["threshold"] == pytest.approx(2 * 40.0 / 110.0, abs=1e-3)
+    assert r["verdict"] == "pass" and r["pass"] is True  # no widest bound given: any bound judges
+    # a bound wider than the widest one judged says nothing: not checked, never a pass (ratio 1.0 or 0.8 alike)
+    r = compare({"full": noisy, "upstream": [[110.0, 110.0], [111.0, 111.0]]}, "full", "upstream", 0.03, 0.10)
+    assert (r["verdict"], r["pass"]) == ("not checked", False)
+    assert "noise 0.364 makes the bound 0.727, wider than 0.100" in r["why"]
+    r = compare({"full": slow, "upstream": up}, "full", "upstream", 0.03, 0.10)
+    assert (r["verdict"], r["pass"]) == ("fail", False) and "why" not in r
+
+
+def test_gate_b_is_not_checked_where_prefill_is_too_noisy_to_judge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """llama-bench's prefill swinging by 40 % between rounds (the H200's pp 2048 did): gate b does not pass, says
+    which half it could not judge and why; decode, steady, is judged."""
+    gpu, full = fake_gpu_bin(tmp_path, monkeypatch, [
+        'echo "llama_kv_cache: position window = FULLY RESIDENT (131072 / 131072 cells on CUDA0, 2048.00 MiB, auto)"'])
+    upstream = tmp_path / "upstream"
+    upstream.mkdir()
+    for b in (full, upstream):
+        # every other call's prefill is 40 % faster; decode is the same in every call
+        fake_tool(b / "llama-bench", "\n".join([
+            f'n=$(cat {tmp_path}/n 2>/dev/null || echo 0); echo $((n + 1)) > {tmp_path}/n',
+            'if [ $((n / 3 % 2)) = 0 ]; then pp=100000.0; else pp=140000.0; fi',
+            'echo "[{\\"n_prompt\\": 2048, \\"n_gen\\": 0, \\"samples_ts\\": [$pp]},'
+            ' {\\"n_prompt\\": 0, \\"n_gen\\": 128, \\"samples_ts\\": [1700.0]}]"']), script=True)
+    a = gpu.parse_args(["--full-bin", str(full), "--pre-bin", str(full), "--upstream-bin", str(upstream),
+                        "--bench-rounds", "2", "--bench-cpus", ""])
+    res = gpu.gate_b(a, tmp_path / "m.gguf", tmp_path)
+    assert res["pp"]["verdict"] == "not checked" and res["tg"]["verdict"] == "pass"
+    assert (res["pass"], res["verdict"], res["not_checked"]) == (False, "not checked", ["pp"])
 
 
 def test_linear_fit_recovers_fixed_cost_and_bandwidth():
