@@ -2,7 +2,10 @@
 as it is by default (its compute reserve holds the room) against the window with --no-kv-prefill-copy (no room: the
 window keeps those bytes as cells) and against OPENCOTI_KV_DEBUG=no-tail-segments (neither the room nor the decode
 segments), beside a reference build at a context sized to the prompt; the runs interleaved, repeated, and reported as
-medians with the cells each kept in device memory and the device-memory peak.
+medians with the cells each kept in device memory and the device-memory peak. With --ref-bin (an upstream build) the
+window build in head mode runs beside the reference too, so one call also says whether head mode is upstream's
+speed at that context. Each run's ratio to the reference of its own repetition is reported as well (paired: drift
+within a call moves both).
 
     python3 -m gates.room_probe --bin B [--ref-bin U] [--ctx 1048576] [--target 1844] [--reps 3]
 """
@@ -84,12 +87,15 @@ def main(argv: list[str] | None = None) -> int:
                   + (f", layers with a granule more {r['granule_layers']}" if r.get("granule_layers") else ""),
                   flush=True)
         if sized:
-            name = f"reference f16 ctx {sized}" + ("" if a.ref_bin else " (head mode)")
-            ref = completion(a.ref_bin or a.bin, model, sized, prompt, a.n, [])
-            r = strip(run(f"room-ref-{rep}", ref, a.work, measure=measure))
-            runs.setdefault(name, []).append(r)
-            print(f"{name}: rc {r['rc']} peak {r.get('device_mib_peak')} MiB, prefill {r.get('prefill_tps')}, "
-                  f"decode {r.get('decode_tps')}", flush=True)
+            refs = [(f"reference f16 ctx {sized}" + ("" if a.ref_bin else " (head mode)"), a.ref_bin or a.bin, [])]
+            if a.ref_bin:  # the window build on upstream's code path, at the reference's context
+                refs.append((f"head mode f16 ctx {sized}", a.bin, ["--kv-residency-mode", "head"]))
+            for i, (name, b, extra) in enumerate(refs):
+                r = strip(run(f"room-ref{i or ''}-{rep}", completion(b, model, sized, prompt, a.n, extra), a.work,
+                              measure=measure))
+                runs.setdefault(name, []).append(r)
+                print(f"{name}: rc {r['rc']} peak {r.get('device_mib_peak')} MiB, prefill {r.get('prefill_tps')}, "
+                      f"decode {r.get('decode_tps')}", flush=True)
     summary = {}
     for name, rs in runs.items():
         ok = [r for r in rs if r["rc"] == 0 and r.get("decode_tps")]
@@ -103,9 +109,14 @@ def main(argv: list[str] | None = None) -> int:
             "window": rs[-1].get("window"),
             "compute_mib": rs[-1].get("compute_mib"),
         }
-    ref = next((v["decode_tps_median"] for k, v in summary.items() if k.startswith("reference")), None)
-    for v in summary.values():
+    ref_name = next((k for k in summary if k.startswith("reference")), None)
+    ref = summary[ref_name]["decode_tps_median"] if ref_name else None
+    for name, v in summary.items():
         v["decode_over_reference"] = round(v["decode_tps_median"] / ref, 3) if ref and v["decode_tps_median"] else None
+        # each run against the reference run of its own repetition (a repetition without a reference run is left out)
+        pairs = [r["decode_tps"] / q["decode_tps"] for r, q in zip(runs[name], runs.get(ref_name, []), strict=False)
+                 if r["rc"] == 0 and r.get("decode_tps") and q["rc"] == 0 and q.get("decode_tps")]
+        v["decode_over_reference_paired"] = round(statistics.median(pairs), 3) if pairs else None
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps({"ctx": a.ctx, "vram_target_mib": a.target, "summary": summary, "runs": runs},
                                 indent=1))

@@ -1646,6 +1646,42 @@ def test_room_probe_runs_each_window_variant_its_way_and_reports_medians_against
     # the layers a sized window gave a granule more, where the cache logs them
     assert summary["window f16 ctx 1048576 --no-kv-prefill-copy --vram-target 1880"]["granule_layers"] == [[4, 8]]
     assert summary["window f16 ctx 1048576"]["granule_layers"] is None
+    assert summary["window f16 ctx 1048576"]["decode_over_reference_paired"] == 0.42
+    capsys.readouterr()
+
+
+def test_room_probe_runs_head_mode_beside_an_upstream_reference_and_pairs_each_run_with_its_repetitions_reference(
+        tmp_path: Path, capsys: pytest.CaptureFixture):
+    """With --ref-bin the window build's head mode runs at the reference's context too; a reference that drifts
+    between repetitions moves the paired ratio less than the ratio of medians."""
+    from gates import room_probe
+
+    def stand_in(d: Path, body: str) -> None:
+        d.mkdir()
+        (d / "llama-completion").write_text(
+            "#!/bin/sh\n" + body +
+            'echo "common_perf_print: prompt eval time =     700.00 ms / 35131 tokens (    0.02 ms per token, '
+            '50000.00 tokens per second)"\n'
+            'echo "common_perf_print:        eval time =     100.00 ms /   127 runs   (    1.00 ms per token, '
+            '$tps.00 tokens per second)"\n')
+        (d / "llama-completion").chmod(0o755)
+
+    counter = tmp_path / "rep"
+    # the window build: the window decodes 800, head mode 950; the upstream build decodes 1000, then 900 (drift)
+    stand_in(tmp_path / "full", 'case "$*" in *"--kv-residency-mode head"*) tps=950 ;; *) tps=800 ;; esac\n')
+    stand_in(tmp_path / "up", f'n=$(cat {counter} 2>/dev/null || echo 0); echo $((n + 1)) > {counter}\n'
+                              'if [ "$n" = 0 ]; then tps=1000; else tps=900; fi\n')
+    out = tmp_path / "probe.json"
+    code = room_probe.main(["--bin", str(tmp_path / "full"), "--ref-bin", str(tmp_path / "up"), "--model",
+                            str(tmp_path / "m.gguf"), "--work", str(tmp_path / "w"), "--reps", "2", "--out", str(out),
+                            "--variants", ""])
+    assert code == 0
+    summary = json.loads(out.read_text())["summary"]
+    assert list(summary) == ["window f16 ctx 1048576", "reference f16 ctx 35840", "head mode f16 ctx 35840"]
+    assert summary["reference f16 ctx 35840"]["decode_tps_median"] == 950.0
+    assert summary["window f16 ctx 1048576"]["decode_over_reference"] == round(800 / 950, 3)
+    assert summary["window f16 ctx 1048576"]["decode_over_reference_paired"] == round((0.8 + 800 / 900) / 2, 3)
+    assert summary["head mode f16 ctx 35840"]["decode_over_reference_paired"] == round((0.95 + 950 / 900) / 2, 3)
     capsys.readouterr()
 
 
