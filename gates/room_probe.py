@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
                             | ({"reference": need_tool(a.ref_bin, "llama-completion")} if a.ref_bin else {}),
                             dict(os.environ))
     except GateError as e:
-        sys.exit(f"gates.room_probe: {e}")
+        print(f"gates.room_probe: {e}", file=sys.stderr)
+        return 2
     model = a.model or ensure_model(a.work / "synthetic-8l-2048.gguf", MODEL_ARGS)
     measure = shutil.which("nvidia-smi") is not None  # the device-memory peak, where nvidia-smi can say it
     prompt = a.work / "prompt-d.txt"

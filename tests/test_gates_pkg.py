@@ -1838,3 +1838,22 @@ def test_gate_g_cut_short_keeps_the_rows_it_measured(tmp_path: Path, monkeypatch
     gpu.gate_g(a, tmp_path / "m.gguf", tmp_path, out)
     assert json.loads((out / "budget_curve.json").read_text())["complete"] is True
     assert len(list(csv.DictReader(open(out / "budget_curve.csv", newline="")))) == 11 * 2
+
+
+@pytest.mark.parametrize("mod", ["gates.room_probe", "gates.cpu"])
+def test_other_gates_refuse_builds_that_would_borrow_libraries(tmp_path: Path, mod: str):
+    """gates.room_probe and gates.cpu check every build they are given before any run: exit 2 and the reason."""
+    exe, other = two_builds(tmp_path)
+    for name in ("llama-completion", "llama-perplexity"):
+        (exe.parent / name).symlink_to(exe.name)
+    (exe.parent / "libllama.so").unlink()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["LD_LIBRARY_PATH"] = str(other)
+    args = (["--bin", str(exe.parent), "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o.json")]
+            if mod == "gates.room_probe" else
+            ["--patched-bin", str(exe.parent), "--upstream-bin", str(exe.parent), "--work-dir", str(tmp_path / "w")])
+    r = subprocess.run([sys.executable, "-m", mod, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "would load libraries of another build or none: libllama.so => " in r.stderr
+    assert not (tmp_path / "o.json").exists()
