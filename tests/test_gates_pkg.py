@@ -1741,13 +1741,17 @@ def test_gate_c_sized_row_fails_with_a_reason_when_no_target_sizes_its_window(tm
 def two_builds(tmp_path: Path) -> tuple[Path, Path]:
     """Two real builds of one library: build `a` holds llama-which (RUNPATH $ORIGIN, as CMake writes it) and its
     libllama.so, which says "a"; build `b` holds a libllama.so that says "b"."""
-    cc = "cc"
+    import shutil
+
+    cc = shutil.which("cc") or shutil.which("g++")  # the CI installs g++; the sources are C and C++ alike
+    assert cc, "no C or C++ compiler"
+    extern = '#ifdef __cplusplus\nextern "C"\n#endif\n'
     for name in ("a", "b"):
         d = tmp_path / name
         d.mkdir()
-        (d / "lib.c").write_text(f'const char *which(void) {{ return "{name}"; }}\n')
+        (d / "lib.c").write_text(f'{extern}const char *which(void) {{ return "{name}"; }}\n')
         subprocess.run([cc, "-shared", "-fPIC", "-o", str(d / "libllama.so"), str(d / "lib.c")], check=True)
-    (tmp_path / "main.c").write_text('#include <stdio.h>\nconst char *which(void);\n'
+    (tmp_path / "main.c").write_text(f'#include <stdio.h>\n{extern}const char *which(void);\n'
                                      'int main(void) { puts(which()); return 0; }\n')
     exe = tmp_path / "a" / "llama-which"
     subprocess.run([cc, "-o", str(exe), str(tmp_path / "main.c"), "-L", str(tmp_path / "a"), "-lllama",
