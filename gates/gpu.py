@@ -590,11 +590,13 @@ def gate_d(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
     half_share = min(a.shares, key=lambda x: abs(x - 0.5))
     max_share = max(a.shares)
     reps: dict[str, dict[str, list[float]]] = {}
+    in_order: dict[str, list[float | None]] = {}  # each point's decode per repetition, None where a run gave none
 
     def sample(key: str, r: dict) -> None:
         for m in ("prefill_tps", "decode_tps"):
             if r.get(m):
                 reps.setdefault(key, {}).setdefault(m, []).append(r[m])
+        in_order.setdefault(key, []).append(r.get("decode_tps"))
 
     def realized(share: float) -> float:  # the tail share a forced window for `share` gives (as in the rows)
         return round(1.0 - min(forced_cells(share), n_prompt) / n_prompt, 4)
@@ -667,6 +669,12 @@ def gate_d(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
         med_rows = [r | {"decode_tps": median_decode(r)} if median_decode(r) is not None else r for r in rows]
         targets["tail_medians"] = tail_models.tail_targets(med_rows, link.get("pinned_gbps") or 0.0, a.curve_n,
                                                            KV_BYTES_PER_CELL) | {"runs": a.target_reps}
+        small = targets["tail_medians"].get("small_tail")
+        if small:  # the spread behind the median: each repetition's small tail against its own resident run
+            small["ratio_runs"] = [round(s / r, 3) if s and r else None for s, r in
+                                   zip(in_order.get("small", []), in_order.get("resident", []), strict=False)]
+            small["met_in_every_run"] = bool(small["ratio_runs"]) and all(
+                x is not None and x >= small["target"] for x in small["ratio_runs"])
         for name, t in targets["tail_medians"].items():
             if name != "runs":
                 log(f"tail target (medians of {a.target_reps}) {tail_models.target_line(name, t)}")

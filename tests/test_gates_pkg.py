@@ -325,6 +325,9 @@ def test_gate_d_judges_the_tail_targets_on_the_medians_of_interleaved_runs(tmp_p
     assert single["decode_tps"] == 700.0 and single["met"] is False
     assert med["decode_tps"] == 850.0 and med["ratio"] == pytest.approx(850 / 900, abs=1e-3) and med["met"] is True
     assert res["targets"]["tail_medians"]["runs"] == 3
+    # the spread behind the median: met on the median, not in every repetition
+    assert med["ratio_runs"] == [round(700 / 900, 3), round(850 / 900, 3), round(860 / 900, 3)]
+    assert med["met_in_every_run"] is False
     assert (tmp_path / "seq").read_text() == ""  # the small tail ran once in the curve and twice repeated
 
 
