@@ -434,6 +434,7 @@ def test_gpu_before_copy_runs_the_full_build_on_the_copying_path(tmp_path: Path)
     assert res["pass"]
     assert res["rows"] == [{"ctx": 1048576, "upstream_mib": 1084.01, "upstream_rc": 0, "window_mib": 1084.01,
                             "window_rc": 0, "window_before_mib": 4096.01, "window_before_rc": 0}]
+    assert all(c["met"] for c in res["checks"])
     # without --before-copy there is no "before" build
     b = parse_args(["--full-bin", str(bin_dir), "--pre-bin", str(bin_dir), "--upstream-bin", str(bin_dir)])
     assert b.before_bin is None and b.before_env == {}
@@ -1864,3 +1865,18 @@ def test_other_gates_refuse_builds_that_would_borrow_libraries(tmp_path: Path, m
     assert r.returncode == 2, r.stderr
     assert "would load libraries of another build or none: libllama.so => " in r.stderr
     assert not (tmp_path / "o.json").exists()
+
+
+def test_gate_e_holds_the_window_buffer_to_upstreams_and_flat_across_contexts():
+    from gates.gpu import buffer_checks
+
+    # the H200's figures (eighteenth round): 180 MiB at every context, upstream 188 / 572 / 1,084
+    rows = [{"ctx": c, "upstream_mib": u, "window_mib": 180.01} for c, u in
+            ((131072, 188.01), (524288, 572.01), (1048576, 1084.01))]
+    assert all(c["met"] for c in buffer_checks(rows))
+    # a window buffer that grows with the declared context misses flatness, and where it passes upstream's, that too
+    grown = [r | {"window_mib": w} for r, w in zip(rows, (180.01, 400.0, 1200.0), strict=True)]
+    met = [c["met"] for c in buffer_checks(grown)]
+    assert met == [True, True, False, False]
+    # a buffer that was not measured meets nothing
+    assert [c["met"] for c in buffer_checks([rows[0] | {"window_mib": None}])] == [False, False]
