@@ -744,6 +744,7 @@ def gate_f(a: argparse.Namespace, model: Path, work: Path) -> dict:
     prompt = work / "prompt-f.txt"
     prompt.write_text(make_text(1600, 13))
     builds = [("after", a.full_bin, {})] + ([("before", a.before_bin, a.before_env)] if a.before_bin else [])
+    missing: list[str] = []  # what was not measured: the gate measures, and passes only when it measured it all
     for name, b, benv in builds:
         # the reserve's summary with a 256-cell window (its last graph line is the context's: splits of the prefill
         # graph and of the one-token decode graph) and the compute buffers per backend
@@ -751,6 +752,8 @@ def gate_f(a: argparse.Namespace, model: Path, work: Path) -> dict:
                 work, env={WINDOW_ENV: "256", **benv})
         out[f"sched_{name}"] = {"rc": r["rc"], **(r["graphs"][-1] if r["graphs"] else {"graph_line": "not printed"}),
                                 "compute_buffers_mib": r["compute_buffers_mib"]}
+        if r["rc"] != 0 or not r["graphs"]:
+            missing.append(f"{name}: the reserve's summary (rc {r['rc']})")
         # per-token decode time against the used tail (fixed prompt, growing tail share)
         pts = []
         prompt_d = work / "prompt-d.txt"
@@ -763,11 +766,15 @@ def gate_f(a: argparse.Namespace, model: Path, work: Path) -> dict:
                 used_tail = max(0, r["prompt_tokens"] + 16 - r.get("device_cells", cells))  # past the device part
                 pts.append({"window": cells, "tail_mib_read_per_token": round(used_tail * KV_BYTES_PER_CELL / MIB, 1),
                             "ms_per_token": round(r["decode_ms_per_token"], 3)})
+            else:
+                missing.append(f"{name}: the decode at window {cells} (rc {r['rc']})")
         tailed = [p for p in pts if p["tail_mib_read_per_token"] > 0]
         out[f"fit_{name}"] = {"points": tailed, **linear_fit(tailed)}
         # the sum model against the max model, with the resident point (gates.tail_models)
         out[f"models_{name}"] = tail_models.compare(tail_models.gate_f_points({"points": pts}))
-    return {"pass": True, **out}
+    if missing:
+        log("breakdown: not measured: " + "; ".join(missing))
+    return {"pass": not missing, "not_measured": missing, **out}
 
 
 # (g) ---------------------------------------------------------------------------------------------------------

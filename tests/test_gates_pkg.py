@@ -257,16 +257,24 @@ def test_gate_f_adds_a_resident_point_and_fits_both_models(tmp_path: Path, monke
         'cells=${LLAMA_ARG_KV_WINDOW_CELLS:-131072}',
         'tail=$((35131 + 16 - cells)); [ $tail -lt 0 ] && tail=0',
         'us=$((1000 + tail * 16384 / 1048576 * 20))',
+        '[ "$cells" = "$FAIL_AT" ] && exit 1',
+        'echo "sched_reserve: graph (pp bs=512, tg bs=1): nodes = 254 / 254, splits = 2 / 2, input objects = 4 / 4"',
         'echo "common_perf_print: prompt eval time =  573.10 ms / 35131 tokens (0.02 ms per token, 61300.00 tokens per second)"',
         'echo "common_perf_print:        eval time =  $((us * 31 / 1000)).$((us * 31 % 1000)) ms /    31 runs   '
         '(1.00 ms per token,  1000.00 tokens per second)"'])
     a = gpu.parse_args(["--full-bin", str(bin_dir), "--pre-bin", str(bin_dir), "--upstream-bin", str(bin_dir)])
     res = gpu.gate_f(a, tmp_path / "m.gguf", tmp_path)
+    assert res["pass"] and res["not_measured"] == []
+    assert res["sched_after"]["splits_tg"] == 2
     assert [p["window"] for p in res["fit_after"]["points"]] == [256, 12288, 24576]  # the line: tailed points only
     models = res["models_after"]
     assert [p["tail_mib_per_token"] for p in models["points"]][0] == 0.0  # the resident run (window = the context)
     assert len(models["points"]) == 4 and models["follows"] == "sum"
     assert models["sum"]["fixed_ms"] == pytest.approx(1.0, abs=0.01)
+    # a run that fails leaves its point unmeasured: the gate says which and does not pass
+    monkeypatch.setenv("FAIL_AT", "12288")
+    res = gpu.gate_f(a, tmp_path / "m.gguf", tmp_path)
+    assert res["pass"] is False and res["not_measured"] == ["after: the decode at window 12288 (rc 1)"]
 
 
 def test_gate_d_fails_when_the_curve_misses_0089_s_targets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
