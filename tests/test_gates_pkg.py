@@ -1888,3 +1888,17 @@ def test_gate_e_holds_the_window_buffer_to_upstreams_and_flat_across_contexts():
     assert met == [True, True, False, False]
     # a buffer that was not measured meets nothing
     assert [c["met"] for c in buffer_checks([rows[0] | {"window_mib": None}])] == [False, False]
+
+
+def test_gate_g_fails_a_budget_where_no_window_booted_within_it():
+    from gates.gpu import budget_rows, windowless_points
+
+    ok = {"rc": 0, "decode_tps": 600.0, "prefill_tps": 40000.0, "device_mib_peak": 1890}
+    over = ok | {"device_mib_peak": 1950}
+    failed = {"rc": 1}
+    rows = (budget_rows(131072, [1900], "window f16", ok, 131072, target=1400)
+            + budget_rows(131072, [1900], "window q8_0", over, 131072, target=1400)
+            + budget_rows(131072, [2100], "window f16", failed, 131072, target=1600)
+            + budget_rows(131072, [2100], "window q8_0", over | {"device_mib_peak": 2150}, 131072, target=1600)
+            + budget_rows(131072, [1900, 2100], "upstream f16", ok | {"device_mib_peak": 3800}, 131072))
+    assert windowless_points(rows) == [(131072, 2100)]
