@@ -913,9 +913,11 @@ def gate_g(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
     meta["complete"] = False  # until the last row: a run cut short (a call's time limit) keeps what it measured
     meta_path.write_text(json.dumps(meta, indent=2))
 
+    allrows: list[dict] = []  # this call's rows with the other contexts' rows the CSV already held, as written
+
     def measured(new: list[dict]) -> None:
         rows.extend(new)
-        write_budget_csv(csv_path, rows, a.budget_ctxs)
+        allrows[:] = write_budget_csv(csv_path, rows, a.budget_ctxs)
 
     for ctx in a.budget_ctxs:
         budgets = sorted(a.budgets_1m if ctx > 131072 else a.budgets_128k)
@@ -966,7 +968,6 @@ def gate_g(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
             for ctx in a.budget_ctxs:
                 budgets = sorted(a.budgets_1m if ctx > 131072 else a.budgets_128k)
                 measured(budget_rows(ctx, budgets, f"upstream {cache} ctx sized to the prompt", r, sized))
-    allrows = write_budget_csv(csv_path, rows, a.budget_ctxs)
     goals = budget_goals(allrows)
     meta.setdefault("contexts", {}).update({str(k): v for k, v in refs.items()})
     meta |= {"decode_n": n, "goals": goals, "complete": True}
