@@ -239,7 +239,7 @@ def gate_a(a: argparse.Namespace, model: Path, work: Path) -> dict:
 def bench(bin_dir: Path, model: Path, tag: str, work: Path, a: argparse.Namespace, flags: list[str]) -> dict[str, list[float]]:
     """One llama-bench invocation: pp and tg samples (tokens/s), -r repetitions each."""
     argv = [str(bin_dir / "llama-bench"), "-m", str(model), "-ngl", "99", "-fa", "1", "-p", str(a.bench_pp),
-            "-n", str(a.bench_tg), "-r", str(a.bench_reps), "-o", "json", *flags]
+            "-n", str(a.bench_tg), "-r", str(a.bench_reps), "-o", "json", *a.bench_args.split(), *flags]
     if a.bench_cpus and shutil.which("taskset"):
         argv = ["taskset", "-c", a.bench_cpus, *argv]
     r = run(tag, argv, work, timeout=600)
@@ -300,6 +300,7 @@ def gate_b(a: argparse.Namespace, model: Path, work: Path) -> dict:
             for k in ("pp", "tg"):
                 samples[name][k].append(s[k])
     res: dict = {"rounds": a.bench_rounds, "reps_per_round": a.bench_reps, "pp": a.bench_pp, "tg": a.bench_tg,
+                 "args": a.bench_args,
                  "cpus": a.bench_cpus if a.bench_cpus and shutil.which("taskset") else None}
     ok, unchecked = True, []
     for k in ("pp", "tg"):
@@ -1164,6 +1165,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--bench-pp", type=int, default=2048)
     ap.add_argument("--bench-tg", type=int, default=128)
     ap.add_argument("--bench-cpus", default="0-7", help="taskset CPU list for llama-bench ('' = not pinned)")
+    ap.add_argument("--bench-args", default="",
+                    help="more llama-bench arguments for every build of gate b, e.g. '-t 1' with a one-CPU "
+                         "--bench-cpus (gates.bench_noise measures which way of running it is steadiest)")
     ap.add_argument("--bench-min-threshold", type=float, default=0.03, help="smallest |ratio-1| bound of gate b")
     ap.add_argument("--bench-max-threshold", type=float, default=0.10,
                     help="widest |ratio-1| bound gate b judges: a half (pp or tg) whose noise makes its bound wider "

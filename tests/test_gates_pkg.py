@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 MODULES = ["gates.cpu", "gates.gpu", "gates.needle", "gates.demo", "gates.make_model", "gates.bundle", "gates.model_bench",
            "gates.sanitizer", "gates.tail_models", "gates.kernel_profile", "gates.room_probe",
-           "gates.stream_probe"]
+           "gates.stream_probe", "gates.bench_noise"]
 
 
 def run_module(mod: str, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -213,6 +213,49 @@ def test_gate_b_is_not_checked_where_prefill_is_too_noisy_to_judge(tmp_path: Pat
     res = gpu.gate_b(a, tmp_path / "m.gguf", tmp_path)
     assert res["pp"]["verdict"] == "not checked" and res["tg"]["verdict"] == "pass"
     assert (res["pass"], res["verdict"], res["not_checked"]) == (False, "not checked", ["pp"])
+
+
+def test_gate_b_passes_its_bench_args_to_every_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    gpu, full = fake_gpu_bin(tmp_path, monkeypatch, [
+        'echo "llama_kv_cache: position window = FULLY RESIDENT (131072 / 131072 cells on CUDA0, 2048.00 MiB, auto)"'])
+    upstream = tmp_path / "upstream"
+    upstream.mkdir()
+    for b in (full, upstream):
+        fake_tool(b / "llama-bench", "\n".join([
+            f'echo "$@" >> {tmp_path}/argv',
+            'echo "[{\\"n_prompt\\": 2048, \\"n_gen\\": 0, \\"samples_ts\\": [100000.0]},'
+            ' {\\"n_prompt\\": 0, \\"n_gen\\": 128, \\"samples_ts\\": [1700.0]}]"']), script=True)
+    a = gpu.parse_args(["--full-bin", str(full), "--pre-bin", str(full), "--upstream-bin", str(upstream),
+                        "--bench-rounds", "2", "--bench-cpus", "", "--bench-args", "-t 1 -ub 2048"])
+    res = gpu.gate_b(a, tmp_path / "m.gguf", tmp_path)
+    calls = (tmp_path / "argv").read_text().splitlines()
+    assert len(calls) == 3 + 2 * 3  # a warm-up and two rounds of three builds
+    assert all(" -t 1 -ub 2048" in c for c in calls)
+    assert res["args"] == "-t 1 -ub 2048" and res["pp"]["verdict"] == "pass"
+
+
+def test_bench_noise_reports_each_variants_spread_between_processes(tmp_path: Path):
+    """Pinned runs steady, unpinned runs alternating 100k / 140k tok/s prefill: the spreads say which is which."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake_tool(bin_dir / "llama-bench", "\n".join([
+        f'n=$(cat {tmp_path}/n 2>/dev/null || echo 0); echo $((n + 1)) > {tmp_path}/n',
+        'case " $* " in *" -t 1 "*) pp=120000.0;; *) if [ $((n / 2 % 2)) = 0 ]; then pp=100000.0; else pp=140000.0; fi;; esac',
+        'echo "[{\\"n_prompt\\": 2048, \\"n_gen\\": 0, \\"samples_ts\\": [$pp, $pp]},'
+        ' {\\"n_prompt\\": 0, \\"n_gen\\": 128, \\"samples_ts\\": [1700.0, 1690.0]}]"']), script=True)
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    out = tmp_path / "noise.json"
+    r = run_module("gates.bench_noise", "--bin", str(bin_dir), "--model", str(tmp_path / "m.gguf"), "--procs", "4",
+                   "--work", str(tmp_path / "w"), "--out", str(out), "--variants", "|", "|-t 1")
+    assert r.returncode == 0, r.stderr
+    s = json.loads(out.read_text())["summary"]
+    assert s["|"]["pp"]["between_process_spread"] == pytest.approx(40000 / 120000, abs=1e-3)
+    assert s["|-t 1"]["pp"]["between_process_spread"] == 0.0
+    assert s["|-t 1"]["tg"]["within_process_spread_median"] == pytest.approx(10 / 1695, abs=1e-4)
+    assert sorted(s["|"]["pp"]["process_medians"]) == [100000.0, 100000.0, 140000.0, 140000.0]
+    bad = run_module("gates.bench_noise", "--bin", str(bin_dir), "--model", str(tmp_path / "m.gguf"),
+                     "--work", str(tmp_path / "w"), "--variants", "0-7")
+    assert bad.returncode == 2 and "write it as CPUS|ARGS" in bad.stderr
 
 
 def test_linear_fit_recovers_fixed_cost_and_bandwidth():
