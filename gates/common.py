@@ -131,6 +131,33 @@ def check_own_libraries(programs: dict[str, Path], env: dict) -> dict[str, str]:
     return seen
 
 
+# The compiler a build's programs were made with, as its version line says ("... built with GNU 13.3.0 for Linux
+# x86_64"). Two builds of the same sources made by different compilers run at different speeds (on the H200 the
+# series' libllama made by GCC 12.2 prefilled at about 0.7 of the same sources made by GCC 13.3): a ratio between
+# builds of different compilers measures the compilers too.
+RE_BUILT_WITH = re.compile(r"built with (.+?) for (\S.*?)\s*$", re.M)
+
+
+def build_compiler(program: Path, env: dict) -> str | None:
+    """'COMPILER for TARGET' from `program --version` (run as the gates run it), or None where it says neither."""
+    p = subprocess.run([str(program), "--version"], env=own_libraries_env([str(program)], env), stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, timeout=60)
+    m = RE_BUILT_WITH.search(p.stdout.decode("utf-8", "replace"))
+    return f"{m.group(1)} for {m.group(2)}" if m else None
+
+
+def compilers_differ(compilers: dict[str, str | None], a: str, b: str) -> str | None:
+    """Why builds a and b cannot be compared on speed alone (different or unknown compilers), or None."""
+    ca, cb = compilers.get(a), compilers.get(b)
+    if ca is None or cb is None:
+        unknown = " and ".join(n for n, c in ((a, ca), (b, cb)) if c is None)
+        return f"the {unknown} build does not say which compiler made it (no 'built with' in its --version)"
+    if ca != cb:
+        return (f"the {a} build was made with {ca}, the {b} build with {cb}: a ratio between them measures the "
+                f"compilers too (build both with one toolchain, e.g. both on the GPU machine)")
+    return None
+
+
 def supports_flag(binary: Path, flag: str) -> bool:
     """True when `binary --help` lists flag: tells a patched build from an unpatched one."""
     p = subprocess.run([str(binary), "--help"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)

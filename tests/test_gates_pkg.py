@@ -142,7 +142,7 @@ def test_gpu_bench_reads_llama_bench_json(tmp_path: Path):
     doc = [{"n_prompt": 2048, "n_gen": 0, "samples_ts": [146000.5, 145000.0]},
            {"n_prompt": 0, "n_gen": 128, "samples_ts": [1750.0, 1748.5]}]
     fake_tool(tmp_path / "llama-bench", "main: loading\n" + json.dumps(doc))
-    a = argparse.Namespace(bench_pp=2048, bench_tg=128, bench_reps=2, bench_cpus="")
+    a = argparse.Namespace(bench_pp=2048, bench_tg=128, bench_reps=2, bench_cpus="", bench_args="")
     assert bench(tmp_path, tmp_path / "m.gguf", "b", tmp_path, a, []) == {"pp": [146000.5, 145000.0],
                                                                         "tg": [1750.0, 1748.5]}
 
@@ -151,8 +151,7 @@ def test_gate_b_gives_the_residency_flags_to_the_full_build_only(tmp_path: Path,
     # upstream's llama-bench has no --kv-residency-mode: it runs without; the full build runs in window and head mode
     gpu, full = fake_gpu_bin(tmp_path, monkeypatch, [
         'echo "llama_kv_cache: position window = FULLY RESIDENT (131072 / 131072 cells on CUDA0, 2048.00 MiB, auto)"'])
-    upstream = tmp_path / "upstream"
-    upstream.mkdir()
+    upstream = fake_upstream_bin(tmp_path)
     doc = json.dumps([{"n_prompt": 2048, "n_gen": 0, "samples_ts": [100000.0]},
                       {"n_prompt": 0, "n_gen": 128, "samples_ts": [1700.0]}])
     for b in (full, upstream):
@@ -199,8 +198,7 @@ def test_gate_b_is_not_checked_where_prefill_is_too_noisy_to_judge(tmp_path: Pat
     which half it could not judge and why; decode, steady, is judged."""
     gpu, full = fake_gpu_bin(tmp_path, monkeypatch, [
         'echo "llama_kv_cache: position window = FULLY RESIDENT (131072 / 131072 cells on CUDA0, 2048.00 MiB, auto)"'])
-    upstream = tmp_path / "upstream"
-    upstream.mkdir()
+    upstream = fake_upstream_bin(tmp_path)
     for b in (full, upstream):
         # every other call's prefill is 40 % faster; decode is the same in every call
         fake_tool(b / "llama-bench", "\n".join([
@@ -218,8 +216,7 @@ def test_gate_b_is_not_checked_where_prefill_is_too_noisy_to_judge(tmp_path: Pat
 def test_gate_b_passes_its_bench_args_to_every_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     gpu, full = fake_gpu_bin(tmp_path, monkeypatch, [
         'echo "llama_kv_cache: position window = FULLY RESIDENT (131072 / 131072 cells on CUDA0, 2048.00 MiB, auto)"'])
-    upstream = tmp_path / "upstream"
-    upstream.mkdir()
+    upstream = fake_upstream_bin(tmp_path)
     for b in (full, upstream):
         fake_tool(b / "llama-bench", "\n".join([
             f'echo "$@" >> {tmp_path}/argv',
@@ -232,6 +229,29 @@ def test_gate_b_passes_its_bench_args_to_every_build(tmp_path: Path, monkeypatch
     assert len(calls) == 3 + 2 * 3  # a warm-up and two rounds of three builds
     assert all(" -t 1 -ub 2048" in c for c in calls)
     assert res["args"] == "-t 1 -ub 2048" and res["pp"]["verdict"] == "pass"
+
+
+def test_gate_b_is_not_checked_between_builds_of_different_compilers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The same figures that pass between builds of one compiler judge nothing between GCC 12 and GCC 13 builds: the
+    ratios are reported, the verdict is not checked and says why; a build that names no compiler is not vouched for."""
+    gpu, full = fake_gpu_bin(tmp_path, monkeypatch, [
+        'echo "llama_kv_cache: position window = FULLY RESIDENT (131072 / 131072 cells on CUDA0, 2048.00 MiB, auto)"'],
+        compiler="GNU 12.2.0")
+    upstream = fake_upstream_bin(tmp_path, compiler="GNU 13.3.0")
+    doc = json.dumps([{"n_prompt": 2048, "n_gen": 0, "samples_ts": [100000.0]},
+                      {"n_prompt": 0, "n_gen": 128, "samples_ts": [1700.0]}])
+    for b in (full, upstream):
+        fake_tool(b / "llama-bench", f"cat <<'EOF'\n{doc}\nEOF", script=True)
+    a = gpu.parse_args(["--full-bin", str(full), "--pre-bin", str(full), "--upstream-bin", str(upstream),
+                        "--bench-rounds", "2", "--bench-cpus", ""])
+    res = gpu.gate_b(a, tmp_path / "m.gguf", tmp_path)
+    assert res["pp"]["verdict"] == "pass" and res["tg"]["verdict"] == "pass"  # the figures alone would pass
+    assert (res["pass"], res["verdict"], res["not_checked"]) == (False, "not checked", ["pp", "tg"])
+    assert res["compilers"] == {"full": "GNU 12.2.0 for Linux x86_64", "upstream": "GNU 13.3.0 for Linux x86_64"}
+    assert "made with GNU 12.2.0 for Linux x86_64, the upstream build with GNU 13.3.0" in res["why_not_checked"]
+    fake_tool(upstream / "llama-completion", "echo version: 1", script=True)  # says no compiler
+    res = gpu.gate_b(a, tmp_path / "m.gguf", tmp_path)
+    assert res["verdict"] == "not checked" and "upstream build does not say which compiler" in res["why_not_checked"]
 
 
 def test_bench_noise_reports_each_variants_spread_between_processes(tmp_path: Path):
@@ -283,15 +303,29 @@ def test_tail_models_tell_the_sum_model_from_the_max_model():
     assert compare(summed[:2])["follows"] == "undecided"
 
 
-def fake_gpu_bin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lines: list[str]):
-    """gates.gpu with a 55 GB/s link and a stand-in llama-completion (sh `lines`) in tmp_path/full: (module, args)."""
+def version_line(compiler: str) -> str:
+    """The version line a llama.cpp program prints, naming the compiler that made it (sh)."""
+    return f'echo "version: 1 (0c1e5709) built with {compiler} for Linux x86_64" >&2'
+
+
+def fake_gpu_bin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lines: list[str], compiler: str = "GNU 13.3.0"):
+    """gates.gpu with a 55 GB/s link and a stand-in llama-completion (sh `lines`, after its version line) in
+    tmp_path/full: (module, args)."""
     import gates.gpu as gpu
 
     monkeypatch.setattr(gpu, "link_bandwidth", lambda: {"pinned_gbps": 55.0})
     bin_dir = tmp_path / "full"
     bin_dir.mkdir()
-    fake_tool(bin_dir / "llama-completion", "\n".join(lines), script=True)
+    fake_tool(bin_dir / "llama-completion", "\n".join([version_line(compiler), *lines]), script=True)
     return gpu, bin_dir
+
+
+def fake_upstream_bin(tmp_path: Path, compiler: str = "GNU 13.3.0") -> Path:
+    """tmp_path/upstream with a llama-completion that only says which compiler made it."""
+    d = tmp_path / "upstream"
+    d.mkdir()
+    fake_tool(d / "llama-completion", version_line(compiler), script=True)
+    return d
 
 
 def test_gate_f_adds_a_resident_point_and_fits_both_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
