@@ -20,7 +20,15 @@ import statistics
 import sys
 from pathlib import Path
 
-from gates.common import GateError, check_own_libraries, ensure_model, make_text, need_tool
+from gates.common import (
+    GateError,
+    build_compiler,
+    check_own_libraries,
+    compilers_differ,
+    ensure_model,
+    make_text,
+    need_tool,
+)
 from gates.gpu import MODEL_ARGS, completion, run, strip
 
 
@@ -65,6 +73,12 @@ def main(argv: list[str] | None = None) -> int:
     except GateError as e:
         print(f"gates.room_probe: {e}", file=sys.stderr)
         return 2
+    compilers = {"window": build_compiler(need_tool(a.bin, "llama-completion"), dict(os.environ))}
+    if a.ref_bin:
+        compilers["reference"] = build_compiler(need_tool(a.ref_bin, "llama-completion"), dict(os.environ))
+    differ = compilers_differ(compilers, "window", "reference") if a.ref_bin else None
+    if differ:
+        print(f"note: {differ}", flush=True)
     model = a.model or ensure_model(a.work / "synthetic-8l-2048.gguf", MODEL_ARGS)
     measure = shutil.which("nvidia-smi") is not None  # the device-memory peak, where nvidia-smi can say it
     prompt = a.work / "prompt-d.txt"
@@ -119,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
                  if r["rc"] == 0 and r.get("decode_tps") and q["rc"] == 0 and q.get("decode_tps")]
         v["decode_over_reference_paired"] = round(statistics.median(pairs), 3) if pairs else None
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps({"ctx": a.ctx, "vram_target_mib": a.target, "summary": summary, "runs": runs},
+    a.out.write_text(json.dumps({"ctx": a.ctx, "vram_target_mib": a.target, "compilers": compilers,
+                                 **({"compilers_differ": differ} if differ else {}), "summary": summary, "runs": runs},
                                 indent=1))
     print(json.dumps(summary, indent=1))
     return 0 if all(v["ok"] == v["runs"] for v in summary.values()) else 1

@@ -1745,10 +1745,10 @@ def test_room_probe_runs_head_mode_beside_an_upstream_reference_and_pairs_each_r
     between repetitions moves the paired ratio less than the ratio of medians."""
     from gates import room_probe
 
-    def stand_in(d: Path, body: str) -> None:
+    def stand_in(d: Path, body: str, compiler: str = "GNU 13.3.0") -> None:
         d.mkdir()
         (d / "llama-completion").write_text(
-            "#!/bin/sh\n" + body +
+            "#!/bin/sh\n" + f'[ "$1" = --version ] && {{ {version_line(compiler)}; exit 0; }}\n' + body +
             'echo "common_perf_print: prompt eval time =     700.00 ms / 35131 tokens (    0.02 ms per token, '
             '50000.00 tokens per second)"\n'
             'echo "common_perf_print:        eval time =     100.00 ms /   127 runs   (    1.00 ms per token, '
@@ -1759,13 +1759,17 @@ def test_room_probe_runs_head_mode_beside_an_upstream_reference_and_pairs_each_r
     # the window build: the window decodes 800, head mode 950; the upstream build decodes 1000, then 900 (drift)
     stand_in(tmp_path / "full", 'case "$*" in *"--kv-residency-mode head"*) tps=950 ;; *) tps=800 ;; esac\n')
     stand_in(tmp_path / "up", f'n=$(cat {counter} 2>/dev/null || echo 0); echo $((n + 1)) > {counter}\n'
-                              'if [ "$n" = 0 ]; then tps=1000; else tps=900; fi\n')
+                              'if [ "$n" = 0 ]; then tps=1000; else tps=900; fi\n', compiler="GNU 12.2.0")
     out = tmp_path / "probe.json"
     code = room_probe.main(["--bin", str(tmp_path / "full"), "--ref-bin", str(tmp_path / "up"), "--model",
                             str(tmp_path / "m.gguf"), "--work", str(tmp_path / "w"), "--reps", "2", "--out", str(out),
                             "--variants", ""])
     assert code == 0
-    summary = json.loads(out.read_text())["summary"]
+    doc = json.loads(out.read_text())
+    summary = doc["summary"]
+    # builds of different compilers: the figures are reported, with the note that their ratio measures the compilers
+    assert doc["compilers"] == {"window": "GNU 13.3.0 for Linux x86_64", "reference": "GNU 12.2.0 for Linux x86_64"}
+    assert "a ratio between them measures the compilers too" in doc["compilers_differ"]
     assert list(summary) == ["window f16 ctx 1048576", "reference f16 ctx 35840", "head mode f16 ctx 35840"]
     assert summary["reference f16 ctx 35840"]["decode_tps_median"] == 950.0
     assert summary["window f16 ctx 1048576"]["decode_over_reference"] == round(800 / 950, 3)
