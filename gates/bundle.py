@@ -43,6 +43,16 @@ def write_position(ws: Workspace, patches: list, dest: Path, epoch: int) -> None
         write_targz(root / "llama.cpp", "llama.cpp", dest, epoch)
 
 
+def positions(ws: Workspace, fixed: str) -> dict[str, list]:
+    """The series positions the GPU gates build, by name: upstream, pre<fixed> (the series without `fixed` and what
+    follows it) and full; SystemExit with a message where `fixed` is not after a first patch."""
+    ids = [p.id for p in ws.patches]
+    if fixed not in ids or ids.index(fixed) == 0:
+        sys.exit(f"gates: {fixed} must be in the series after at least one patch")
+    i = ids.index(fixed)
+    return {"upstream": [], "pre" + fixed: ws.patches[:i], "full": ws.patches}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m gates.bundle", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("build/device-bundle"))
@@ -52,13 +62,10 @@ def main() -> int:
     try:
         with locked(project.state_dir):
             ws = Workspace(project)
-            ids = [p.id for p in ws.patches]
-            if a.fixed not in ids or ids.index(a.fixed) == 0:
-                sys.exit(f"gates.bundle: {a.fixed} must be in the series after at least one patch")
-            i = ids.index(a.fixed)
+            wanted = positions(ws, a.fixed)
             a.out.mkdir(parents=True, exist_ok=True)
             epoch = source_date_epoch()
-            for name, patches in (("upstream", []), ("pre" + a.fixed, ws.patches[:i]), ("full", ws.patches)):
+            for name, patches in wanted.items():
                 dest = a.out / f"{name}.tar.gz"
                 write_position(ws, patches, dest, epoch)
                 print(f"{dest} ({dest.stat().st_size >> 10} KiB)")

@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 MODULES = ["gates.cpu", "gates.gpu", "gates.needle", "gates.demo", "gates.make_model", "gates.bundle", "gates.model_bench",
            "gates.sanitizer", "gates.tail_models", "gates.kernel_profile", "gates.room_probe",
-           "gates.stream_probe", "gates.bench_noise"]
+           "gates.stream_probe", "gates.bench_noise", "gates.host_build"]
 
 
 def run_module(mod: str, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -1983,3 +1983,39 @@ def test_gate_g_fails_a_budget_where_no_window_booted_within_it():
             + budget_rows(131072, [2100], "window q8_0", over | {"device_mib_peak": 2150}, 131072, target=1600)
             + budget_rows(131072, [1900, 2100], "upstream f16", ok | {"device_mib_peak": 3800}, 131072))
     assert windowless_points(rows) == [(131072, 2100)]
+
+
+def test_host_build_packs_bin_so_its_symlinks_resolve_where_it_is_unpacked(tmp_path: Path):
+    """The archive a build travels in keeps each library symlink pointing at its neighbour (an archive whose links
+    named bin/... left the H200's build without its libraries); a link out of bin/ is refused, nothing written."""
+    import tarfile
+
+    from gates.host_build import pack
+
+    b = tmp_path / "bin"
+    b.mkdir()
+    (b / "libllama.so.0.5.0").write_bytes(b"\x7fELF lib")
+    (b / "libllama.so.0").symlink_to("libllama.so.0.5.0")
+    (b / "libllama.so").symlink_to("libllama.so.0")
+    (b / "llama-completion").write_bytes(b"\x7fELF exe")
+    (b / "llama-completion").chmod(0o755)
+    dest = tmp_path / "out" / "bin.tar.xz"
+    assert pack(b, dest) == dest.stat().st_size > 0
+    unpacked = tmp_path / "there"
+    with tarfile.open(dest) as tar:
+        assert sorted(tar.getnames()) == ["bin/libllama.so", "bin/libllama.so.0", "bin/libllama.so.0.5.0",
+                                          "bin/llama-completion"]
+        tar.extractall(unpacked, filter="data")
+    assert (unpacked / "bin" / "libllama.so").read_bytes() == b"\x7fELF lib"
+    assert os.readlink(unpacked / "bin" / "libllama.so") == "libllama.so.0"
+    assert os.access(unpacked / "bin" / "llama-completion", os.X_OK)
+    (b / "libggml.so").symlink_to("/usr/lib/libggml.so")
+    with pytest.raises(ValueError, match="points outside"):
+        pack(b, tmp_path / "out" / "again.tar.xz")
+    assert not (tmp_path / "out" / "again.tar.xz").exists()
+
+
+def test_host_build_refuses_a_position_the_series_does_not_have():
+    r = run_module("gates.host_build", "--position", "pre9999")
+    assert r.returncode == 2
+    assert "no position 'pre9999': one of upstream, pre0089, full" in r.stderr
