@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
 import re
 import shutil
@@ -256,36 +257,67 @@ def bench(bin_dir: Path, model: Path, tag: str, work: Path, a: argparse.Namespac
     return out
 
 
-def compare(samples: dict[str, list[list[float]]], name: str, ref: str, min_threshold: float,
-            max_threshold: float = 1.0) -> dict:
-    """`name` against `ref`: the ratio of medians over every sample, the per-round ratios (rounds are interleaved,
-    so drift cancels within a round), run-to-run noise (the spread of a build's round medians relative to its
-    median, the larger of the two builds) and the bound max(min_threshold, 2 x noise). A bound wider than
-    max_threshold judges nothing (a ratio inside it says nothing about the code): the comparison is then
-    'not checked', never a pass. Also the ratio of the best samples, the steadier figure when the noise only ever
-    slows a run down."""
+def median_interval(xs: list[float], confidence: float) -> tuple[float, float, float] | None:
+    """A distribution-free interval for the median of xs: the order statistics x(k) and x(n+1-k) for the largest k
+    whose coverage (1 - 2 P[Binomial(n, 1/2) < k]) is at least `confidence`, with that coverage; None when even the
+    range covers less (too few values: 5 give the range at 0.9375, 9 the second-smallest to second-largest at 0.961)."""
+    s, n = sorted(xs), len(xs)
+    found = None
+    for k in range(1, n // 2 + 1):
+        cover = 1.0 - 2.0 * sum(math.comb(n, i) for i in range(k)) / 2 ** n
+        if cover < confidence:
+            break
+        found = (s[k - 1], s[n - k], cover)
+    return found
+
+
+def compare(samples: dict[str, list[list[float]]], name: str, ref: str, margin: float = 0.05,
+            confidence: float = 0.9) -> dict:
+    """`name` against `ref` as an equivalence test. Rounds are interleaved, so each round gives one paired ratio
+    (name's round median over ref's: a drift of the machine moves both); the verdict reads the interval those ratios
+    put around their median (median_interval, at `confidence`): 'pass' when it lies within 1 +- margin (the
+    measurements show the two equal within the margin), 'fail' when it lies wholly outside (they show a difference),
+    'not checked' otherwise (too few rounds, or too noisy to tell: never a pass). Also reported: the ratio of the
+    medians over every sample, run-to-run noise (the spread of a build's round medians relative to its median, the
+    larger of the two builds) and the ratio of the best samples."""
     med = {n: statistics.median([x for rnd in samples[n] for x in rnd]) for n in (name, ref)}
     rmed = {n: [statistics.median(rnd) for rnd in samples[n]] for n in (name, ref)}
     noise = max((max(rmed[n]) - min(rmed[n])) / med[n] for n in (name, ref))
-    ratio = med[name] / med[ref]
-    threshold = max(min_threshold, 2.0 * noise)
     ratios = [f / u for f, u in zip(rmed[name], rmed[ref], strict=True)]
     best = max(x for rnd in samples[name] for x in rnd) / max(x for rnd in samples[ref] for x in rnd)
-    checked = threshold <= max_threshold
-    verdict = ("pass" if abs(ratio - 1.0) <= threshold else "fail") if checked else "not checked"
-    out = {"median_tps": {n: round(v, 1) for n, v in med.items()}, "ratio": round(ratio, 4),
+    interval = median_interval(ratios, confidence)
+    lo_ok, hi_ok = 1.0 - margin, 1.0 + margin
+    out = {"median_tps": {n: round(v, 1) for n, v in med.items()}, "ratio": round(med[name] / med[ref], 4),
+           "paired_ratio": round(statistics.median(ratios), 4),
            "round_ratio_min_max": [round(min(ratios), 4), round(max(ratios), 4)],
            "round_medians": {n: [round(x, 1) for x in v] for n, v in rmed.items()},
-           "noise": round(noise, 4), "threshold": round(threshold, 4), "verdict": verdict, "pass": verdict == "pass",
-           "best_ratio": round(best, 4)}
-    if not checked:
-        out["why"] = (f"noise {noise:.3f} makes the bound {threshold:.3f}, wider than {max_threshold:.3f}: "
-                      f"a ratio inside it says nothing")
+           "margin": margin, "noise": round(noise, 4), "best_ratio": round(best, 4)}
+    if interval is None:
+        verdict = "not checked"
+        out["why"] = (f"{len(ratios)} round(s) give no interval for the median ratio at confidence {confidence}: "
+                      f"run more rounds (--bench-rounds; 5 at least, 9 by default)")
+    else:
+        lo, hi, cover = interval
+        out["interval"] = [round(lo, 4), round(hi, 4)]
+        out["interval_confidence"] = round(cover, 4)
+        if lo >= lo_ok and hi <= hi_ok:
+            verdict = "pass"
+        elif hi < lo_ok or lo > hi_ok:
+            verdict = "fail"
+            out["why"] = (f"the median ratio's interval [{lo:.3f}, {hi:.3f}] lies outside 1 +- {margin:.3f}: "
+                          f"the measurements show a difference")
+        else:
+            verdict = "not checked"
+            out["why"] = (f"the median ratio's interval [{lo:.3f}, {hi:.3f}] reaches past 1 +- {margin:.3f}: too "
+                          f"noisy to tell (more rounds, or a steadier way to run it: gates.bench_noise)")
+    out["verdict"] = verdict
+    out["pass"] = verdict == "pass"
     return out
 
 
 def gate_b(a: argparse.Namespace, model: Path, work: Path) -> dict:
-    """Resident unchanged: llama-bench, warm-up, interleaved rounds, ratio of medians against measured noise.
+    """Resident unchanged: llama-bench, warm-up, interleaved rounds, an equivalence test on the rounds' paired ratios
+    (compare: pass when the interval around their median lies within 1 +- --bench-margin).
     The full series runs in window mode (what the gate decides on) and in head mode (the same binary on upstream's
     code path: a difference both modes share is the build, not the window code)."""
     # upstream's llama-bench has no --kv-residency-mode (0070 adds it): it runs without
@@ -306,15 +338,17 @@ def gate_b(a: argparse.Namespace, model: Path, work: Path) -> dict:
                  "cpus": a.bench_cpus if a.bench_cpus and shutil.which("taskset") else None}
     ok, unchecked = True, []
     for k in ("pp", "tg"):
-        res[k] = compare({n: samples[n][k] for n in builds}, "full", "upstream", a.bench_min_threshold,
-                         a.bench_max_threshold)
+        res[k] = compare({n: samples[n][k] for n in builds}, "full", "upstream", a.bench_margin,
+                         a.bench_confidence)
         res[k]["head_mode"] = compare({n: samples[n][k] for n in builds}, "full_head", "upstream",
-                                      a.bench_min_threshold, a.bench_max_threshold)
+                                      a.bench_margin, a.bench_confidence)
         res[k]["samples"] = {n: samples[n][k] for n in builds}
         ok = ok and res[k]["pass"]
         if res[k]["verdict"] == "not checked":
             unchecked.append(k)
             log(f"gate b: {k} not checked: {res[k]['why']}")
+        elif res[k]["verdict"] == "fail":
+            log(f"gate b: {k} FAILS: {res[k]['why']}")
     # fully resident stays single-pass: one logged run of the window mode with nothing forced
     prompt = work / "prompt-b.txt"
     prompt.write_text(make_text(1500, 11))
@@ -1172,7 +1206,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--only", default="a,b,c,d,e")
     ap.add_argument("--boot-ctx", type=int, default=1048576)
     ap.add_argument("--leave-mib", type=int, default=12288, help="device memory the ballast leaves free")
-    ap.add_argument("--bench-rounds", type=int, default=5)
+    ap.add_argument("--bench-rounds", type=int, default=9)
     ap.add_argument("--bench-reps", type=int, default=10)
     ap.add_argument("--bench-pp", type=int, default=2048)
     ap.add_argument("--bench-tg", type=int, default=128)
@@ -1180,11 +1214,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--bench-args", default="",
                     help="more llama-bench arguments for every build of gate b, e.g. '-t 1' with a one-CPU "
                          "--bench-cpus (gates.bench_noise measures which way of running it is steadiest)")
-    ap.add_argument("--bench-min-threshold", type=float, default=0.03, help="smallest |ratio-1| bound of gate b")
-    ap.add_argument("--bench-max-threshold", type=float, default=0.10,
-                    help="widest |ratio-1| bound gate b judges: a half (pp or tg) whose noise makes its bound wider "
-                         "is 'not checked' and the gate does not pass (raise --bench-pp, --bench-reps or "
-                         "--bench-rounds for a steadier figure)")
+    ap.add_argument("--bench-margin", type=float, default=0.05,
+                    help="gate b: the builds count as equal when the interval around their median paired ratio lies "
+                         "within 1 +- this (an interval reaching past it is 'not checked', one wholly outside fails)")
+    ap.add_argument("--bench-confidence", type=float, default=0.9,
+                    help="gate b: the least coverage of that interval (order statistics of the rounds' ratios)")
     ap.add_argument("--windows", type=int, nargs="+", default=[1024, 256])
     ap.add_argument("--windows-4k", type=int, nargs="*", default=[3072, 2048, 512],
                     help="gate c windows at a 4096-cell context")

@@ -157,57 +157,72 @@ def test_gate_b_gives_the_residency_flags_to_the_full_build_only(tmp_path: Path,
     for b in (full, upstream):
         fake_tool(b / "llama-bench", f'echo "{b.name} $*" >> {tmp_path}/calls.txt\ncat <<\'EOF\'\n{doc}\nEOF', script=True)
     a = gpu.parse_args(["--full-bin", str(full), "--pre-bin", str(full), "--upstream-bin", str(upstream),
-                        "--bench-rounds", "2", "--bench-cpus", ""])
+                        "--bench-rounds", "5", "--bench-cpus", ""])
     res = gpu.gate_b(a, tmp_path / "m.gguf", tmp_path)
     assert res["pass"] and res["fully_resident_single_pass"]
     calls = (tmp_path / "calls.txt").read_text().splitlines()
-    assert len(calls) == 3 * 3  # a warm-up and 2 rounds of each build
+    assert len(calls) == 3 * 6  # a warm-up and 5 rounds of each build
     assert all("--kv-residency-mode" not in c for c in calls if c.startswith("upstream "))
     full_calls = [c for c in calls if c.startswith("full ")]
-    assert sum(c.endswith("--kv-residency-mode window") for c in full_calls) == 3
-    assert sum(c.endswith("--kv-residency-mode head") for c in full_calls) == 3
+    assert sum(c.endswith("--kv-residency-mode window") for c in full_calls) == 6
+    assert sum(c.endswith("--kv-residency-mode head") for c in full_calls) == 6
 
 
-def test_gate_b_compare_fails_a_slowdown_beyond_the_noise_and_passes_within_it():
+def test_median_interval_takes_the_order_statistics_whose_coverage_reaches_the_confidence():
+    from gates.gpu import median_interval
+
+    assert median_interval([1.0, 2.0, 3.0, 4.0], 0.9) is None  # even the range covers only 0.875
+    assert median_interval([5.0, 1.0, 3.0, 2.0, 4.0], 0.9) == (1.0, 5.0, 0.9375)  # 5 values: the range
+    lo, hi, cover = median_interval([float(x) for x in range(1, 10)], 0.9)  # 9 values: x(2) .. x(8)
+    assert (lo, hi) == (2.0, 8.0) and cover == pytest.approx(1 - 2 * 10 / 512)
+
+
+def test_gate_b_compare_is_an_equivalence_test_on_the_paired_round_ratios():
     from gates.gpu import compare
 
-    up = [[100.0, 101.0, 99.0], [101.0, 101.5, 100.5], [99.5, 99.0, 100.0]]  # round medians 100, 101, 99.5
-    slow = [[x * 0.9 for x in rnd] for rnd in up]  # 10 % slower, same 1.5 % noise
-    r = compare({"full": slow, "upstream": up}, "full", "upstream", 0.03)
-    assert r["ratio"] == pytest.approx(0.9, abs=1e-3)
-    assert r["noise"] == pytest.approx(0.015, abs=1e-4) and r["threshold"] == pytest.approx(0.03)
-    assert r["pass"] is False and r["best_ratio"] == pytest.approx(0.9, abs=1e-3)
-    same = [[x * 0.99 for x in rnd] for rnd in up]
-    r = compare({"full": same, "upstream": up}, "full", "upstream", 0.03)
-    assert r["pass"] is True and r["round_ratio_min_max"][0] == pytest.approx(0.99, abs=1e-3)
-    # wide run-to-run swings widen the bound: twice the larger spread of round medians
-    noisy = [[90.0, 90.0], [130.0, 130.0]]
-    r = compare({"full": noisy, "upstream": [[110.0, 110.0], [111.0, 111.0]]}, "full", "upstream", 0.03)
-    assert r["threshold"] == pytest.approx(2 * 40.0 / 110.0, abs=1e-3)
-    assert r["verdict"] == "pass" and r["pass"] is True  # no widest bound given: any bound judges
-    # a bound wider than the widest one judged says nothing: not checked, never a pass (ratio 1.0 or 0.8 alike)
-    r = compare({"full": noisy, "upstream": [[110.0, 110.0], [111.0, 111.0]]}, "full", "upstream", 0.03, 0.10)
-    assert (r["verdict"], r["pass"]) == ("not checked", False)
-    assert "noise 0.364 makes the bound 0.727, wider than 0.100" in r["why"]
-    r = compare({"full": slow, "upstream": up}, "full", "upstream", 0.03, 0.10)
-    assert (r["verdict"], r["pass"]) == ("fail", False) and "why" not in r
+    def rounds(levels: list[float], factor: float = 1.0) -> list[list[float]]:
+        return [[x * factor, x * factor * 1.01] for x in levels]
+
+    # the machine drifts between rounds by 30 %, both builds alike: the paired ratios are steady and equal -> pass
+    drift = [100.0, 130.0, 95.0, 120.0, 105.0]
+    r = compare({"full": rounds(drift, 0.99), "upstream": rounds(drift)}, "full", "upstream")
+    assert (r["verdict"], r["pass"]) == ("pass", True)
+    assert r["interval"] == [0.99, 0.99] and r["interval_confidence"] == 0.9375
+    assert r["noise"] > 0.3  # the old range-of-medians figure would have made this prefill unjudgeable
+    # a steady 10 % slowdown under the same drift: the interval lies wholly below 0.95 -> fail, saying so
+    r = compare({"full": rounds(drift, 0.9), "upstream": rounds(drift)}, "full", "upstream")
+    assert (r["verdict"], r["pass"]) == ("fail", False) and "lies outside 1 +- 0.050" in r["why"]
+    # the nineteenth round's prefill (GCC 12 series against GCC 13 upstream): its paired ratios fail the 5 % margin
+    ratios = [0.7324, 0.6864, 0.8786, 0.7559, 0.7015]
+    r = compare({"full": [[100.0 * q] for q in ratios], "upstream": [[100.0]] * 5}, "full", "upstream")
+    assert r["verdict"] == "fail" and r["interval"] == [0.6864, 0.8786]
+    # ratios that straddle the margin: not checked, never a pass, whatever their median
+    mixed = [1.0, 0.93, 1.02, 1.08, 0.99]
+    r = compare({"full": [[100.0 * q] for q in mixed], "upstream": [[100.0]] * 5}, "full", "upstream")
+    assert (r["verdict"], r["pass"]) == ("not checked", False) and "too noisy to tell" in r["why"]
+    r = compare({"full": [[100.0 * q] for q in mixed], "upstream": [[100.0]] * 5}, "full", "upstream", margin=0.10)
+    assert r["verdict"] == "pass"
+    # too few rounds for any interval: not checked
+    r = compare({"full": [[99.0], [99.0]], "upstream": [[100.0], [100.0]]}, "full", "upstream")
+    assert r["verdict"] == "not checked" and "2 round(s) give no interval" in r["why"]
 
 
 def test_gate_b_is_not_checked_where_prefill_is_too_noisy_to_judge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """llama-bench's prefill swinging by 40 % between rounds (the H200's pp 2048 did): gate b does not pass, says
-    which half it could not judge and why; decode, steady, is judged."""
+    """llama-bench's prefill swinging by 40 % from one process to the next (the H200's pp 2048 did): the paired
+    ratios straddle the margin, so gate b does not pass, says which half it could not judge and why; decode, steady,
+    is judged."""
     gpu, full = fake_gpu_bin(tmp_path, monkeypatch, [
         'echo "llama_kv_cache: position window = FULLY RESIDENT (131072 / 131072 cells on CUDA0, 2048.00 MiB, auto)"'])
     upstream = fake_upstream_bin(tmp_path)
     for b in (full, upstream):
-        # every other call's prefill is 40 % faster; decode is the same in every call
+        # every other call's prefill is 40 % faster, whichever build it is; decode is the same in every call
         fake_tool(b / "llama-bench", "\n".join([
             f'n=$(cat {tmp_path}/n 2>/dev/null || echo 0); echo $((n + 1)) > {tmp_path}/n',
-            'if [ $((n / 3 % 2)) = 0 ]; then pp=100000.0; else pp=140000.0; fi',
+            'if [ $((n % 2)) = 0 ]; then pp=100000.0; else pp=140000.0; fi',
             'echo "[{\\"n_prompt\\": 2048, \\"n_gen\\": 0, \\"samples_ts\\": [$pp]},'
             ' {\\"n_prompt\\": 0, \\"n_gen\\": 128, \\"samples_ts\\": [1700.0]}]"']), script=True)
     a = gpu.parse_args(["--full-bin", str(full), "--pre-bin", str(full), "--upstream-bin", str(upstream),
-                        "--bench-rounds", "2", "--bench-cpus", ""])
+                        "--bench-rounds", "5", "--bench-cpus", ""])
     res = gpu.gate_b(a, tmp_path / "m.gguf", tmp_path)
     assert res["pp"]["verdict"] == "not checked" and res["tg"]["verdict"] == "pass"
     assert (res["pass"], res["verdict"], res["not_checked"]) == (False, "not checked", ["pp"])
@@ -223,10 +238,10 @@ def test_gate_b_passes_its_bench_args_to_every_build(tmp_path: Path, monkeypatch
             'echo "[{\\"n_prompt\\": 2048, \\"n_gen\\": 0, \\"samples_ts\\": [100000.0]},'
             ' {\\"n_prompt\\": 0, \\"n_gen\\": 128, \\"samples_ts\\": [1700.0]}]"']), script=True)
     a = gpu.parse_args(["--full-bin", str(full), "--pre-bin", str(full), "--upstream-bin", str(upstream),
-                        "--bench-rounds", "2", "--bench-cpus", "", "--bench-args", "-t 1 -ub 2048"])
+                        "--bench-rounds", "5", "--bench-cpus", "", "--bench-args", "-t 1 -ub 2048"])
     res = gpu.gate_b(a, tmp_path / "m.gguf", tmp_path)
     calls = (tmp_path / "argv").read_text().splitlines()
-    assert len(calls) == 3 + 2 * 3  # a warm-up and two rounds of three builds
+    assert len(calls) == 3 + 5 * 3  # a warm-up and five rounds of three builds
     assert all(" -t 1 -ub 2048" in c for c in calls)
     assert res["args"] == "-t 1 -ub 2048" and res["pp"]["verdict"] == "pass"
 
@@ -243,7 +258,7 @@ def test_gate_b_is_not_checked_between_builds_of_different_compilers(tmp_path: P
     for b in (full, upstream):
         fake_tool(b / "llama-bench", f"cat <<'EOF'\n{doc}\nEOF", script=True)
     a = gpu.parse_args(["--full-bin", str(full), "--pre-bin", str(full), "--upstream-bin", str(upstream),
-                        "--bench-rounds", "2", "--bench-cpus", ""])
+                        "--bench-rounds", "5", "--bench-cpus", ""])
     res = gpu.gate_b(a, tmp_path / "m.gguf", tmp_path)
     assert res["pp"]["verdict"] == "pass" and res["tg"]["verdict"] == "pass"  # the figures alone would pass
     assert (res["pass"], res["verdict"], res["not_checked"]) == (False, "not checked", ["pp", "tg"])
