@@ -1,6 +1,6 @@
-"""A CUDA build of one series position made on this machine, for carrying to the GPU machine beside another build made
-here: two builds of one compiler, which gate b needs (a ratio between builds of different compilers measures the
-compilers too; gates.common.compilers_differ).
+"""A build of one series position made on this machine (the cuda profile's unless --profile says another), for
+carrying to the GPU machine beside another build made here: two builds of one compiler, which gate b needs (a ratio
+between builds of different compilers measures the compilers too; gates.common.compilers_differ).
 
 The position's sources come from forktool's applier (gates.bundle: the vendored tree is neither read nor moved), the
 configure is the cuda profile's as `forktool build` resolves it on this machine (registry/build.yaml's flags, the
@@ -33,7 +33,7 @@ from forktool.txn import locked
 from forktool.workspace import Workspace
 from gates.bundle import positions, write_position
 
-TARGETS = ("llama-completion", "llama-perplexity", "llama-bench", "ggml-cuda", "ggml-cpu")
+TARGETS = ("llama-completion", "llama-perplexity", "llama-bench", "ggml-cpu")  # and ggml-cuda for the cuda profile
 SOURCES_RECORD = ".sources-sha256"  # the archive the extracted sources came from
 
 
@@ -80,15 +80,19 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m gates.host_build", description=__doc__.split("\n\n")[0])
     ap.add_argument("--position", required=True, help="upstream, pre<fixed> or full")
     ap.add_argument("--fixed", default="0089", help="the patch whose effect the gates isolate (names pre<fixed>)")
-    ap.add_argument("--out", type=Path, help="default: build/host/<position>")
+    ap.add_argument("--profile", default="cuda", help="the registry's build profile whose configure it takes")
+    ap.add_argument("--out", type=Path, help="default: build/host/<position> (<position>-<profile> for another profile)")
     ap.add_argument("--jobs", "-j", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--pack", type=Path, help="also write bin/ as this tar.xz")
     a = ap.parse_args(argv)
     project = find_project()
-    root = a.out or project.root / "build" / "host" / a.position
+    root = a.out or project.root / "build" / "host" / (a.position if a.profile == "cuda" else f"{a.position}-{a.profile}")
+    names = ("upstream", "pre" + a.fixed, "full")
     try:
+        if a.position not in names:  # refused before anything is read or written
+            raise ValueError(f"no position {a.position!r}: one of {', '.join(names)}")
+        profile = load_config(project).profile(a.profile)  # a bad name is refused before anything is written
         src = sources(project, a.position, a.fixed, root)
-        profile = load_config(project).profile("cuda")
         bdir = root / "bld"
         bdir.mkdir(parents=True, exist_ok=True)
         flags = configure_flags(profile, bdir)
@@ -101,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     steps = [["cmake", "-S", str(src), "-B", str(bdir), "-G", profile.generator, *flags,
               f"-DLLAMA_BUILD_COMMIT=host-{a.position}"],
-             ["make", "-C", str(bdir), f"-j{a.jobs}", *TARGETS]]
+             ["make", "-C", str(bdir), f"-j{a.jobs}", *TARGETS, *(["ggml-cuda"] if profile.has_cuda else [])]]
     with open(root / "build.log", "w") as log:
         for argv_ in steps:
             log.write("$ " + " ".join(argv_) + "\n")

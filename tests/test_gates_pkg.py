@@ -2034,3 +2034,6 @@ def test_host_build_refuses_a_position_the_series_does_not_have():
     r = run_module("gates.host_build", "--position", "pre9999")
     assert r.returncode == 2
     assert "no position 'pre9999': one of upstream, pre0089, full" in r.stderr
+    r = run_module("gates.host_build", "--position", "upstream", "--profile", "nope")
+    assert r.returncode == 2 and "no build profile 'nope'" in r.stderr
+    assert not (ROOT / "build" / "host" / "upstream-nope").exists()  # refused before anything was written
