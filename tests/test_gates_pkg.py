@@ -147,17 +147,25 @@ def test_gpu_bench_reads_llama_bench_json(tmp_path: Path):
                                                                         "tg": [1750.0, 1748.5]}
 
 
-def test_gate_b_gives_the_residency_flags_to_the_full_build_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    # upstream's llama-bench has no --kv-residency-mode: it runs without; the full build runs in window and head mode
+def steady_gate_b(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *args: str, full_compiler: str = "GNU 13.3.0",
+                  upstream_compiler: str = "GNU 13.3.0"):
+    """gates.gpu and gate b's arguments for a full build and an upstream build whose llama-bench prints the same
+    figures every call and logs '<build> <arguments>' to tmp_path/calls.txt: (module, args)."""
     gpu, full = fake_gpu_bin(tmp_path, monkeypatch, [
-        'echo "llama_kv_cache: position window = FULLY RESIDENT (131072 / 131072 cells on CUDA0, 2048.00 MiB, auto)"'])
-    upstream = fake_upstream_bin(tmp_path)
+        'echo "llama_kv_cache: position window = FULLY RESIDENT (131072 / 131072 cells on CUDA0, 2048.00 MiB, auto)"'],
+        compiler=full_compiler)
+    upstream = fake_upstream_bin(tmp_path, compiler=upstream_compiler)
     doc = json.dumps([{"n_prompt": 2048, "n_gen": 0, "samples_ts": [100000.0]},
                       {"n_prompt": 0, "n_gen": 128, "samples_ts": [1700.0]}])
     for b in (full, upstream):
         fake_tool(b / "llama-bench", f'echo "{b.name} $*" >> {tmp_path}/calls.txt\ncat <<\'EOF\'\n{doc}\nEOF', script=True)
-    a = gpu.parse_args(["--full-bin", str(full), "--pre-bin", str(full), "--upstream-bin", str(upstream),
-                        "--bench-rounds", "5", "--bench-cpus", ""])
+    return gpu, gpu.parse_args(["--full-bin", str(full), "--pre-bin", str(full), "--upstream-bin", str(upstream),
+                                "--bench-rounds", "5", "--bench-cpus", "", *args])
+
+
+def test_gate_b_gives_the_residency_flags_to_the_full_build_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    # upstream's llama-bench has no --kv-residency-mode: it runs without; the full build runs in window and head mode
+    gpu, a = steady_gate_b(tmp_path, monkeypatch)
     res = gpu.gate_b(a, tmp_path / "m.gguf", tmp_path)
     assert res["pass"] and res["fully_resident_single_pass"]
     calls = (tmp_path / "calls.txt").read_text().splitlines()
@@ -229,18 +237,9 @@ def test_gate_b_is_not_checked_where_prefill_is_too_noisy_to_judge(tmp_path: Pat
 
 
 def test_gate_b_passes_its_bench_args_to_every_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    gpu, full = fake_gpu_bin(tmp_path, monkeypatch, [
-        'echo "llama_kv_cache: position window = FULLY RESIDENT (131072 / 131072 cells on CUDA0, 2048.00 MiB, auto)"'])
-    upstream = fake_upstream_bin(tmp_path)
-    for b in (full, upstream):
-        fake_tool(b / "llama-bench", "\n".join([
-            f'echo "$@" >> {tmp_path}/argv',
-            'echo "[{\\"n_prompt\\": 2048, \\"n_gen\\": 0, \\"samples_ts\\": [100000.0]},'
-            ' {\\"n_prompt\\": 0, \\"n_gen\\": 128, \\"samples_ts\\": [1700.0]}]"']), script=True)
-    a = gpu.parse_args(["--full-bin", str(full), "--pre-bin", str(full), "--upstream-bin", str(upstream),
-                        "--bench-rounds", "5", "--bench-cpus", "", "--bench-args", "-t 1 -ub 2048"])
+    gpu, a = steady_gate_b(tmp_path, monkeypatch, "--bench-args", "-t 1 -ub 2048")
     res = gpu.gate_b(a, tmp_path / "m.gguf", tmp_path)
-    calls = (tmp_path / "argv").read_text().splitlines()
+    calls = (tmp_path / "calls.txt").read_text().splitlines()
     assert len(calls) == 3 + 5 * 3  # a warm-up and five rounds of three builds
     assert all(" -t 1 -ub 2048" in c for c in calls)
     assert res["args"] == "-t 1 -ub 2048" and res["pp"]["verdict"] == "pass"
@@ -249,22 +248,13 @@ def test_gate_b_passes_its_bench_args_to_every_build(tmp_path: Path, monkeypatch
 def test_gate_b_is_not_checked_between_builds_of_different_compilers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """The same figures that pass between builds of one compiler judge nothing between GCC 12 and GCC 13 builds: the
     ratios are reported, the verdict is not checked and says why; a build that names no compiler is not vouched for."""
-    gpu, full = fake_gpu_bin(tmp_path, monkeypatch, [
-        'echo "llama_kv_cache: position window = FULLY RESIDENT (131072 / 131072 cells on CUDA0, 2048.00 MiB, auto)"'],
-        compiler="GNU 12.2.0")
-    upstream = fake_upstream_bin(tmp_path, compiler="GNU 13.3.0")
-    doc = json.dumps([{"n_prompt": 2048, "n_gen": 0, "samples_ts": [100000.0]},
-                      {"n_prompt": 0, "n_gen": 128, "samples_ts": [1700.0]}])
-    for b in (full, upstream):
-        fake_tool(b / "llama-bench", f"cat <<'EOF'\n{doc}\nEOF", script=True)
-    a = gpu.parse_args(["--full-bin", str(full), "--pre-bin", str(full), "--upstream-bin", str(upstream),
-                        "--bench-rounds", "5", "--bench-cpus", ""])
+    gpu, a = steady_gate_b(tmp_path, monkeypatch, full_compiler="GNU 12.2.0", upstream_compiler="GNU 13.3.0")
     res = gpu.gate_b(a, tmp_path / "m.gguf", tmp_path)
     assert res["pp"]["verdict"] == "pass" and res["tg"]["verdict"] == "pass"  # the figures alone would pass
     assert (res["pass"], res["verdict"], res["not_checked"]) == (False, "not checked", ["pp", "tg"])
     assert res["compilers"] == {"full": "GNU 12.2.0 for Linux x86_64", "upstream": "GNU 13.3.0 for Linux x86_64"}
     assert "made with GNU 12.2.0 for Linux x86_64, the upstream build with GNU 13.3.0" in res["why_not_checked"]
-    fake_tool(upstream / "llama-completion", "echo version: 1", script=True)  # says no compiler
+    fake_tool(a.upstream_bin / "llama-completion", "echo version: 1", script=True)  # says no compiler
     res = gpu.gate_b(a, tmp_path / "m.gguf", tmp_path)
     assert res["verdict"] == "not checked" and "upstream build does not say which compiler" in res["why_not_checked"]
 
