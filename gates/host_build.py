@@ -9,6 +9,7 @@ the next build of the same sources in full. --pack writes bin/ as a tar.xz whose
 ready to unpack on the GPU machine (tar xJf FILE -C DIR gives DIR/bin).
 
     python -m gates.host_build --position upstream [--jobs 2] [--pack build/host/upstream-bin.tar.xz]
+    python -m gates.host_build --bin build/cuda/bin --pack build/host/full-bin.tar.xz
 """
 
 from __future__ import annotations
@@ -78,13 +79,28 @@ def sources(project, position: str, fixed: str, root: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m gates.host_build", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--position", required=True, help="upstream, pre<fixed> or full")
+    ap.add_argument("--position", help="upstream, pre<fixed> or full")
+    ap.add_argument("--bin", type=Path, help="build nothing: only --pack this bin directory (e.g. build/cuda/bin, "
+                                             "forktool build's full series)")
     ap.add_argument("--fixed", default="0089", help="the patch whose effect the gates isolate (names pre<fixed>)")
     ap.add_argument("--profile", default="cuda", help="the registry's build profile whose configure it takes")
     ap.add_argument("--out", type=Path, help="default: build/host/<position> (<position>-<profile> for another profile)")
     ap.add_argument("--jobs", "-j", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--pack", type=Path, help="also write bin/ as this tar.xz")
     a = ap.parse_args(argv)
+    if a.bin is not None:
+        if a.pack is None or a.position is not None or not a.bin.is_dir():
+            print("gates.host_build: --bin DIR needs --pack FILE, an existing DIR and no --position", file=sys.stderr)
+            return 2
+        try:
+            print(f"{a.pack} ({pack(a.bin, a.pack) >> 20} MiB)")
+        except ValueError as e:
+            print(f"gates.host_build: {e}", file=sys.stderr)
+            return 2
+        return 0
+    if a.position is None:
+        print("gates.host_build: --position (or --bin DIR --pack FILE) is required", file=sys.stderr)
+        return 2
     project = find_project()
     root = a.out or project.root / "build" / "host" / (a.position if a.profile == "cuda" else f"{a.position}-{a.profile}")
     names = ("upstream", "pre" + a.fixed, "full")

@@ -2018,6 +2018,11 @@ def test_host_build_packs_bin_so_its_symlinks_resolve_where_it_is_unpacked(tmp_p
     with pytest.raises(ValueError, match="points outside"):
         pack(b, tmp_path / "out" / "again.tar.xz")
     assert not (tmp_path / "out" / "again.tar.xz").exists()
+    (b / "libggml.so").unlink()
+    r = run_module("gates.host_build", "--bin", str(b), "--pack", str(tmp_path / "cli.tar.xz"))
+    assert r.returncode == 0 and (tmp_path / "cli.tar.xz").is_file(), r.stderr
+    r = run_module("gates.host_build", "--bin", str(b))
+    assert r.returncode == 2 and "--bin DIR needs --pack FILE" in r.stderr
 
 
 def test_host_build_refuses_a_position_the_series_does_not_have():
