@@ -1,8 +1,8 @@
 """How much llama-bench's figures move from one process to the next, under each way of running it: for every variant
 (a CPU list for taskset and more llama-bench arguments), --procs separate processes, the variants interleaved, and for
-prefill and decode each process's median, the spread of those medians relative to their median (what gate b reads as
-its noise) and the within-process spread. Gate b's bound is twice the between-process spread, so the variant with the
-smallest one is the one whose ratio can be judged.
+prefill and decode each process's median, the spread of those medians relative to their median and the
+within-process spread. Gate b judges the paired ratios of interleaved rounds, one process per build and round, so the
+way with the smallest spread between processes gives it the narrowest interval.
 
     python3 -m gates.bench_noise --bin U [--procs 6] [--variants '0-7|' '4|-t 1' '0-7|-ub 2048 -b 2048']
 """
