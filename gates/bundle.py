@@ -43,6 +43,11 @@ def write_position(ws: Workspace, patches: list, dest: Path, epoch: int) -> None
         write_targz(root / "llama.cpp", "llama.cpp", dest, epoch)
 
 
+def position_names(fixed: str) -> tuple[str, ...]:
+    """The names of the positions the GPU gates build, in build order."""
+    return ("upstream", "pre" + fixed, "full")
+
+
 def positions(ws: Workspace, fixed: str) -> dict[str, list]:
     """The series positions the GPU gates build, by name: upstream, pre<fixed> (the series without `fixed` and what
     follows it) and full; SystemExit with a message where `fixed` is not after a first patch."""
@@ -50,7 +55,7 @@ def positions(ws: Workspace, fixed: str) -> dict[str, list]:
     if fixed not in ids or ids.index(fixed) == 0:
         sys.exit(f"gates: {fixed} must be in the series after at least one patch")
     i = ids.index(fixed)
-    return {"upstream": [], "pre" + fixed: ws.patches[:i], "full": ws.patches}
+    return dict(zip(position_names(fixed), ([], ws.patches[:i], ws.patches), strict=True))
 
 
 def main() -> int:

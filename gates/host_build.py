@@ -24,6 +24,7 @@ import tarfile
 import time
 from pathlib import Path
 
+from forktool.archive import extract_to_dir
 from forktool.build import cuda
 from forktool.build.config import load_config
 from forktool.build.plan import configure_flags
@@ -32,7 +33,7 @@ from forktool.package import source_date_epoch
 from forktool.project import find_project
 from forktool.txn import locked
 from forktool.workspace import Workspace
-from gates.bundle import positions, write_position
+from gates.bundle import position_names, positions, write_position
 
 TARGETS = ("llama-completion", "llama-perplexity", "llama-bench", "ggml-cpu")  # and ggml-cuda for the cuda profile
 SOURCES_RECORD = ".sources-sha256"  # the archive the extracted sources came from
@@ -55,24 +56,19 @@ def pack(bin_dir: Path, dest: Path) -> int:
 
 
 def sources(project, position: str, fixed: str, root: Path) -> Path:
-    """root/src/llama.cpp holding the position's sources; re-extracted only when the archive's bytes changed, so an
-    unchanged position leaves make nothing to do."""
+    """root/src/llama.cpp holding the sources of `position` (one of position_names); re-extracted only when the
+    archive's bytes changed, so an unchanged position leaves make nothing to do."""
     archive = root / f"{position}.tar.gz"
     with locked(project.state_dir):
         ws = Workspace(project)
-        wanted = positions(ws, fixed)
-        if position not in wanted:
-            raise ValueError(f"no position {position!r}: one of {', '.join(wanted)}")
         root.mkdir(parents=True, exist_ok=True)
-        write_position(ws, wanted[position], archive, source_date_epoch())
+        write_position(ws, positions(ws, fixed)[position], archive, source_date_epoch())
     digest = hashlib.sha256(archive.read_bytes()).hexdigest()
     src = root / "src"
     record = root / SOURCES_RECORD
     if not (src / "llama.cpp").is_dir() or not record.is_file() or record.read_text().strip() != digest:
         shutil.rmtree(src, ignore_errors=True)
-        src.mkdir()
-        with tarfile.open(archive) as tar:
-            tar.extractall(src, filter="data")
+        extract_to_dir(archive, src)  # every member checked before the first write
         record.write_text(digest + "\n")
     return src / "llama.cpp"
 
@@ -103,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     project = find_project()
     root = a.out or project.root / "build" / "host" / (a.position if a.profile == "cuda" else f"{a.position}-{a.profile}")
-    names = ("upstream", "pre" + a.fixed, "full")
+    names = position_names(a.fixed)
     try:
         if a.position not in names:  # refused before anything is read or written
             raise ValueError(f"no position {a.position!r}: one of {', '.join(names)}")
