@@ -257,6 +257,12 @@ def bench(bin_dir: Path, model: Path, tag: str, work: Path, a: argparse.Namespac
     return out
 
 
+def part_why(res: dict) -> str:
+    """Why a gate's result is not a pass, from the halves that say why (gate b's pp / tg), for forktool's part line."""
+    whys = [f"{k}: {v['why']}" for k, v in res.items() if isinstance(v, dict) and v.get("why")]
+    return "; ".join(whys)
+
+
 def median_interval(xs: list[float], confidence: float) -> tuple[float, float, float] | None:
     """A distribution-free interval for the median of xs: the order statistics x(k) and x(n+1-k) for the largest k
     whose coverage (1 - 2 P[Binomial(n, 1/2) < k]) is at least `confidence`, with that coverage; None when even the
@@ -1211,10 +1217,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--bench-reps", type=int, default=10)
     ap.add_argument("--bench-pp", type=int, default=2048)
     ap.add_argument("--bench-tg", type=int, default=128)
-    ap.add_argument("--bench-cpus", default="0-7", help="taskset CPU list for llama-bench ('' = not pinned)")
-    ap.add_argument("--bench-args", default="",
-                    help="more llama-bench arguments for every build of gate b, e.g. '-t 1' with a one-CPU "
-                         "--bench-cpus (gates.bench_noise measures which way of running it is steadiest)")
+    ap.add_argument("--bench-cpus", default="4", help="taskset CPU list for llama-bench ('' = not pinned)")
+    ap.add_argument("--bench-args", default="-t 1 -ub 2048 -b 2048",
+                    help="more llama-bench arguments for every build of gate b (default: one thread on the one CPU "
+                         "of --bench-cpus, the prompt in one ubatch, the steadiest way gates.bench_noise measured)")
     ap.add_argument("--bench-margin", type=float, default=0.05,
                     help="gate b: the builds count as equal when the interval around their median paired ratio lies "
                          "within 1 +- this (an interval reaching past it is 'not checked', one wholly outside fails)")
@@ -1361,6 +1367,8 @@ def main(argv: list[str] | None = None) -> int:
         results[names.get(g, g)] = res
         verdict = "pass" if res.get("pass") else ("not checked" if res.get("verdict") == "not checked" else "FAIL")
         log(f"== gate {g}: {res['seconds']:.0f} s, {verdict}")
+        why = "" if verdict == "pass" else (res.get("why_not_checked") or res.get("error") or part_why(res))
+        log(f"forktool-gate-part {g}: {'fail' if verdict == 'FAIL' else verdict}" + (f": {why}" if why else ""))
         (a.out / "gpu_gates.json").write_text(json.dumps(results, indent=2))
     print(json.dumps(results, indent=2))
     return 0 if all(v.get("pass") for v in results.values()) else 1

@@ -51,3 +51,56 @@ def test_a_gate_refuses_a_build_of_another_series(rp: Proj, tmp_path: Path):
     code, _out, err = rp.run("gates", "0070", expect=1)
     assert f"build/cpu was built for {plan.stamp}, the tree is" in err
     assert "+0070." in err  # the stamp of the series as applied now names its top
+
+
+def with_parts_gate(p: Proj, script: str) -> None:
+    """A gate whose program (sh `script`) reports parts the way gates/gpu.py does."""
+    reg = copy.deepcopy(REG)
+    reg["patches"][0]["gates"] = [{"name": "parts", "needs": ["cpu"], "command": ["sh", "-c", script],
+                                   "proves": "every part holds"}]
+    write_reg(p, reg)
+
+
+def test_gate_parts_and_their_verdicts_are_read_from_the_program_lines():
+    from forktool.commands.gates_cmds import gate_parts, judge
+
+    text = ("noise\nforktool-gate-part a: pass\nforktool-gate-part b: not checked: pp: too noisy\n"
+            "  forktool-gate-part c: pass\n"  # not at the start of a line: not a report
+            "forktool-gate-part a: fail: rerun failed\n")
+    parts = gate_parts(text)
+    assert [(p["part"], p["verdict"], p["why"]) for p in parts] == [("b", "not checked", "pp: too noisy"),
+                                                                    ("a", "fail", "rerun failed")]
+    assert judge(0, []) == "pass" and judge(1, []) == "fail"
+    assert judge(0, [{"verdict": "pass"}]) == "pass"
+    assert judge(1, [{"verdict": "pass"}, {"verdict": "not checked"}]) == "not checked"
+    assert judge(0, [{"verdict": "not checked"}]) == "not checked"  # exit 0 cannot make an unchecked part a pass
+    assert judge(0, [{"verdict": "fail"}]) == "fail"  # nor a failed one
+    assert judge(1, [{"verdict": "pass"}]) == "fail"  # a non-zero exit whose parts all passed failed somewhere else
+
+
+def test_a_gate_whose_part_went_unchecked_is_not_checked_and_exits_1(rp: Proj):
+    with_parts_gate(rp, "echo 'forktool-gate-part a: pass'; "
+                        "echo 'forktool-gate-part b: not checked: pp: the interval reaches past 1 +- 0.05' >&2; exit 1")
+    code, out, err = rp.run("gates", "0070", expect=1)
+    text = out + err
+    assert "not checked 0070 parts" in text and "pass 0070 parts" not in text and "FAIL" not in text
+    assert "parts run: a pass, b not checked; a part not listed did not run" in text
+    assert "b not checked: pp: the interval reaches past 1 +- 0.05" in text
+    code, out, _err = rp.run("gates", "0070", "--json", expect=1)
+    doc = json.loads(out)
+    assert (doc["failed"], doc["not_checked"]) == (0, 1)
+    assert doc["gates"][0]["result"] == "not checked"
+    assert [p["part"] for p in doc["gates"][0]["parts"]] == ["a", "b"]
+
+
+def test_a_gate_that_ran_only_some_parts_says_which_when_it_passes(rp: Proj):
+    with_parts_gate(rp, "echo 'forktool-gate-part e: pass' >&2")
+    code, out, err = rp.run("gates", "0070")
+    assert code == 0
+    assert "pass 0070 parts" in out + err and "parts run: e pass; a part not listed did not run" in out + err
+
+
+def test_a_gate_that_exits_0_yet_reports_an_unchecked_part_is_not_a_pass(rp: Proj):
+    with_parts_gate(rp, "echo 'forktool-gate-part b: not checked: compilers differ'")
+    code, out, err = rp.run("gates", "0070", "--json", expect=1)
+    assert json.loads(out)["gates"][0]["result"] == "not checked"

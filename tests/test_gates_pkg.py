@@ -2033,3 +2033,22 @@ def test_host_build_refuses_a_position_the_series_does_not_have():
     r = run_module("gates.host_build", "--position", "upstream", "--profile", "nope")
     assert r.returncode == 2 and "no build profile 'nope'" in r.stderr
     assert not (ROOT / "build" / "host" / "upstream-nope").exists()  # refused before anything was written
+
+
+def test_gates_gpu_names_each_gate_it_ran_and_its_verdict_for_forktool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                       capsys: pytest.CaptureFixture):
+    """`forktool gates 0089` reads these lines: a gate b between builds of different compilers is reported as not
+    checked, saying why, and an unknown gate as failed; the exit code is 1."""
+    gpu, a = steady_gate_b(tmp_path, monkeypatch, full_compiler="GNU 12.2.0", upstream_compiler="GNU 13.3.0")
+    monkeypatch.setattr(gpu, "check_own_libraries", lambda programs, env: {k: str(v.parent) for k, v in programs.items()})
+    monkeypatch.setattr(gpu, "ensure_model", lambda path, args: path)
+    code = gpu.main(["--full-bin", str(a.full_bin), "--pre-bin", str(a.full_bin), "--upstream-bin", str(a.upstream_bin),
+                     "--bench-rounds", "5", "--bench-cpus", "", "--work", str(tmp_path / "w"),
+                     "--out", str(tmp_path / "o"), "--only", "b,z"])
+    err = capsys.readouterr().err.splitlines()
+    parts = [line for line in err if line.startswith("forktool-gate-part ")]
+    assert code == 1 and len(parts) == 2
+    assert parts[0].startswith("forktool-gate-part b: not checked: the full build was made with GNU 12.2.0")
+    assert parts[1] == "forktool-gate-part z: fail: unknown gate 'z'"
+    from forktool.commands.gates_cmds import gate_parts, judge
+    assert judge(code, gate_parts("\n".join(err))) == "fail"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import time
@@ -13,6 +14,33 @@ from forktool import registry as rg
 from forktool.errors import ForktoolError, UsageError, check_id
 from forktool.output import Report
 from forktool.project import Project
+
+# A gate program made of parts (gates/gpu.py runs a subset of its gates a-h) names each part it ran, and that part's
+# verdict, on a line of its own; forktool reports those parts, so a pass never stands for a part that did not run.
+PART_LINE = re.compile(r"^forktool-gate-part (\S+): (pass|fail|not checked)(?:: (.*))?$", re.M)
+
+
+def gate_parts(text: str) -> list[dict]:
+    """The parts a gate program reported, in order (a part reported twice keeps its last verdict)."""
+    parts: dict[str, dict] = {}
+    for m in PART_LINE.finditer(text):
+        parts.pop(m.group(1), None)
+        parts[m.group(1)] = {"part": m.group(1), "verdict": m.group(2), "why": (m.group(3) or "").strip()}
+    return list(parts.values())
+
+
+def judge(exit_code: int, parts: list[dict]) -> str:
+    """pass / fail / not checked from the exit code and the parts the program reported.
+
+    pass needs exit 0 and no part failing or unchecked; a non-zero exit whose parts all passed or went unchecked (at
+    least one) is "not checked": nothing failed, but not everything was checked. Anything else fails.
+    """
+    verdicts = {p["verdict"] for p in parts}
+    if "fail" in verdicts:
+        return "fail"
+    if exit_code != 0:
+        return "not checked" if "not checked" in verdicts else "fail"
+    return "not checked" if "not checked" in verdicts else "pass"
 
 
 def have_cuda() -> tuple[bool, str]:
@@ -108,7 +136,7 @@ def gates(project: Project, patch_id: str | None, name: str | None, list_only: b
     cuda, why = have_cuda()
     rows: list[dict] = []
     lines: list[str] = []
-    failed = 0
+    failed = unchecked = 0
     stale: dict[str, str] = {}  # profile -> why its build is not of the tree ("" when it is)
     for pid, g in selected:
         row: dict = {"patch": pid, "gate": g.name, "needs": list(g.needs), "proves": g.proves}
@@ -146,13 +174,22 @@ def gates(project: Project, patch_id: str | None, name: str | None, list_only: b
         log = os.path.join(ph["out"], f"{pid}-{g.name}.log")
         with open(log, "wb") as f:
             f.write(r.stdout + b"\n--- stderr ---\n" + r.stderr)
-        ok = r.returncode == 0
-        failed += not ok
-        tail = r.stderr.decode("utf-8", "replace").strip().splitlines()[-8:]
-        rows.append(row | {"result": "pass" if ok else "fail", "exit_code": r.returncode, "seconds": round(dt, 1),
+        err_text = r.stderr.decode("utf-8", "replace")
+        parts = gate_parts(r.out + "\n" + err_text)
+        result = judge(r.returncode, parts)
+        ok = result == "pass"
+        failed += result == "fail"
+        unchecked += result == "not checked"
+        tail = err_text.strip().splitlines()[-8:]
+        rows.append(row | {"result": result, "exit_code": r.returncode, "seconds": round(dt, 1), "parts": parts,
                            "log": log, "stdout": r.out[-4000:]})
-        lines.append(f"{'[green]pass[/green]' if ok else '[red]FAIL[/red]'} {pid} {g.name} ({dt:.0f} s): {g.proves}")
+        mark = {"pass": "[green]pass[/green]", "not checked": "[yellow]not checked[/yellow]"}.get(result, "[red]FAIL[/red]")
+        lines.append(f"{mark} {pid} {g.name} ({dt:.0f} s): {g.proves}")
+        if parts:
+            lines.append("    parts run: " + ", ".join(f"{p['part']} {p['verdict']}" for p in parts)
+                         + "; a part not listed did not run")
+            lines += [f"    {p['part']} {p['verdict']}: {p['why']}" for p in parts if p["why"] and p["verdict"] != "pass"]
         if not ok:
             lines += [f"    {t}" for t in tail] + [f"    full log: {log}"]
-    return Report({"gates": rows, "cuda": cuda, "cuda_reason": why, "failed": failed}, lines,
-                  exit_code=1 if failed else 0)
+    return Report({"gates": rows, "cuda": cuda, "cuda_reason": why, "failed": failed, "not_checked": unchecked}, lines,
+                  exit_code=1 if failed or unchecked else 0)
