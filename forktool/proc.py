@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 
 from forktool.errors import ForktoolError
 
@@ -82,6 +86,86 @@ def stream(argv: Sequence[str | os.PathLike[str]], *, cwd: Path | None = None, c
         raise CalledProcessError(f"command failed with exit code {p.returncode}: {' '.join(args)}",
                                  where=str(cwd or Path.cwd()), details=[f"output: {_tail(res.stdout)}"])
     return res
+
+
+def run_session(argv: Sequence[str | os.PathLike[str]], *, cwd: Path | None = None, timeout: float | None = None,
+                env: Mapping[str, str] | None = None, grace: float = 5.0) -> tuple[Result, bool]:
+    """Run a long command (a gate) in a session of its own: (result, timed_out).
+
+    Everything it starts shares its process group, so a timeout or an interrupt (Ctrl-C, or any exception while it
+    runs) stops all of it, not only the first process: SIGTERM to the group, SIGKILL to what is left after `grace`
+    seconds. On a timeout the output it wrote so far is returned; an interrupt is re-raised once the group is gone.
+    A Ctrl-C sends the group its SIGTERM in the signal handler itself, before the process's own handler runs, so a
+    second Ctrl-C (which ends forktool at once) cannot leave the command running.
+    """
+    args = tuple(os.fspath(a) for a in argv)
+    started: list[subprocess.Popen] = []
+    pending: list[int] = []
+
+    def on_interrupt(signum: int, frame: FrameType | None) -> None:
+        if not started:  # Popen is starting it: hold the Ctrl-C until there is a group to stop
+            pending.append(signum)
+            return
+        _signal_group(started[0].pid, signal.SIGTERM)
+        if callable(prev):
+            prev(signum, frame)
+        raise KeyboardInterrupt
+
+    held = threading.current_thread() is threading.main_thread()
+    prev = signal.signal(signal.SIGINT, on_interrupt) if held else None
+    try:
+        try:
+            p = subprocess.Popen(args, cwd=cwd, env=_clean_env(env), stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        except FileNotFoundError as e:
+            raise ForktoolError(f"command not found: {args[0]}", where=" ".join(args),
+                                hint=f"install {args[0]} or put it on PATH") from e
+        started.append(p)
+        timed_out = False
+        with p:
+            try:
+                if pending:
+                    on_interrupt(pending[0], None)
+                out, err = p.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                stop_group(p, grace)
+                try:
+                    out, err = p.communicate(timeout=grace)
+                except subprocess.TimeoutExpired:  # a process that left the group still holds the pipes
+                    out, err = b"", b""
+            except BaseException:
+                stop_group(p, grace)
+                raise
+    finally:
+        if held:
+            signal.signal(signal.SIGINT, prev)
+    return Result(args, p.returncode if p.returncode is not None else -9, out or b"", err or b""), timed_out
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Send sig to a process group; False when the group is gone."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def stop_group(p: subprocess.Popen, grace: float) -> None:
+    """SIGTERM to p's process group, then SIGKILL to whatever of it is still there after grace seconds."""
+    if not _signal_group(p.pid, signal.SIGTERM):
+        return
+    deadline = time.monotonic() + grace
+    try:
+        while time.monotonic() < deadline:
+            p.poll()  # reap the leader, so that the group is empty once its last member is gone
+            if not _signal_group(p.pid, 0):
+                return
+            time.sleep(0.05)
+    finally:  # also when a second Ctrl-C cuts the wait short
+        _signal_group(p.pid, signal.SIGKILL)
+        p.poll()
 
 
 def _tail(data: bytes, limit: int = 2000) -> str:

@@ -104,3 +104,37 @@ def test_a_gate_that_exits_0_yet_reports_an_unchecked_part_is_not_a_pass(rp: Pro
     with_parts_gate(rp, "echo 'forktool-gate-part b: not checked: compilers differ'")
     code, out, err = rp.run("gates", "0070", "--json", expect=1)
     assert json.loads(out)["gates"][0]["result"] == "not checked"
+
+
+def test_a_gate_past_its_timeout_fails_and_every_process_it_started_is_stopped(rp: Proj, tmp_path: Path):
+    """A gate's program that starts a process of its own (gates/run_gpu_gates.sh starts python, which starts
+    llama-bench) and outruns the registry's timeout: the gate fails saying so, its log keeps what it printed, and
+    nothing it started is left running (on a GPU machine a leftover would hold the device)."""
+    import os
+    import time
+
+    pidfile = tmp_path / "grandchild.pid"
+    reg = copy.deepcopy(REG)
+    reg["patches"][0]["gates"] = [{"name": "slow", "needs": ["cpu"], "timeout": 1,
+                                   "command": ["sh", "-c", f"echo started; sleep 60 & echo $! > {pidfile}; wait"],
+                                   "proves": "it finishes"}]
+    write_reg(rp, reg)
+    t0 = time.monotonic()
+    code, out, err = rp.run("gates", "0070", "--json", expect=1)
+    assert time.monotonic() - t0 < 30
+    row = json.loads(out)["gates"][0]
+    assert (row["result"], row["timed_out"]) == ("fail", True)
+    assert "started" in row["stdout"] and row["reason"] == "timed out after 1 s"
+    pid = int(pidfile.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            break
+        if state == "Z":
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        raise AssertionError("the gate's own child outlived its timeout")

@@ -169,19 +169,23 @@ def gates(project: Project, patch_id: str | None, name: str | None, list_only: b
         os.makedirs(ph["out"], exist_ok=True)
         output.info(f"gate {pid} {g.name}: {' '.join(argv)}")
         t0 = time.monotonic()
-        r = proc.run(argv, cwd=project.root, check=False, timeout=g.timeout)
+        r, timed_out = proc.run_session(argv, cwd=project.root, timeout=g.timeout)
         dt = time.monotonic() - t0
         log = os.path.join(ph["out"], f"{pid}-{g.name}.log")
         with open(log, "wb") as f:
             f.write(r.stdout + b"\n--- stderr ---\n" + r.stderr)
         err_text = r.stderr.decode("utf-8", "replace")
         parts = gate_parts(r.out + "\n" + err_text)
-        result = judge(r.returncode, parts)
+        result = "fail" if timed_out else judge(r.returncode, parts)
         ok = result == "pass"
         failed += result == "fail"
         unchecked += result == "not checked"
         tail = err_text.strip().splitlines()[-8:]
-        rows.append(row | {"result": result, "exit_code": r.returncode, "seconds": round(dt, 1), "parts": parts,
+        if timed_out:
+            tail.append(f"timed out after {g.timeout} s (the registry's timeout); every process it started was stopped")
+        rows.append(row | {"result": result, "exit_code": r.returncode, "timed_out": timed_out, "seconds": round(dt, 1),
+                           "reason": (f"timed out after {g.timeout} s" if timed_out else ""),
+                           "parts": parts,
                            "log": log, "stdout": r.out[-4000:]})
         mark = {"pass": "[green]pass[/green]", "not checked": "[yellow]not checked[/yellow]"}.get(result, "[red]FAIL[/red]")
         lines.append(f"{mark} {pid} {g.name} ({dt:.0f} s): {g.proves}")
