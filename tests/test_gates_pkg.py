@@ -2052,3 +2052,36 @@ def test_gates_gpu_names_each_gate_it_ran_and_its_verdict_for_forktool(tmp_path:
     assert parts[1] == "forktool-gate-part z: fail: unknown gate 'z'"
     from forktool.commands.gates_cmds import gate_parts, judge
     assert judge(code, gate_parts("\n".join(err))) == "fail"
+
+
+def test_run_within_runs_each_gate_alone_skips_what_no_longer_fits_and_packs_everything(tmp_path: Path):
+    """gates/run_within.sh on a stand-in forktool: one `gates 0089` per gate with GPU_GATES_ONLY and GPU_GATES_ARGS
+    set, each gate's output kept apart, a gate whose estimate passes the budget skipped (exit 1: not all ran), and
+    everything in one archive."""
+    import subprocess
+    import tarfile
+
+    fake = tmp_path / "forktool"
+    fake.write_text('#!/bin/sh\nmkdir -p build/gpu-gates/out build/gates\n'
+                    'echo "{\\"$GPU_GATES_ONLY\\": \\"$GPU_GATES_ARGS\\"}" > build/gpu-gates/out/gpu_gates.json\n'
+                    'echo "log of $GPU_GATES_ONLY" > build/gates/0089.log\necho "forktool $* $GPU_GATES_ONLY"\n'
+                    '[ "$GPU_GATES_ONLY" = b ] && exit 1; exit 0\n')
+    fake.chmod(0o755)
+    work, out = tmp_path / "work", tmp_path / "out"
+    work.mkdir()
+    script = Path(__file__).resolve().parent.parent / "gates" / "run_within.sh"
+    r = subprocess.run(["bash", str(script), str(out), "100", "a:1", "b:2:--bench-rounds 15", "c:500", "d"],
+                       cwd=work, env=dict(os.environ, FORKTOOL=str(fake)), capture_output=True, text=True)
+    assert r.returncode == 1, r.stderr  # b exited 1 and c was skipped
+    assert "skip c: " in r.stdout and "its estimate 500 s > 100 s" in r.stdout
+    with tarfile.open(out / "gates.tgz") as t:
+        names = set(t.getnames())
+        doc = {n: t.extractfile(n).read().decode() for n in names if n.endswith(("gpu_gates.json", ".forktool.txt"))}
+    assert not (out / "gates").exists()
+    assert json.loads(doc["gates/2-b/gpu_gates.json"]) == {"b": "--bench-rounds 15"}
+    assert json.loads(doc["gates/4-d/gpu_gates.json"]) == {"d": ""}
+    assert doc["gates/1-a.forktool.txt"] == "forktool gates 0089 a\n"
+    assert "gates/1-a/0089.log" in names and "gates/summary.txt" in names
+    assert not any(n.startswith("gates/3-c") for n in names)
+    bad = subprocess.run(["bash", str(script), str(out), "ten", "a"], cwd=work, capture_output=True, text=True)
+    assert bad.returncode == 2 and "LIMIT_S must be whole seconds, not 'ten'" in bad.stderr
