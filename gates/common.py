@@ -48,6 +48,13 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def report_part(name: str, verdict: str, why: str = "") -> None:
+    """The line `forktool gates` reads for each part of a gate that ran: verdict pass, fail or not checked."""
+    assert verdict in ("pass", "fail", "not checked"), verdict
+    why = " ".join(why.split())
+    log(f"forktool-gate-part {name}: {verdict}" + (f": {why}" if why else ""))
+
+
 def sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -39,6 +39,7 @@ from gates.common import (
     own_libraries_env,
     parse_stats,
     parse_windows,
+    report_part,
     sha256,
     supports_flag,
     tool,
@@ -489,6 +490,23 @@ def gate_d_mtp(c: Ctx, name: str, model: Path, text: Path, draft: Path | None = 
     return res
 
 
+def gate_parts(result: dict, required: set[str]) -> list[tuple[str, str, str]]:
+    """(part, verdict, why) for each check that counts: the required ones of (a)-(c) per model as `a.<model>`, and
+    (d) per fallback model as `d.<model>`; a model that stopped with an error fails every part it owed."""
+    parts: list[tuple[str, str, str]] = []
+    for model, g in result.get("archs", {}).items():
+        for k in sorted(required - {"d"}):
+            e = g.get(k)
+            if "error" in g or not isinstance(e, dict):
+                parts.append((f"{k}.{model}", "fail", g.get("error", "did not run")))
+            else:
+                parts.append((f"{k}.{model}", "pass" if e.get("ok") else "fail", ""))
+    if "d" in required:
+        for model, d in result.get("fallback", {}).items():
+            parts.append((f"d.{model}", "pass" if d.get("ok") else "fail", d.get("error", "")))
+    return parts
+
+
 def summarize(result: dict) -> None:
     p = lambda s="": print(s, file=sys.stderr)  # noqa: E731
     nan = float("nan")
@@ -710,6 +728,8 @@ def main(argv: list[str] | None = None) -> int:
     result.update(ok=bool(ok), seconds=round(time.monotonic() - t0, 1), work_dir=str(work), runs=c.runs)
     print(json.dumps(result, indent=2))
     summarize(result)
+    for name, verdict, why in gate_parts(result, a.required):
+        report_part(name, verdict, why)
     if ok and not a.work_dir:
         shutil.rmtree(work, ignore_errors=True)
     return 0 if ok else 1

@@ -38,6 +38,7 @@ from gates.common import (
     need_tool,
     own_libraries_env,
     parse_stats,
+    report_part,
 )
 
 RE_PROMPT = re.compile(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens .*?([\d.]+) tokens per second")
@@ -1368,7 +1369,7 @@ def main(argv: list[str] | None = None) -> int:
         verdict = "pass" if res.get("pass") else ("not checked" if res.get("verdict") == "not checked" else "FAIL")
         log(f"== gate {g}: {res['seconds']:.0f} s, {verdict}")
         why = "" if verdict == "pass" else (res.get("why_not_checked") or res.get("error") or part_why(res))
-        log(f"forktool-gate-part {g}: {'fail' if verdict == 'FAIL' else verdict}" + (f": {why}" if why else ""))
+        report_part(g, "fail" if verdict == "FAIL" else verdict, why)
         (a.out / "gpu_gates.json").write_text(json.dumps(results, indent=2))
     print(json.dumps(results, indent=2))
     return 0 if all(v.get("pass") for v in results.values()) else 1

@@ -2085,3 +2085,18 @@ def test_run_within_runs_each_gate_alone_skips_what_no_longer_fits_and_packs_eve
     assert not any(n.startswith("gates/3-c") for n in names)
     bad = subprocess.run(["bash", str(script), str(out), "ten", "a"], cwd=work, capture_output=True, text=True)
     assert bad.returncode == 2 and "LIMIT_S must be whole seconds, not 'ten'" in bad.stderr
+
+
+def test_gates_cpu_reports_each_required_check_per_model_as_a_part():
+    """gates.cpu's parts for `forktool gates`: the required checks only (a check that ran but was not asked for does
+    not count), a model stopped by an error fails each part it owed, and (d) per fallback model."""
+    from gates.cpu import gate_parts
+
+    result = {"archs": {"llama": {"a": {"ok": True}, "b": {"ok": False}, "c": {"ok": False}},
+                        "gemma3": {"error": "llama-perplexity exit 1"}},
+              "fallback": {"jamba": {"ok": True}, "mamba": {"ok": False, "error": "no refusal"}}}
+    assert gate_parts(result, {"a", "b", "d"}) == [
+        ("a.llama", "pass", ""), ("b.llama", "fail", ""),
+        ("a.gemma3", "fail", "llama-perplexity exit 1"), ("b.gemma3", "fail", "llama-perplexity exit 1"),
+        ("d.jamba", "pass", ""), ("d.mamba", "fail", "no refusal")]
+    assert gate_parts(result, {"a"}) == [("a.llama", "pass", ""), ("a.gemma3", "fail", "llama-perplexity exit 1")]
