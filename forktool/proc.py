@@ -92,27 +92,36 @@ def run_session(argv: Sequence[str | os.PathLike[str]], *, cwd: Path | None = No
                 env: Mapping[str, str] | None = None, grace: float = 5.0) -> tuple[Result, bool]:
     """Run a long command (a gate) in a session of its own: (result, timed_out).
 
-    Everything it starts shares its process group, so a timeout or an interrupt (Ctrl-C, or any exception while it
-    runs) stops all of it, not only the first process: SIGTERM to the group, SIGKILL to what is left after `grace`
-    seconds. On a timeout the output it wrote so far is returned; an interrupt is re-raised once the group is gone.
-    A Ctrl-C sends the group its SIGTERM in the signal handler itself, before the process's own handler runs, so a
-    second Ctrl-C (which ends forktool at once) cannot leave the command running.
+    Everything it starts shares its process group, so a timeout, an interrupt or a termination stops all of it, not
+    only the first process: SIGTERM to the group, SIGKILL to what is left after `grace` seconds. On a timeout the
+    output it wrote so far is returned. A Ctrl-C (SIGINT) sends the group its SIGTERM in the signal handler itself,
+    before the process's own handler runs (a second Ctrl-C ends forktool at once), and is re-raised once the group
+    is stopped. A SIGTERM or SIGHUP to forktool (`timeout`, a closed terminal, a CI job cancelled), which the session
+    does not receive, stops the group and then ends forktool by that signal.
     """
     args = tuple(os.fspath(a) for a in argv)
     started: list[subprocess.Popen] = []
     pending: list[int] = []
 
-    def on_interrupt(signum: int, frame: FrameType | None) -> None:
-        if not started:  # Popen is starting it: hold the Ctrl-C until there is a group to stop
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if not started:  # Popen is starting it: hold the signal until there is a group to stop
             pending.append(signum)
             return
+        if signum != signal.SIGINT:
+            stop_group(started[0], grace)
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         _signal_group(started[0].pid, signal.SIGTERM)
-        if callable(prev):
-            prev(signum, frame)
+        handler = prev.get(signum)
+        if callable(handler):
+            handler(signum, frame)
         raise KeyboardInterrupt
 
-    held = threading.current_thread() is threading.main_thread()
-    prev = signal.signal(signal.SIGINT, on_interrupt) if held else None
+    prev: dict[int, object] = {}
+    if threading.current_thread() is threading.main_thread():
+        for caught in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            prev[caught] = signal.signal(caught, on_signal)
     try:
         try:
             p = subprocess.Popen(args, cwd=cwd, env=_clean_env(env), stdin=subprocess.DEVNULL,
@@ -124,8 +133,8 @@ def run_session(argv: Sequence[str | os.PathLike[str]], *, cwd: Path | None = No
         timed_out = False
         with p:
             try:
-                if pending:
-                    on_interrupt(pending[0], None)
+                for held in sorted(set(pending), reverse=True):  # SIGTERM (15) before SIGINT (2)
+                    on_signal(held, None)
                 out, err = p.communicate(timeout=timeout)
             except subprocess.TimeoutExpired:
                 timed_out = True
@@ -138,8 +147,8 @@ def run_session(argv: Sequence[str | os.PathLike[str]], *, cwd: Path | None = No
                 stop_group(p, grace)
                 raise
     finally:
-        if held:
-            signal.signal(signal.SIGINT, prev)
+        for restored, handler in prev.items():
+            signal.signal(restored, handler)  # type: ignore[arg-type]
     return Result(args, p.returncode if p.returncode is not None else -9, out or b"", err or b""), timed_out
 
 

@@ -138,3 +138,44 @@ def test_a_gate_past_its_timeout_fails_and_every_process_it_started_is_stopped(r
     else:
         os.kill(pid, 9)
         raise AssertionError("the gate's own child outlived its timeout")
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_sigterm_to_forktool_stops_the_gate_it_runs_then_ends_forktool_by_it(rp: Proj, tmp_path: Path):
+    """`timeout 585 forktool gates 0089` (gates/run_within.sh), a cancelled CI job: the SIGTERM reaches forktool
+    alone, the gate running in a session of its own; forktool stops the gate's whole group, then dies by SIGTERM."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pidfile = tmp_path / "grandchild.pid"
+    reg = copy.deepcopy(REG)
+    reg["patches"][0]["gates"] = [{"name": "long", "needs": ["cpu"],
+                                   "command": ["sh", "-c", f"sleep 60 & echo $! > {pidfile}; wait"],
+                                   "proves": "it finishes"}]
+    write_reg(rp, reg)
+    p = subprocess.Popen([sys.executable, "-m", "forktool", "gates", "0070"],
+                         env=dict(os.environ, FORKTOOL_ROOT=str(rp.root)), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not (pidfile.is_file() and pidfile.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    pid = int(pidfile.read_text())
+    p.send_signal(signal.SIGTERM)
+    p.communicate(timeout=30)
+    gone_by = time.monotonic() + 10
+    while _running(pid) and time.monotonic() < gone_by:
+        time.sleep(0.05)
+    left = _running(pid)
+    if left:
+        os.kill(pid, signal.SIGKILL)
+    assert p.returncode == -signal.SIGTERM
+    assert not left, "the gate's process outlived forktool's SIGTERM"
