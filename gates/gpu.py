@@ -333,15 +333,21 @@ def gate_b(a: argparse.Namespace, model: Path, work: Path) -> dict:
     for name, (b, flags) in builds.items():  # warm-up: page cache, GPU clocks, JIT caches; discarded
         bench(b, model, f"b-warmup-{name}", work, a, flags)
     samples: dict[str, dict[str, list[list[float]]]] = {n: {"pp": [], "tg": []} for n in builds}
+    # when each process ran (seconds from the first round's start): the machine's speed can change within seconds,
+    # so how far apart a round's processes ran says how well its paired ratio cancels that
+    starts: dict[str, list[list[float]]] = {n: [] for n in builds}
+    t0 = time.monotonic()
     for i in range(a.bench_rounds):
         order = list(builds)[i % len(builds):] + list(builds)[:i % len(builds)]  # each build leads in turn
         for name in order:
             b, flags = builds[name]
+            t = time.monotonic() - t0
             s = bench(b, model, f"b-{name}-{i}", work, a, flags)
+            starts[name].append([round(t, 2), round(time.monotonic() - t0, 2)])
             for k in ("pp", "tg"):
                 samples[name][k].append(s[k])
     res: dict = {"rounds": a.bench_rounds, "reps_per_round": a.bench_reps, "pp": a.bench_pp, "tg": a.bench_tg,
-                 "args": a.bench_args,
+                 "args": a.bench_args, "process_seconds": starts,
                  "cpus": a.bench_cpus if a.bench_cpus and shutil.which("taskset") else None}
     ok, unchecked = True, []
     for k in ("pp", "tg"):

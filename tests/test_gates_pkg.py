@@ -174,6 +174,10 @@ def test_gate_b_gives_the_residency_flags_to_the_full_build_only(tmp_path: Path,
     full_calls = [c for c in calls if c.startswith("full ")]
     assert sum(c.endswith("--kv-residency-mode window") for c in full_calls) == 6
     assert sum(c.endswith("--kv-residency-mode head") for c in full_calls) == 6
+    spans = res["process_seconds"]  # [start, end] of each round's process, from the first round's start
+    assert sorted(spans) == ["full", "full_head", "upstream"] and all(len(v) == 5 for v in spans.values())
+    assert all(0 <= s0 <= s1 for v in spans.values() for s0, s1 in v)
+    assert spans["upstream"][0][0] == 0  # upstream leads the first round
 
 
 def test_median_interval_takes_the_order_statistics_whose_coverage_reaches_the_confidence():
