@@ -2,8 +2,10 @@
 # On a CUDA machine: build the cuda profile from the full-series source archive once, then switch the
 # sources to the other series positions writing only files whose bytes differ, so `make` rebuilds just
 # the host objects (the series is host-only: the CUDA DSO must come out byte-identical every time).
-# A position whose archive has the same sha256 as at its last build is not rebuilt (OUT/<position>/.archive); a
-# position whose archive is not in the bundle is not built (full is required).
+# A position whose archive has the same sha256 as at its last build is not rebuilt (OUT/<position>/.archive), as long
+# as its files are still the ones that build wrote (OUT/<position>/.manifest: every file's sha256 and every link's
+# target; a file changed, added or removed since means a rebuild, saying why); a position whose archive is not in the
+# bundle is not built (full is required).
 #   DEVICE_BUILD_SERVER=1  also build llama-server for the full series (the needle gate boots it)
 # usage: gates/device_build.sh BUNDLE_DIR OUT_DIR [JOBS]
 set -euo pipefail
@@ -24,12 +26,22 @@ for v in before pre0089 upstream; do
 done
 src=$work/src
 export GIT_CEILING_DIRECTORIES=$PWD/$work
+manifest() {  # what a build's output directory holds: each file's sha256, each link's target
+  (cd "$1" && find . -mindepth 1 ! -name .archive ! -name .manifest | LC_ALL=C sort | while IFS= read -r f; do
+    if [ -L "$f" ]; then echo "link $f $(readlink "$f")"
+    elif [ -f "$f" ]; then echo "file $f $(sha256sum < "$f" | cut -d' ' -f1)"
+    else echo "dir $f"; fi
+  done)
+}
 for v in "${positions[@]}"; do
   sum=$(sha256sum "$bundle/$v.tar.gz" | cut -d' ' -f1)
   if [ -f "$out/$v/.archive" ] && [ "$(cat "$out/$v/.archive")" = "$sum" ] && [ -x "$out/$v/llama-completion" ] \
      && { [ "$server" != 1 ] || [ "$v" != full ] || [ -x "$out/$v/llama-server" ]; }; then
-    echo "$v: unchanged since its last build (archive ${sum:0:12}), reused"
-    continue
+    if [ -f "$out/$v/.manifest" ] && [ "$(manifest "$out/$v")" = "$(cat "$out/$v/.manifest")" ]; then
+      echo "$v: unchanged since its last build (archive ${sum:0:12}), reused"
+      continue
+    fi
+    echo "$v: $out/$v is not what its last build wrote (a file changed, added or removed, or no .manifest): rebuilt"
   fi
   rm -rf "$work/$v" && mkdir -p "$work/$v"
   tar xzf "$bundle/$v.tar.gz" -C "$work/$v"
@@ -63,6 +75,7 @@ PY
   t1=$(date +%s)
   echo "$v: make $((t1-t0)) s, $(grep -c 'Building' "$out/make-$v.log" || true) objects"
   rm -rf "${out:?}/$v" && mkdir -p "$out/$v" && cp -a "$work/bld/bin/." "$out/$v/"
+  manifest "$out/$v" > "$out/$v/.manifest"
   echo "$sum" > "$out/$v/.archive"
 done
 sha256sum "$out"/*/libggml-cuda.so "$out"/*/libggml-base.so "$out"/*/libllama.so | tee "$out/artifact-sha256.txt"

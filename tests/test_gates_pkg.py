@@ -2104,3 +2104,53 @@ def test_gates_cpu_reports_each_required_check_per_model_as_a_part():
         ("a.gemma3", "fail", "llama-perplexity exit 1"), ("b.gemma3", "fail", "llama-perplexity exit 1"),
         ("d.jamba", "pass", ""), ("d.mamba", "fail", "no refusal")]
     assert gate_parts(result, {"a"}) == [("a.llama", "pass", ""), ("a.gemma3", "fail", "llama-perplexity exit 1")]
+
+
+def test_device_build_reuses_a_position_only_while_its_files_are_the_ones_it_built(tmp_path: Path):
+    """gates/device_build.sh with cmake and make stood in for: a second call with the same archive reuses the build;
+    once a file of it changed, a file was added or its manifest is gone, the position is rebuilt, saying why."""
+    import subprocess
+    import tarfile
+
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "cmake").write_text('#!/bin/sh\nwhile [ "$1" != -B ]; do shift; done\nmkdir -p "$2"\n'
+                                 'touch "$2/CMakeCache.txt"\n')
+    (tools / "make").write_text(f'#!/bin/sh\necho make >> {tmp_path}/makes\nd=$2\nmkdir -p "$d/bin"\n'
+                                'for f in llama-completion libggml-cuda.so libggml-base.so libllama.so.0; do\n'
+                                '  echo "$f built" > "$d/bin/$f"; done\nchmod +x "$d/bin/llama-completion"\n'
+                                'ln -sf libllama.so.0 "$d/bin/libllama.so"\necho "Building CXX object x"\n')
+    for t in tools.iterdir():
+        t.chmod(0o755)
+    src = tmp_path / "src" / "llama.cpp"
+    src.mkdir(parents=True)
+    (src / "CMakeLists.txt").write_text("project(x)\n")
+    bundle, work = tmp_path / "bundle", tmp_path / "work"
+    bundle.mkdir()
+    work.mkdir()
+    with tarfile.open(bundle / "full.tar.gz", "w:gz") as t:
+        t.add(src, arcname="llama.cpp")
+    script = Path(__file__).resolve().parent.parent / "gates" / "device_build.sh"
+    env = dict(os.environ, PATH=f"{tools}:{os.environ['PATH']}")
+
+    def build() -> str:
+        r = subprocess.run(["bash", str(script), str(bundle), "out", "2"], cwd=work, env=env, capture_output=True,
+                           text=True)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    def makes() -> int:
+        return len((tmp_path / "makes").read_text().splitlines())
+
+    assert "full: make" in build() and makes() == 1
+    out = work / "out" / "full"
+    assert "link ./libllama.so libllama.so.0" in (out / ".manifest").read_text()
+    assert "reused" in build() and makes() == 1
+    (out / "libllama.so.0").write_text("someone else's library\n")
+    assert "is not what its last build wrote" in build() and makes() == 2
+    assert (out / "libllama.so.0").read_text() == "libllama.so.0 built\n"
+    (out / "extra.so").write_text("added\n")
+    assert "is not what its last build wrote" in build() and makes() == 3 and not (out / "extra.so").exists()
+    (out / ".manifest").unlink()
+    assert "is not what its last build wrote" in build() and makes() == 4
+    assert "reused" in build() and makes() == 4
