@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
 import re
@@ -206,9 +207,26 @@ def parse_windows(text: str) -> list[dict]:
 
 
 def ensure_model(path: Path, args: list[str]) -> Path:
-    """Generate a synthetic GGUF with make_model (deterministic bytes) unless it is already there."""
-    if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if make_model.main(["-o", str(path), *args]) != 0:
-            raise GateError(f"make_model failed for {path}")
+    """A synthetic GGUF made by make_model with args (deterministic bytes), reused only while it is the one made here.
+
+    Beside it, `<name>.stamp` records the arguments and the file's sha256; a model without a stamp, made with other
+    arguments, or whose bytes changed since (a run cut short, an older generator, a file put there by hand) is made
+    again. The model is written under a temporary name and renamed, so a cut-short run never leaves half a model.
+    """
+    stamp = path.with_name(path.name + ".stamp")
+    if path.is_file() and stamp.is_file():
+        try:
+            rec = json.loads(stamp.read_text())
+        except ValueError:
+            rec = {}
+        if rec.get("args") == list(args) and rec.get("sha256") == sha256(path):
+            return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    stamp.unlink(missing_ok=True)
+    part = path.with_name(path.stem + ".part" + path.suffix)
+    if make_model.main(["-o", str(part), *args]) != 0:
+        part.unlink(missing_ok=True)
+        raise GateError(f"make_model failed for {path}")
+    os.replace(part, path)
+    stamp.write_text(json.dumps({"args": list(args), "sha256": sha256(path)}))
     return path

@@ -2154,3 +2154,32 @@ def test_device_build_reuses_a_position_only_while_its_files_are_the_ones_it_bui
     (out / ".manifest").unlink()
     assert "is not what its last build wrote" in build() and makes() == 4
     assert "reused" in build() and makes() == 4
+
+
+def test_ensure_model_reuses_a_model_only_while_it_is_the_one_made_with_those_arguments(tmp_path: Path,
+                                                                                        monkeypatch: pytest.MonkeyPatch):
+    from gates import common, make_model
+
+    calls: list[list[str]] = []
+    real = make_model.main
+
+    def counted(argv: list[str]) -> int:
+        calls.append(argv)
+        return real(argv)
+
+    monkeypatch.setattr(make_model, "main", counted)
+    path, args = tmp_path / "m.gguf", ["--layers", "2", "--n-embd", "128"]
+    common.ensure_model(path, args)
+    made = path.read_bytes()
+    assert len(calls) == 1 and not list(tmp_path.glob("*.part*"))
+    assert json.loads((tmp_path / "m.gguf.stamp").read_text())["args"] == args
+    common.ensure_model(path, args)
+    assert len(calls) == 1  # the same model: reused
+    path.write_bytes(made[:-1] + bytes([made[-1] ^ 1]))  # one bit changed since
+    common.ensure_model(path, args)
+    assert len(calls) == 2 and path.read_bytes() == made
+    common.ensure_model(path, ["--layers", "3", "--n-embd", "128"])  # other arguments: another model
+    assert len(calls) == 3 and path.read_bytes() != made
+    (tmp_path / "m.gguf.stamp").unlink()  # a model nobody vouches for
+    common.ensure_model(path, args)
+    assert len(calls) == 4 and path.read_bytes() == made
