@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 FT := $(VENV)/bin/forktool
 
-.PHONY: main setup test test-slow lint bench gates-cpu clean-build cuda-toolkit
+.PHONY: main setup test test-slow lint bench gates-cpu clean-build cuda-toolkit device-kit
 
 # the user's cache for the jobs that fetch the real upstream; the tests use their own (tests/conftest.py)
 main gates-cpu bench: export FORKTOOL_CACHE ?= $(HOME)/.cache/forktool
@@ -42,6 +42,20 @@ gates-cpu: setup
 	$(FT) build --profile cpu
 	$(FT) gates 0072
 	$(FT) gates 0073
+
+# what a GPU machine without network needs to run `forktool gates 0089` through gates/run_within.sh (KIT=DIR): the
+# series positions' source archives (gates.bundle) and the wheels of forktool and gates.make_model for its Python
+# (numpy, torch and matplotlib are expected there)
+DEVICE_PYTHON ?= 3.12
+DEVICE_KIT ?= build/device-kit
+device-kit: setup
+	$(FT) vendor fetch
+	$(PY) -m gates.bundle --out $(DEVICE_KIT)/bundle
+	$(PY) -m pip download -q --only-binary=:all: --platform manylinux2014_x86_64 --implementation cp \
+	  --python-version $(DEVICE_PYTHON) -d $(DEVICE_KIT)/wheels \
+	  gitpython typer rich jinja2 pyyaml tree-sitter tree-sitter-cpp jsonschema unidiff
+	$(PY) -m pip download -q --no-deps --only-binary=:all: -d $(DEVICE_KIT)/wheels gguf
+	@du -sh $(DEVICE_KIT)
 
 test: setup
 	$(PY) -m pytest -q

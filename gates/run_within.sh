@@ -7,12 +7,30 @@
 #   usage: gates/run_within.sh OUT LIMIT_S GATE[:EST_S[:GPU_GATES_ARGS]]...
 #   e.g.   gates/run_within.sh "$OUT" 585 a:480 "b:110:--bench-rounds 15" c:260 d:150
 #   FORKTOOL   how to run forktool (default: python3 -m forktool)
-#   GPU_GATES_BUNDLE is passed through (archives made elsewhere by python -m gates.bundle)
+#   KIT        a folder `make device-kit` wrote elsewhere (carried to a machine without network): its bundle/ is
+#              the GPU_GATES_BUNDLE, its wheels/ are installed once into ~/.forktool-kit (pip --no-index) for
+#              python3, and the repository root goes on PYTHONPATH
+#   GPU_GATES_BUNDLE is passed through otherwise (archives made elsewhere by python -m gates.bundle)
 set -u
 [ $# -ge 3 ] || { echo "usage: $0 OUT LIMIT_S GATE[:EST_S[:ARGS]]..." >&2; exit 2; }
 out=$1; limit=$2; shift 2
 case $limit in ''|*[!0-9]*) echo "run_within: LIMIT_S must be whole seconds, not '$limit'" >&2; exit 2;; esac
 mkdir -p "$out/gates" || exit 2
+if [ -n "${KIT:-}" ]; then
+  [ -d "$KIT/bundle" ] || { echo "run_within: KIT=$KIT has no bundle/ (make device-kit writes one)" >&2; exit 2; }
+  export GPU_GATES_BUNDLE=$KIT/bundle
+  if [ -d "$KIT/wheels" ]; then
+    site=$HOME/.forktool-kit
+    if [ ! -f "$site/.installed" ] || [ "$(cat "$site/.installed")" != "$(ls "$KIT/wheels" | sha256sum)" ]; then
+      rm -rf "$site"
+      python3 -m pip install -q --no-index --no-deps --target "$site" "$KIT"/wheels/*.whl > "$out/gates/pip.log" 2>&1 \
+        || { echo "run_within: installing $KIT/wheels failed (see $out/gates/pip.log)" >&2; exit 2; }
+      ls "$KIT/wheels" | sha256sum > "$site/.installed"
+    fi
+    export PYTHONPATH=$site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+  fi
+  [ -d /usr/local/cuda/lib64 ] && export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
 read -r -a forktool <<< "${FORKTOOL:-python3 -m forktool}"
 t0=$(date +%s)
 worst=0

@@ -2089,6 +2089,19 @@ def test_run_within_runs_each_gate_alone_skips_what_no_longer_fits_and_packs_eve
     assert not any(n.startswith("gates/3-c") for n in names)
     bad = subprocess.run(["bash", str(script), str(out), "ten", "a"], cwd=work, capture_output=True, text=True)
     assert bad.returncode == 2 and "LIMIT_S must be whole seconds, not 'ten'" in bad.stderr
+    # KIT: its bundle/ becomes GPU_GATES_BUNDLE; a kit without one is refused before anything runs
+    kit = tmp_path / "kit"
+    (kit / "bundle").mkdir(parents=True)
+    fake.write_text('#!/bin/sh\necho "bundle=$GPU_GATES_BUNDLE"\n')
+    r = subprocess.run(["bash", str(script), str(out / "k"), "100", "e"], cwd=work, capture_output=True, text=True,
+                       env=dict(os.environ, FORKTOOL=str(fake), KIT=str(kit)))
+    assert r.returncode == 0, r.stderr
+    with tarfile.open(out / "k" / "gates.tgz") as t:
+        assert t.extractfile("gates/1-e.forktool.txt").read().decode() == f"bundle={kit}/bundle\n"
+    (kit / "bundle").rmdir()
+    r = subprocess.run(["bash", str(script), str(out / "k2"), "100", "e"], cwd=work, capture_output=True, text=True,
+                       env=dict(os.environ, FORKTOOL=str(fake), KIT=str(kit)))
+    assert r.returncode == 2 and "has no bundle/ (make device-kit writes one)" in r.stderr
 
 
 def test_gates_cpu_reports_each_required_check_per_model_as_a_part():
