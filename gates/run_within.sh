@@ -32,6 +32,11 @@ if [ -n "${KIT:-}" ]; then
   [ -d /usr/local/cuda/lib64 ] && export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
 read -r -a forktool <<< "${FORKTOOL:-python3 -m forktool}"
+# each gate starts from empty result folders, so that no file is put down to a gate that did not write it; what an
+# earlier run left there is kept apart first
+for d in build/gpu-gates/out build/gates; do
+  if [ -d "$d" ]; then mkdir -p "$out/gates/0-earlier/$d" && cp -r "$d/." "$out/gates/0-earlier/$d/"; fi
+done
 t0=$(date +%s)
 worst=0
 i=0

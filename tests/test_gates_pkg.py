@@ -2072,7 +2072,8 @@ def test_run_within_runs_each_gate_alone_skips_what_no_longer_fits_and_packs_eve
                     '[ "$GPU_GATES_ONLY" = b ] && exit 1; exit 0\n')
     fake.chmod(0o755)
     work, out = tmp_path / "work", tmp_path / "out"
-    work.mkdir()
+    (work / "build" / "gpu-gates" / "out").mkdir(parents=True)
+    (work / "build" / "gpu-gates" / "out" / "gpu_gates.json").write_text('{"earlier": true}')  # a run before
     script = Path(__file__).resolve().parent.parent / "gates" / "run_within.sh"
     r = subprocess.run(["bash", str(script), str(out), "100", "a:1", "b:2:--bench-rounds 15", "c:500", "d"],
                        cwd=work, env=dict(os.environ, FORKTOOL=str(fake)), capture_output=True, text=True)
@@ -2086,6 +2087,7 @@ def test_run_within_runs_each_gate_alone_skips_what_no_longer_fits_and_packs_eve
     assert json.loads(doc["gates/4-d/gpu_gates.json"]) == {"d": ""}
     assert doc["gates/1-a.forktool.txt"] == "forktool gates 0089 a\n"
     assert "gates/1-a/0089.log" in names and "gates/summary.txt" in names
+    assert json.loads(doc["gates/0-earlier/build/gpu-gates/out/gpu_gates.json"]) == {"earlier": True}  # kept apart
     assert not any(n.startswith("gates/3-c") for n in names)
     bad = subprocess.run(["bash", str(script), str(out), "ten", "a"], cwd=work, capture_output=True, text=True)
     assert bad.returncode == 2 and "LIMIT_S must be whole seconds, not 'ten'" in bad.stderr
