@@ -31,6 +31,11 @@ class CalledProcessError(ForktoolError):
     """A subprocess exited non-zero; the message carries command, code and output."""
 
 
+def _not_found(args: tuple[str, ...]) -> ForktoolError:
+    return ForktoolError(f"command not found: {args[0]}", where=" ".join(args),
+                         hint=f"install {args[0]} or put it on PATH")
+
+
 def _clean_env(env: Mapping[str, str] | None) -> dict[str, str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     # git must not pick up a user's pager, editor or locale-dependent output
@@ -49,8 +54,7 @@ def run(argv: Sequence[str | os.PathLike[str]], *, cwd: Path | None = None, chec
                             stdout=subprocess.PIPE if capture else None,
                             stderr=subprocess.PIPE if capture else None)
     except FileNotFoundError as e:
-        raise ForktoolError(f"command not found: {args[0]}", where=" ".join(args),
-                            hint=f"install {args[0]} or put it on PATH") from e
+        raise _not_found(args) from e
     except subprocess.TimeoutExpired as e:
         raise ForktoolError(f"command timed out after {timeout} s: {' '.join(args)}", where=str(cwd or Path.cwd()),
                             details=[f"stderr: {_tail(e.stderr or b'')}"]) from e
@@ -73,8 +77,7 @@ def stream(argv: Sequence[str | os.PathLike[str]], *, cwd: Path | None = None, c
         p = subprocess.Popen(args, cwd=cwd, env=_clean_env(env), stdin=subprocess.DEVNULL,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     except FileNotFoundError as e:
-        raise ForktoolError(f"command not found: {args[0]}", where=" ".join(args),
-                            hint=f"install {args[0]} or put it on PATH") from e
+        raise _not_found(args) from e
     assert p.stdout is not None
     with p:
         for raw in p.stdout:
@@ -127,8 +130,7 @@ def run_session(argv: Sequence[str | os.PathLike[str]], *, cwd: Path | None = No
             p = subprocess.Popen(args, cwd=cwd, env=_clean_env(env), stdin=subprocess.DEVNULL,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         except FileNotFoundError as e:
-            raise ForktoolError(f"command not found: {args[0]}", where=" ".join(args),
-                                hint=f"install {args[0]} or put it on PATH") from e
+            raise _not_found(args) from e
         started.append(p)
         timed_out = False
         with p:

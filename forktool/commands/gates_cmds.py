@@ -180,11 +180,12 @@ def gates(project: Project, patch_id: str | None, name: str | None, list_only: b
         ok = result == "pass"
         failed += result == "fail"
         unchecked += result == "not checked"
+        reason = f"timed out after {g.timeout} s" if timed_out else ""
         tail = err_text.strip().splitlines()[-8:]
         if timed_out:
-            tail.append(f"timed out after {g.timeout} s (the registry's timeout); every process it started was stopped")
+            tail.append(f"{reason} (the registry's timeout); every process it started was stopped")
         rows.append(row | {"result": result, "exit_code": r.returncode, "timed_out": timed_out, "seconds": round(dt, 1),
-                           "reason": (f"timed out after {g.timeout} s" if timed_out else ""),
+                           "reason": reason,
                            "parts": parts,
                            "log": log, "stdout": r.out[-4000:]})
         mark = {"pass": "[green]pass[/green]", "not checked": "[yellow]not checked[/yellow]"}.get(result, "[red]FAIL[/red]")
