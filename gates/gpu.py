@@ -1209,10 +1209,24 @@ def linear_fit(pts: list[dict]) -> dict:
             "effective_gbps": round(MIB / 1e9 / (slope / 1e3), 2) if slope > 0 else None}
 
 
+def builds_used(a: argparse.Namespace) -> dict[str, Path]:
+    """The builds the chosen gates run ({name: bin directory}), the ones checked (own libraries, compiler) before any
+    gate: the series without 0089 only where gate a runs (no other gate uses it), so a machine without time for that
+    build can run the others."""
+    builds = {"full": a.full_bin}
+    if "a" in a.only.split(","):
+        builds["pre0089"] = a.pre_bin
+    builds["upstream"] = a.upstream_bin
+    if a.before_bin:
+        builds["before"] = a.before_bin
+    return builds
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m gates.gpu", description=__doc__)
     ap.add_argument("--full-bin", type=Path, required=True, help="CUDA build of the whole series")
-    ap.add_argument("--pre-bin", type=Path, required=True, help="CUDA build of the series without 0089")
+    ap.add_argument("--pre-bin", type=Path, required=True,
+                    help="CUDA build of the series without 0089 (gate a's alone)")
     ap.add_argument("--upstream-bin", type=Path, required=True, help="CUDA build of unpatched upstream")
     ap.add_argument("--before-bin", type=Path, help="optional: another full-series build to compare (before a change)")
     ap.add_argument("--work", type=Path, default=Path("build/gpu-gates"))
@@ -1321,9 +1335,7 @@ def main(argv: list[str] | None = None) -> int:
     note = upstream_note(a)
     if note:
         log(f"note: {note}")
-    builds = {"full": a.full_bin, "pre0089": a.pre_bin, "upstream": a.upstream_bin}
-    if a.before_bin:
-        builds["before"] = a.before_bin
+    builds = builds_used(a)
     try:
         libraries = check_own_libraries({k: need_tool(v, "llama-completion") for k, v in builds.items()},
                                         dict(os.environ))

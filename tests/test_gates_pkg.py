@@ -542,6 +542,23 @@ def test_gpu_before_copy_runs_the_full_build_on_the_copying_path(tmp_path: Path)
                     "--compare-debug", "no-tail-segments", "--before-copy"])
 
 
+def test_gpu_needs_the_build_without_0089_only_for_gate_a(tmp_path: Path, capsys: pytest.CaptureFixture):
+    # no other gate runs the series without 0089, so a machine without time for that build runs the others
+    from gates.gpu import builds_used, main, parse_args
+
+    full, up, missing = tmp_path / "full", tmp_path / "upstream", tmp_path / "pre0089-not-built"
+    args = ["--full-bin", str(full), "--pre-bin", str(missing), "--upstream-bin", str(up)]
+    assert builds_used(parse_args([*args, "--only", "b,h"])) == {"full": full, "upstream": up}
+    assert builds_used(parse_args([*args, "--only", "g,a"])) == {"full": full, "pre0089": missing, "upstream": up}
+    assert list(builds_used(parse_args([*args, "--before-copy"]))) == ["full", "pre0089", "upstream", "before"]
+    # where gate a runs, the missing build stops it before any gate, naming the program and where it was looked for
+    for d in (full, up):
+        d.mkdir()
+        fake_tool(d / "llama-completion", "echo ok")
+    assert main([*args, "--only", "a", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o")]) == 2
+    assert f"llama-completion not found in {missing}" in capsys.readouterr().err
+
+
 def _up(config: str, budget: int, ctx: int, fits: bool, pp: float | str = "", tg: float | str = "",
         kv_ctx: int | None = None) -> dict:
     return {"ctx": ctx, "budget_mib": budget, "config": config, "fits_budget": fits, "prefill_tps": pp,
