@@ -16,6 +16,16 @@ class Gate:
     command: tuple[str, ...]
     proves: str
     timeout: int
+    parts: tuple[tuple[str, str], ...] = ()  # (name, what it checks) of a gate made of parts, in the registry's order
+
+    def part_of(self, reported: str) -> str | None:
+        """The declared part a reported part belongs to: its own name, or its family before the first '.' (gates.cpu
+        reports `a.llama` for part a on one model); None where the registry declares neither."""
+        names = dict(self.parts)
+        if reported in names:
+            return reported
+        family = reported.split(".", 1)[0]
+        return family if family in names else None
 
 
 @dataclass(frozen=True)
@@ -74,7 +84,8 @@ def from_data(top: dict, path: Path) -> Registry:
         if pid in seen:
             raise ConfigError(f"duplicate patch id {pid}", where=f"{w}.id")
         seen.add(pid)
-        gates = tuple(Gate(g["name"], tuple(g["needs"]), tuple(g["command"]), g["proves"], g.get("timeout", 1800))
+        gates = tuple(Gate(g["name"], tuple(g["needs"]), tuple(g["command"]), g["proves"], g.get("timeout", 1800),
+                           tuple((g.get("parts") or {}).items()))
                       for g in d.get("gates") or [])
         reg.patches.append(PatchEntry(
             pid, d["file"], d["title"], d.get("bug", ""), d["status"], d.get("shipped", ""), tuple(d["build_impact"]),
@@ -86,8 +97,11 @@ def from_data(top: dict, path: Path) -> Registry:
 
 
 def gate_data(g: Gate) -> dict:
-    return {"name": g.name, "needs": list(g.needs), "command": list(g.command), "proves": g.proves,
-            "timeout": g.timeout}
+    d = {"name": g.name, "needs": list(g.needs), "command": list(g.command), "proves": g.proves,
+         "timeout": g.timeout}
+    if g.parts:
+        d["parts"] = dict(g.parts)
+    return d
 
 
 def patch_data(p: PatchEntry) -> dict:

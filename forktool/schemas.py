@@ -101,7 +101,15 @@ GATE = obj({"name": {**LINE, "minLength": 1}, "needs": {"type": "array", "minIte
                                                         "x-error": "needs must be a non-empty list of cpu, cuda"},
             "command": {**strings(min_items=1), "x-error": "command must be a non-empty list of strings"},
             "proves": TEXT, "timeout": {"type": "integer", "minimum": 1, "maximum": 7 * 24 * 3600,
-                                        "x-error": "timeout must be whole seconds between 1 and 604800"}},
+                                        "x-error": "timeout must be whole seconds between 1 and 604800"},
+            # what each part of a gate made of parts checks (the program names the parts it ran: `forktool gates`)
+            "parts": {"type": "object", "minProperties": 1, "maxProperties": 100,
+                      "propertyNames": {"pattern": r"^[a-z0-9][a-z0-9_-]*\Z", "maxLength": 40,
+                                        "x-error": "a part's name is lower-case letters, digits, _ or - (a, b, ...)"},
+                      "additionalProperties": {**LINE, "minLength": 1,
+                                               "x-error": "a part's sentence is one line saying what it checks"},
+                      "x-error": "parts maps a part's name (a, b, ... : lower-case letters, digits, _ or -) to one line "
+                                 "saying what that part checks"}},
            ["name", "needs", "command", "proves"])
 REGISTRY_PATCH = obj({
     "id": {**PATCH_ID, "x-error": "patch id must be four digits (quote it: '0070')"}, "file": PATCH_NAME,

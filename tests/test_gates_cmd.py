@@ -53,12 +53,77 @@ def test_a_gate_refuses_a_build_of_another_series(rp: Proj, tmp_path: Path):
     assert "+0070." in err  # the stamp of the series as applied now names its top
 
 
-def with_parts_gate(p: Proj, script: str) -> None:
-    """A gate whose program (sh `script`) reports parts the way gates/gpu.py does."""
+def with_parts_gate(p: Proj, script: str, parts: dict[str, str] | None = None) -> None:
+    """A gate whose program (sh `script`) reports parts the way gates/gpu.py does; `parts` its registry declares."""
     reg = copy.deepcopy(REG)
     reg["patches"][0]["gates"] = [{"name": "parts", "needs": ["cpu"], "command": ["sh", "-c", script],
-                                   "proves": "every part holds"}]
+                                   "proves": "every part holds"} | ({"parts": parts} if parts else {})]
     write_reg(p, reg)
+
+
+DECLARED = {"a": "the build boots", "b": "resident keeps its speed", "c": "window logits equal resident"}
+
+
+def test_a_gate_that_ran_some_declared_parts_claims_only_theirs(rp: Proj):
+    # the verdict line never carries the whole gate's claim where part of it did not run
+    with_parts_gate(rp, "echo 'forktool-gate-part b: pass'", DECLARED)
+    code, out, err = rp.run("gates", "0070")
+    text = out + err
+    assert code == 0 and "pass 0070 parts" in text and "1 of its 3 parts ran" in text
+    assert "    b pass: resident keeps its speed" in text
+    assert "not run, so not checked: a, c" in text
+    assert "every part holds" not in text and "the build boots" not in text and "logits equal" not in text
+    _code, out, _err = rp.run("gates", "0070", "--json")
+    row = json.loads(out)["gates"][0]
+    assert (row["result"], row["parts_not_run"]) == ("pass", ["a", "c"])
+
+
+def test_declared_parts_gather_their_members_and_say_what_did_not_pass(rp: Proj):
+    # gates.cpu reports part a once per model (a.llama, a.gemma3): part a is the worst of them
+    with_parts_gate(rp, "echo 'forktool-gate-part a.llama: pass'; echo 'forktool-gate-part a.gemma3: fail: bytes "
+                        "differ'; echo 'forktool-gate-part c.llama: pass'; echo 'forktool-gate-part z: pass'; exit 1",
+                    DECLARED)
+    code, out, err = rp.run("gates", "0070", expect=1)
+    text = out + err
+    assert "FAIL 0070 parts" in text and "2 of its 3 parts ran" in text
+    assert "    a fail: the build boots [a.llama, a.gemma3]" in text
+    assert "      a.gemma3 fail: bytes differ" in text
+    assert "    c pass: window logits equal resident [c.llama]" in text
+    assert "    z pass (a part the registry does not declare)" in text
+    assert "not run, so not checked: b" in text
+
+
+def test_a_gate_declared_in_parts_that_names_none_is_not_checked(rp: Proj):
+    # exit 0 alone does not say which of its claims were checked
+    with_parts_gate(rp, "echo all good", DECLARED)
+    code, out, err = rp.run("gates", "0070", "--json", expect=1)
+    row = json.loads(out)["gates"][0]
+    assert row["result"] == "not checked" and row["exit_code"] == 0
+    assert row["reason"].startswith("it exited 0 without naming any of its parts (a, b, c)")
+    code, out, err = rp.run("gates", "0070", expect=1)
+    assert "not checked 0070 parts" in out + err and "nothing says what it checked" in out + err
+
+
+def test_gates_list_shows_each_declared_part(rp: Proj):
+    with_parts_gate(rp, "true", DECLARED)
+    _code, out, err = rp.run("gates", "--list")
+    assert "    part b: resident keeps its speed" in out + err
+    _code, out, _err = rp.run("gates", "--list", "--json")
+    assert json.loads(out)["gates"][0]["parts"] == DECLARED
+
+
+def test_the_registry_refuses_a_part_without_a_sentence_or_with_a_bad_name(rp: Proj):
+    import yaml
+
+    for parts, says, where in (({"a": ""}, "a part's sentence is one line saying what it checks", "gates[0].parts.a"),
+                               ({"A b": "x"}, "a part's name is lower-case letters", "gates[0].parts")):
+        reg = copy.deepcopy(REG)
+        reg["patches"][0]["gates"][0]["parts"] = parts
+        (rp.root / "registry" / "UPSTREAM_SYNC.yaml").write_text(yaml.safe_dump(reg, sort_keys=False))
+        before = rp.state_digest()
+        code, _out, err = rp.run("gates", "--list", expect=1)
+        assert says in err and f"registry/UPSTREAM_SYNC.yaml: patches[0].{where}" in err
+        assert rp.state_digest() == before
 
 
 def test_gate_parts_and_their_verdicts_are_read_from_the_program_lines():

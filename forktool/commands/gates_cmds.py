@@ -43,6 +43,39 @@ def judge(exit_code: int, parts: list[dict]) -> str:
     return "not checked" if "not checked" in verdicts else "pass"
 
 
+VERDICT_ORDER = ("fail", "not checked", "pass")
+
+
+def part_lines(g: rg.Gate, parts: list[dict]) -> tuple[list[str], list[str]]:
+    """What a gate made of parts checked, as report lines, and the parts its registry entry declares that did not run.
+
+    Each declared part that ran gets one line with its verdict (the worst of its members: gates.cpu reports `a.llama`,
+    `a.gemma3` for part a) and the registry's sentence for it; a member that did not pass adds its reason. A part the
+    registry does not declare is listed as such. Nothing is said to be checked that did not run. Every text a program
+    or the registry gave is shown as is (a part name like `[a.llama]` is not rich markup)."""
+    esc = output.escape
+    lines: list[str] = []
+    members: dict[str, list[dict]] = {}
+    for p in parts:
+        members.setdefault(g.part_of(p["part"]) or "", []).append(p)
+    for name, claim in g.parts:
+        ran = members.get(name)
+        if not ran:
+            continue
+        verdict = min((p["verdict"] for p in ran), key=VERDICT_ORDER.index)
+        sub = [p["part"] for p in ran if p["part"] != name]
+        lines.append(esc(f"    {name} {verdict}: {claim}" + (f" [{', '.join(sub)}]" if sub else "")))
+        lines += [esc(f"      {p['part']} {p['verdict']}: {p['why']}") for p in ran
+                  if p["why"] and p["verdict"] != "pass"]
+    for p in members.get("", []):
+        lines.append(esc(f"    {p['part']} {p['verdict']} (a part the registry does not declare)"
+                         + (f": {p['why']}" if p["why"] else "")))
+    not_run = [name for name, _ in g.parts if name not in members]
+    if not_run:
+        lines.append(esc(f"    not run, so not checked: {', '.join(not_run)}"))
+    return lines, not_run
+
+
 def have_cuda() -> tuple[bool, str]:
     if os.environ.get("FORKTOOL_NO_CUDA"):
         return False, "FORKTOOL_NO_CUDA is set"
@@ -142,12 +175,13 @@ def gates(project: Project, patch_id: str | None, name: str | None, list_only: b
         row: dict = {"patch": pid, "gate": g.name, "needs": list(g.needs), "proves": g.proves}
         missing = [n for n in g.needs if n == "cuda" and not cuda]
         if list_only:
-            rows.append(row | {"command": list(g.command)})
-            lines.append(f"{pid} {g.name} (needs {', '.join(g.needs)}): {g.proves}")
+            rows.append(row | {"command": list(g.command)} | ({"parts": dict(g.parts)} if g.parts else {}))
+            lines.append(output.escape(f"{pid} {g.name} (needs {', '.join(g.needs)}): {g.proves}"))
+            lines += [output.escape(f"    part {name}: {claim}") for name, claim in g.parts]
             continue
         if missing:
             rows.append(row | {"result": "skipped", "reason": f"needs cuda: {why}"})
-            lines.append(f"[yellow]skip[/yellow] {pid} {g.name}: needs a CUDA GPU ({why})")
+            lines.append(f"[yellow]skip[/yellow] {pid} {g.name}: needs a CUDA GPU (" + output.escape(why) + ")")
             continue
         ph = placeholders(project, g.needs)
         try:
@@ -177,24 +211,39 @@ def gates(project: Project, patch_id: str | None, name: str | None, list_only: b
         err_text = r.stderr.decode("utf-8", "replace")
         parts = gate_parts(r.out + "\n" + err_text)
         result = "fail" if timed_out else judge(r.returncode, parts)
+        reason = f"timed out after {g.timeout} s" if timed_out else ""
+        if g.parts and not parts and result == "pass":
+            # a gate the registry declares in parts that named none of them says nothing of what it checked
+            result = "not checked"
+            reason = (f"it exited 0 without naming any of its parts ({', '.join(n for n, _ in g.parts)}): "
+                      f"nothing says what it checked")
         ok = result == "pass"
         failed += result == "fail"
         unchecked += result == "not checked"
-        reason = f"timed out after {g.timeout} s" if timed_out else ""
         tail = err_text.strip().splitlines()[-8:]
         if timed_out:
             tail.append(f"{reason} (the registry's timeout); every process it started was stopped")
+        declared, not_run = part_lines(g, parts) if g.parts and parts else ([], [])
         rows.append(row | {"result": result, "exit_code": r.returncode, "timed_out": timed_out, "seconds": round(dt, 1),
                            "reason": reason,
-                           "parts": parts,
+                           "parts": parts, "parts_not_run": not_run,
                            "log": log, "stdout": r.out[-4000:]})
         mark = {"pass": "[green]pass[/green]", "not checked": "[yellow]not checked[/yellow]"}.get(result, "[red]FAIL[/red]")
-        lines.append(f"{mark} {pid} {g.name} ({dt:.0f} s): {g.proves}")
-        if parts:
-            lines.append("    parts run: " + ", ".join(f"{p['part']} {p['verdict']}" for p in parts)
-                         + "; a part not listed did not run")
-            lines += [f"    {p['part']} {p['verdict']}: {p['why']}" for p in parts if p["why"] and p["verdict"] != "pass"]
+        if declared:
+            # the verdict covers the parts that ran: their sentences, never the whole gate's claim
+            ran = len(g.parts) - len(not_run)
+            lines.append(f"{mark} {pid} {g.name} ({dt:.0f} s): {ran} of its {len(g.parts)} parts ran")
+            lines += declared
+        else:
+            lines.append(f"{mark} {pid} {g.name} ({dt:.0f} s): " + output.escape(g.proves))
+            if parts:
+                lines.append(output.escape("    parts run: " + ", ".join(f"{p['part']} {p['verdict']}" for p in parts)
+                                           + "; a part not listed did not run"))
+                lines += [output.escape(f"    {p['part']} {p['verdict']}: {p['why']}") for p in parts
+                          if p["why"] and p["verdict"] != "pass"]
+        if reason and not timed_out:
+            lines.append(output.escape(f"    {reason}"))
         if not ok:
-            lines += [f"    {t}" for t in tail] + [f"    full log: {log}"]
+            lines += [output.escape(f"    {t}") for t in tail] + [output.escape(f"    full log: {log}")]
     return Report({"gates": rows, "cuda": cuda, "cuda_reason": why, "failed": failed, "not_checked": unchecked}, lines,
                   exit_code=1 if failed or unchecked else 0)
