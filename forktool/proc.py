@@ -112,6 +112,11 @@ def run_session(argv: Sequence[str | os.PathLike[str]], *, cwd: Path | None = No
             return
         if signum != signal.SIGINT:
             stop_group(started[0], grace)
+            # the last word before dying by the signal: what was stopped, and that it did not finish (os.write: no
+            # buffered stream is entered from a signal handler)
+            os.write(2, f"forktool: {signal.Signals(signum).name} received: stopped `{' '.join(args)[:200]}` and "
+                        f"everything it started; it did not finish, so nothing it checks was checked\n"
+                        .encode("utf-8", "replace"))
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return

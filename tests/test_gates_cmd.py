@@ -235,7 +235,7 @@ def test_sigterm_to_forktool_stops_the_gate_it_runs_then_ends_forktool_by_it(rp:
         time.sleep(0.02)
     pid = int(pidfile.read_text())
     p.send_signal(signal.SIGTERM)
-    p.communicate(timeout=30)
+    _out, err = p.communicate(timeout=30)
     gone_by = time.monotonic() + 10
     while _running(pid) and time.monotonic() < gone_by:
         time.sleep(0.05)
@@ -244,3 +244,6 @@ def test_sigterm_to_forktool_stops_the_gate_it_runs_then_ends_forktool_by_it(rp:
         os.kill(pid, signal.SIGKILL)
     assert p.returncode == -signal.SIGTERM
     assert not left, "the gate's process outlived forktool's SIGTERM"
+    # it says so before it dies: the run was stopped, not checked
+    assert b"forktool: SIGTERM received: stopped `sh -c sleep 60" in err
+    assert b"it did not finish, so nothing it checks was checked" in err
