@@ -45,6 +45,9 @@ from gates.common import (
     tool,
 )
 
+# the checks this program runs (--gates), each reported per model as a part (`a.llama`); a registry gate that runs it
+# declares the parts its --gates requires (a test holds them equal)
+CHECKS = ("a", "b", "c", "d")
 SENSITIVITY_FACTOR = 10.0    # a one-token context change must exceed TOL_MAX_ABS_DLOGP by this factor
 TOOL_RETRIES = 4             # llama-perplexity can lose its last log lines at exit (leaked async logger)
 
@@ -622,7 +625,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.decode_windows = [int(x) for x in a.decode_windows.split(",") if x]
     a.tool_kld_windows = [int(x) for x in a.tool_kld_windows.split(",") if x]
     a.required = set(a.gates.split(","))
-    if not a.required <= {"a", "b", "c", "d"}:
+    if not a.required <= set(CHECKS):
         p.error("--gates takes a comma list of a, b, c, d")
     if not a.model and not [x for x in a.archs.split(",") if x] and a.required & {"a", "b", "c"}:
         p.error(f"--archs '' leaves gate(s) {','.join(sorted(a.required - {'d'}))} no model to check; "

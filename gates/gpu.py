@@ -1209,6 +1209,12 @@ def linear_fit(pts: list[dict]) -> dict:
             "effective_gbps": round(MIB / 1e9 / (slope / 1e3), 2) if slope > 0 else None}
 
 
+# the gates this program runs (--only), each reported as a part of `forktool gates` under its letter, with the key of
+# its result in gpu_gates.json; the registry's 0089 gate declares the same parts (a test holds them equal)
+GATES = {"a": "a_boot_repro", "b": "b_resident_unchanged", "c": "c_window_equals_resident", "d": "d_curve",
+         "e": "e_compute_buffers", "f": "f_breakdown", "g": "g_budget_curve", "h": "h_repeats"}
+
+
 def builds_used(a: argparse.Namespace) -> dict[str, Path]:
     """The builds the chosen gates run ({name: bin directory}), the ones checked (own libraries, compiler) before any
     gate: the series without 0089 only where gate a runs (no other gate uses it), so a machine without time for that
@@ -1353,8 +1359,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"note: {differ}; gate b's verdict is not checked, and every other ratio to upstream carries this note")
     model = ensure_model(a.work / "synthetic-8l-2048.gguf", MODEL_ARGS)
     results: dict = {}
-    names = {"a": "a_boot_repro", "b": "b_resident_unchanged", "c": "c_window_equals_resident", "d": "d_curve",
-             "e": "e_compute_buffers", "f": "f_breakdown", "g": "g_budget_curve", "h": "h_repeats"}
+    names = GATES
     for g in a.only.split(","):
         t0 = time.monotonic()
         log(f"== gate {g}")

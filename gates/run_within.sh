@@ -55,7 +55,11 @@ for spec in "$@"; do
     > "$out/gates/$i-$g.forktool.txt" 2>&1
   rc=$?
   [ $rc -ne 0 ] && worst=1
-  echo "  $g: exit $rc at $(( $(date +%s) - t0 )) s" | tee -a "$out/gates/summary.txt"
+  if [ $rc -eq 124 ]; then  # timeout stopped forktool (and, through it, the gate's whole process group)
+    echo "  $g: stopped by the time limit at $(( $(date +%s) - t0 )) s (exit 124): not checked" | tee -a "$out/gates/summary.txt"
+  else
+    echo "  $g: exit $rc at $(( $(date +%s) - t0 )) s" | tee -a "$out/gates/summary.txt"
+  fi
   mkdir -p "$out/gates/$i-$g"
   cp -r build/gpu-gates/out/. "$out/gates/$i-$g/" 2>/dev/null
   cp build/gates/*.log "$out/gates/$i-$g/" 2>/dev/null

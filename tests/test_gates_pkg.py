@@ -2123,6 +2123,23 @@ def test_run_within_runs_each_gate_alone_skips_what_no_longer_fits_and_packs_eve
     assert r.returncode == 2 and "has no bundle/ (make device-kit writes one)" in r.stderr
 
 
+def test_run_within_says_a_gate_its_time_limit_stopped_was_not_checked(tmp_path: Path):
+    import tarfile
+
+    fake = tmp_path / "forktool"
+    fake.write_text("#!/bin/sh\nexec sleep 30\n")
+    fake.chmod(0o755)
+    work, out = tmp_path / "work", tmp_path / "out"
+    work.mkdir()
+    script = Path(__file__).resolve().parent.parent / "gates" / "run_within.sh"
+    r = subprocess.run(["bash", str(script), str(out), "2", "a:1"], cwd=work, env=dict(os.environ, FORKTOOL=str(fake)),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert re.search(r"  a: stopped by the time limit at \d+ s \(exit 124\): not checked", r.stdout), r.stdout
+    with tarfile.open(out / "gates.tgz") as t:
+        assert "not checked" in t.extractfile("gates/summary.txt").read().decode()
+
+
 def test_gates_cpu_reports_each_required_check_per_model_as_a_part():
     """gates.cpu's parts for `forktool gates`: the required checks only (a check that ran but was not asked for does
     not count), a model stopped by an error fails each part it owed, and (d) per fallback model."""
@@ -2215,3 +2232,26 @@ def test_ensure_model_reuses_a_model_only_while_it_is_the_one_made_with_those_ar
     (tmp_path / "m.gguf.stamp").unlink()  # a model nobody vouches for
     common.ensure_model(path, args)
     assert len(calls) == 4 and path.read_bytes() == made
+
+
+def test_the_registry_declares_the_parts_each_gate_program_reports():
+    # `forktool gates` prints the registry's sentence of each part a program reports and names the declared parts
+    # that did not run: a part the registry does not declare, or one no program can report, would make that wrong
+    from forktool import registry as rg
+    from gates import cpu, gpu
+
+    reg = rg.load(ROOT / "registry" / "UPSTREAM_SYNC.yaml")
+    seen = 0
+    for patch in reg.patches:
+        for g in patch.gates:
+            cmd = list(g.command)
+            if "gates/run_gpu_gates.sh" in cmd:
+                assert [n for n, _ in g.parts] == list(gpu.GATES), g.name
+            elif "gates.cpu" in cmd:
+                required = cmd[cmd.index("--gates") + 1] if "--gates" in cmd else ",".join(cpu.CHECKS)
+                assert [n for n, _ in g.parts] == required.split(","), g.name
+            else:
+                assert not g.parts, f"{g.name} declares parts its program does not report"
+                continue
+            seen += 1
+    assert seen == 3  # cpu-logits, cpu-span, gpu-boot-resident-window-curve
