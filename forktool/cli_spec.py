@@ -255,8 +255,8 @@ COMMANDS = [
     Command(("package", "verify"), "Re-check a release's sums and manifest; fails on any tampering.",
             [Param("directory", kind="arg", default=REQUIRED, help="A release directory made by `forktool package`."),
              JSON], _package_verify),
-    Command(("gates",), "Run the gates the registry records (those needing a GPU are skipped, with the reason, "
-            "elsewhere).",
+    Command(("gates",), "Run the gates the registry records (those needing a GPU are skipped elsewhere, with the "
+            "reason,\nand the run exits 1: not checked).",
             [Param("patch_id", kind="arg", metavar="[ID]", help="Only this patch's gates."),
              Param("gate", "--gate", kind="str", help="Only the gate with this name."),
              Param("list_only", "--list", help="List the gates and what they need."), JSON], _gates, moves=True),

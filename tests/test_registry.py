@@ -161,5 +161,11 @@ def test_gates_run_skip_and_fail(rp: Proj, monkeypatch):
     assert by["gpu"]["result"] == "skipped" and "FORKTOOL_NO_CUDA" in by["gpu"]["reason"]
     assert by["bad"]["result"] == "fail" and by["bad"]["exit_code"] == 1
     assert rp.json("gates", "--gate", "ok")["failed"] == 0
+    # a gate skipped is not checked: the run that skipped it is not a pass, though nothing failed
+    res = rp.json("gates", "--gate", "gpu", expect=1)
+    assert (res["failed"], res["skipped"], res["gates"][0]["result"]) == (0, 1, "skipped")
+    code, out, err = rp.run("gates", "--gate", "gpu", expect=1)
+    assert "not checked 0070 gpu: skipped, it needs a CUDA GPU (FORKTOOL_NO_CUDA is set)" in out + err
+    assert "1 gate(s) skipped, so not checked" in out + err and "pass" not in out + err
     code, out, err = rp.run("gates", "--gate", "nope", expect=2)
     assert "gates --list" in err

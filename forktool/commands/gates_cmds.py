@@ -1,4 +1,5 @@
-"""gates [ID]: run the gates the registry records; a gate needing a GPU is skipped elsewhere, saying why."""
+"""gates [ID]: run the gates the registry records; a gate needing a GPU is skipped elsewhere, saying why, and a run
+that skipped one is not a pass (exit 1): nothing it would have checked was checked."""
 
 from __future__ import annotations
 
@@ -169,7 +170,7 @@ def gates(project: Project, patch_id: str | None, name: str | None, list_only: b
     cuda, why = have_cuda()
     rows: list[dict] = []
     lines: list[str] = []
-    failed = unchecked = 0
+    failed = unchecked = skipped = 0
     stale: dict[str, str] = {}  # profile -> why its build is not of the tree ("" when it is)
     for pid, g in selected:
         row: dict = {"patch": pid, "gate": g.name, "needs": list(g.needs), "proves": g.proves}
@@ -181,7 +182,9 @@ def gates(project: Project, patch_id: str | None, name: str | None, list_only: b
             continue
         if missing:
             rows.append(row | {"result": "skipped", "reason": f"needs cuda: {why}"})
-            lines.append(f"[yellow]skip[/yellow] {pid} {g.name}: needs a CUDA GPU (" + output.escape(why) + ")")
+            lines.append(f"[yellow]not checked[/yellow] {pid} {g.name}: skipped, it needs a CUDA GPU ("
+                         + output.escape(why) + ")")
+            skipped += 1
             continue
         ph = placeholders(project, g.needs)
         try:
@@ -245,5 +248,9 @@ def gates(project: Project, patch_id: str | None, name: str | None, list_only: b
             lines.append(output.escape(f"    {reason}"))
         if not ok:
             lines += [output.escape(f"    {t}") for t in tail] + [output.escape(f"    full log: {log}")]
-    return Report({"gates": rows, "cuda": cuda, "cuda_reason": why, "failed": failed, "not_checked": unchecked}, lines,
-                  exit_code=1 if failed or unchecked else 0)
+    if skipped and not list_only:
+        lines.append(f"[yellow]{skipped} gate(s) skipped, so not checked[/yellow]: run them on a machine with an NVIDIA "
+                     f"GPU, or select those this one can run (`forktool gates --list` says what each needs)")
+    return Report({"gates": rows, "cuda": cuda, "cuda_reason": why, "failed": failed, "not_checked": unchecked,
+                   "skipped": skipped}, lines,
+                  exit_code=1 if failed or unchecked or skipped else 0)
