@@ -172,6 +172,22 @@ def test_nothing_changed_is_byte_identical():
     assert regfile.update_text(TEXT, load(TEXT)) == TEXT
 
 
+def test_the_projects_registry_keeps_its_gates_parts_when_a_patch_changes():
+    # refresh rewrites a changed patch entry in place: the gates' declared parts (what `forktool gates` claims for
+    # each part) must come through it unchanged, as must the rest of the text
+    import dataclasses
+    text = (Path(__file__).resolve().parents[1] / "registry" / "UPSTREAM_SYNC.yaml").read_text()
+    reg = load(text)
+    assert regfile.update_text(text, reg) == text
+    i = next(i for i, p in enumerate(reg.patches) if p.id == "0089")
+    before = reg.patches[i].gates
+    assert before and all(g.parts for g in before)
+    reg.patches[i] = dataclasses.replace(reg.patches[i], title="rolling-KV two-pass compute-buffer reserve (moved)")
+    out = regfile.update_text(text, reg)
+    assert out != text and load(out).patches[i].gates == before
+    assert len(out.splitlines()) == len(text.splitlines())
+
+
 def test_entries_added_in_order_and_removed():
     import dataclasses
     reg = load(TEXT)
