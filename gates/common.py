@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from gates import make_model
 
@@ -43,6 +44,17 @@ TOL_SAME_TOP_PCT = 99.0      # ubatch noise flipped 1 of 255 top tokens (99.6 %)
 
 class GateError(Exception):
     """A gate could not run (missing binary, tool crashed): reported, never silently skipped."""
+
+
+# A gate program's exit status when it could not run at all (a tool, model or build it needs is missing): nothing
+# was checked, and `forktool gates` reports the gate as not checked (with the program's last line), not as failed.
+COULD_NOT_RUN = 2
+
+
+def could_not_run(msg: str) -> NoReturn:
+    """Stop a gate program that cannot run, saying what is missing and what to do (exit COULD_NOT_RUN)."""
+    print(msg, file=sys.stderr, flush=True)
+    sys.exit(COULD_NOT_RUN)
 
 
 def log(msg: str) -> None:

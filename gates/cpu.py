@@ -21,6 +21,7 @@ import numpy as np
 
 from gates import make_model
 from gates.common import (
+    COULD_NOT_RUN,
     DEBUG_ENV,
     RE_FULL,
     RE_FULL_LINE,
@@ -659,7 +660,7 @@ def main(argv: list[str] | None = None) -> int:
                              "upstream": need_tool(a.upstream_bin, "llama-perplexity")}, dict(os.environ))
     except GateError as e:
         print(f"gates.cpu: {e}", file=sys.stderr)
-        return 2
+        return COULD_NOT_RUN
     c = Ctx(a, work)
     models: list[tuple[str, Path]] = []
     if a.model:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from gates import tail_models
 from gates.common import (
+    COULD_NOT_RUN,
     DEBUG_ENV,
     RE_SPAN_SPLIT,
     RE_WINDOW,
@@ -1350,7 +1351,7 @@ def main(argv: list[str] | None = None) -> int:
                                         dict(os.environ))
     except GateError as e:
         log(f"gates.gpu: {e}")
-        return 2
+        return COULD_NOT_RUN
     log("libraries: every build loads its own: " + ", ".join(f"{k} {v}" for k, v in libraries.items()))
     a.compilers = {k: build_compiler(need_tool(v, "llama-completion"), dict(os.environ)) for k, v in builds.items()}
     log("compilers: " + ", ".join(f"{k} {v or 'not said'}" for k, v in a.compilers.items()))

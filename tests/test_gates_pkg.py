@@ -2255,3 +2255,15 @@ def test_the_registry_declares_the_parts_each_gate_program_reports():
                 continue
             seen += 1
     assert seen == 3  # cpu-logits, cpu-span, gpu-boot-resident-window-curve
+
+
+def test_gate_programs_that_cannot_run_exit_2_saying_what_is_missing(tmp_path: Path):
+    # exit 2 is `forktool gates`' "could not run: not checked", as distinct from a check that failed (exit 1)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-m", "gates.needle", "--bin", str(tmp_path / "nowhere")], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and f"{tmp_path / 'nowhere' / 'llama-server'} not found (make llama-server)" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "gates.cpu", "--patched-bin", str(tmp_path), "--upstream-bin",
+                        str(tmp_path), "--work-dir", str(tmp_path / "w")], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and "llama-perplexity not found in" in r.stderr

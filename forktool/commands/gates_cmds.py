@@ -19,6 +19,9 @@ from forktool.project import Project
 # A gate program made of parts (gates/gpu.py runs a subset of its gates a-h) names each part it ran, and that part's
 # verdict, on a line of its own; forktool reports those parts, so a pass never stands for a part that did not run.
 PART_LINE = re.compile(r"^forktool-gate-part (\S+): (pass|fail|not checked)(?:: (.*))?$", re.M)
+# A gate program that could not run at all (a tool, model or build it needs is missing) exits 2 (gates.common's
+# COULD_NOT_RUN): it checked nothing, so the gate is not checked, not failed; a part it reported failing still fails it.
+COULD_NOT_RUN = 2
 
 
 def gate_parts(text: str) -> list[dict]:
@@ -34,11 +37,14 @@ def judge(exit_code: int, parts: list[dict]) -> str:
     """pass / fail / not checked from the exit code and the parts the program reported.
 
     pass needs exit 0 and no part failing or unchecked; a non-zero exit whose parts all passed or went unchecked (at
-    least one) is "not checked": nothing failed, but not everything was checked. Anything else fails.
+    least one) is "not checked": nothing failed, but not everything was checked; so is exit 2 (the program could not
+    run) without a failed part. Anything else fails.
     """
     verdicts = {p["verdict"] for p in parts}
     if "fail" in verdicts:
         return "fail"
+    if exit_code == COULD_NOT_RUN:
+        return "not checked"
     if exit_code != 0:
         return "not checked" if "not checked" in verdicts else "fail"
     return "not checked" if "not checked" in verdicts else "pass"
@@ -215,6 +221,9 @@ def gates(project: Project, patch_id: str | None, name: str | None, list_only: b
         parts = gate_parts(r.out + "\n" + err_text)
         result = "fail" if timed_out else judge(r.returncode, parts)
         reason = f"timed out after {g.timeout} s" if timed_out else ""
+        if result == "not checked" and r.returncode == COULD_NOT_RUN and not timed_out:
+            last = next((ln.strip() for ln in reversed(err_text.splitlines()) if ln.strip()), "")
+            reason = f"it could not run (exit {COULD_NOT_RUN}: something it needs is missing)" + (f": {last}" if last else "")
         if g.parts and not parts and result == "pass":
             # a gate the registry declares in parts that named none of them says nothing of what it checked
             result = "not checked"
