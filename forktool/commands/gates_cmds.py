@@ -50,6 +50,23 @@ def judge(exit_code: int, parts: list[dict]) -> str:
     return "not checked" if "not checked" in verdicts else "pass"
 
 
+def gate_verdict(g: rg.Gate, exit_code: int, err_text: str, parts: list[dict], timed_out: bool) -> tuple[str, str]:
+    """(result, reason) of a gate that ran: judge() on its exit code and parts, then what forktool knows besides. Past
+    its timeout it failed; exit 2 is a program that could not run (its last line says what it lacks); a gate whose
+    registry declares parts and whose program named none says nothing of what it checked."""
+    if timed_out:
+        return "fail", f"timed out after {g.timeout} s"
+    result = judge(exit_code, parts)
+    if result == "not checked" and exit_code == COULD_NOT_RUN:
+        last = next((ln.strip() for ln in reversed(err_text.splitlines()) if ln.strip()), "")
+        return result, f"it could not run (exit {COULD_NOT_RUN}: something it needs is missing)" + (
+            f": {last}" if last else "")
+    if g.parts and not parts and result == "pass":
+        return "not checked", (f"it exited 0 without naming any of its parts ({', '.join(n for n, _ in g.parts)}): "
+                               f"nothing says what it checked")
+    return result, ""
+
+
 VERDICT_ORDER = ("fail", "not checked", "pass")
 
 
@@ -219,20 +236,11 @@ def gates(project: Project, patch_id: str | None, name: str | None, list_only: b
             f.write(r.stdout + b"\n--- stderr ---\n" + r.stderr)
         err_text = r.stderr.decode("utf-8", "replace")
         parts = gate_parts(r.out + "\n" + err_text)
-        result = "fail" if timed_out else judge(r.returncode, parts)
-        reason = f"timed out after {g.timeout} s" if timed_out else ""
-        if result == "not checked" and r.returncode == COULD_NOT_RUN and not timed_out:
-            last = next((ln.strip() for ln in reversed(err_text.splitlines()) if ln.strip()), "")
-            reason = f"it could not run (exit {COULD_NOT_RUN}: something it needs is missing)" + (f": {last}" if last else "")
-        if g.parts and not parts and result == "pass":
-            # a gate the registry declares in parts that named none of them says nothing of what it checked
-            result = "not checked"
-            reason = (f"it exited 0 without naming any of its parts ({', '.join(n for n, _ in g.parts)}): "
-                      f"nothing says what it checked")
+        result, reason = gate_verdict(g, r.returncode, err_text, parts, timed_out)
         ok = result == "pass"
         failed += result == "fail"
         unchecked += result == "not checked"
-        tail = err_text.strip().splitlines()[-8:]
+        tail = [t for t in err_text.strip().splitlines()[-8:] if not (reason and t.strip() and reason.endswith(t.strip()))]
         if timed_out:
             tail.append(f"{reason} (the registry's timeout); every process it started was stopped")
         declared, not_run = part_lines(g, parts) if g.parts and parts else ([], [])
