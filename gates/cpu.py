@@ -627,7 +627,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.tool_kld_windows = [int(x) for x in a.tool_kld_windows.split(",") if x]
     a.required = set(a.gates.split(","))
     if not a.required <= set(CHECKS):
-        p.error("--gates takes a comma list of a, b, c, d")
+        p.error(f"--gates takes a comma list of {', '.join(CHECKS)}")
     if not a.model and not [x for x in a.archs.split(",") if x] and a.required & {"a", "b", "c"}:
         p.error(f"--archs '' leaves gate(s) {','.join(sorted(a.required - {'d'}))} no model to check; "
                 "pass --gates d, or --archs/--model")

@@ -240,7 +240,9 @@ def gates(project: Project, patch_id: str | None, name: str | None, list_only: b
         ok = result == "pass"
         failed += result == "fail"
         unchecked += result == "not checked"
-        tail = [t for t in err_text.strip().splitlines()[-8:] if not (reason and t.strip() and reason.endswith(t.strip()))]
+        tail = err_text.strip().splitlines()[-8:]
+        if tail and reason.endswith(": " + tail[-1].strip()):  # the line the reason quotes is not shown twice
+            tail.pop()
         if timed_out:
             tail.append(f"{reason} (the registry's timeout); every process it started was stopped")
         declared, not_run = part_lines(g, parts) if g.parts and parts else ([], [])
