@@ -2267,3 +2267,54 @@ def test_gate_programs_that_cannot_run_exit_2_saying_what_is_missing(tmp_path: P
                         str(tmp_path), "--work-dir", str(tmp_path / "w")], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 2 and "llama-perplexity not found in" in r.stderr
+
+
+def _device_out_reused(root: Path, bundle: Path) -> None:
+    """A build/device-out/full that gates/device_build.sh takes as unchanged since its last build of bundle's
+    full.tar.gz (same .archive sha256, same .manifest), so the script goes on without cmake."""
+    import hashlib
+
+    bundle.mkdir(parents=True)
+    (bundle / "full.tar.gz").write_bytes(b"not built here")
+    full = root / "build" / "device-out" / "full"
+    full.mkdir(parents=True)
+    for name in ("llama-completion", "libggml-cuda.so", "libggml-base.so", "libllama.so"):
+        (full / name).write_text(name)
+    (full / "llama-completion").chmod(0o755)
+    lines = [f"file ./{p.name} {hashlib.sha256(p.read_bytes()).hexdigest()}" for p in sorted(full.iterdir())]
+    (full / ".manifest").write_text("\n".join(lines) + "\n")
+    (full / ".archive").write_text(hashlib.sha256(b"not built here").hexdigest() + "\n")
+
+
+@pytest.mark.parametrize(("args", "before"), [
+    ("", ["--before-copy"]),
+    ("--only d --compare-debug ring-narrow", []),
+    ("--before-bin /elsewhere/full", []),
+    ("--before-copy", []),
+])
+def test_run_gpu_gates_lets_gpu_gates_args_name_the_before_build(tmp_path: Path, args: str, before: list[str]):
+    """gates/run_gpu_gates.sh passes --before-copy only where GPU_GATES_ARGS names no 'before' of its own: with
+    --compare-debug it used to pass both, and gates.gpu refused the pair, so `forktool gates 0089` could not compare
+    two paths of one build."""
+    import shutil
+
+    root = tmp_path / "work"
+    (root / "gates").mkdir(parents=True)
+    for name in ("run_gpu_gates.sh", "device_build.sh"):
+        shutil.copy(Path(__file__).resolve().parent.parent / "gates" / name, root / "gates" / name)
+    _device_out_reused(root, tmp_path / "bundle")
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$ARGS_OUT"\n')
+    fake.chmod(0o755)
+    got = tmp_path / "args.txt"
+    r = subprocess.run(["bash", "gates/run_gpu_gates.sh"], cwd=root, capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, PYTHON=str(fake), GPU_GATES_BUNDLE=str(tmp_path / "bundle"),
+                                GPU_GATES_ARGS=args, ARGS_OUT=str(got)))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "full: unchanged since its last build" in r.stdout
+    argv = got.read_text().split("\n")[:-1]
+    assert argv[:2] == ["-m", "gates.gpu"]
+    own = args.split()  # what GPU_GATES_ARGS gave comes last, word for word
+    assert argv[len(argv) - len(own):] == own
+    assert argv[:len(argv) - len(own)].count("--before-copy") == len(before)  # the script's own default, or none
+    assert "--compare-debug" not in argv[:len(argv) - len(own)]
