@@ -167,11 +167,32 @@ def tail_targets(rows: list[dict], link_gbps: float, n_decoded: int, bytes_per_c
     return out
 
 
+def add_runs(t: dict, ratios: list[float | None]) -> dict:
+    """The spread behind a target judged on medians: each repetition's ratio (None where a run gave none), whether
+    every run met it, and the verdict the runs support: met or missed where every run agrees, else not decided."""
+    t["ratio_runs"] = [None if x is None else round(x, 3) for x in ratios]
+    got = [x for x in ratios if x is not None]  # judged unrounded: 0.8999 misses 0.9
+    t["met_in_every_run"] = bool(got) and len(got) == len(ratios) and all(x >= t["target"] for x in got)
+    if t.get("met") is None:
+        return t  # not checked (the note says why): no verdict from the runs either
+    span = f"{round(min(got), 4):g}-{round(max(got), 4):g}" if got else ""  # 4 places: 0.8996 is not 0.9
+    if len(got) < 2 or len(got) < len(ratios):
+        t["runs_verdict"] = f"not decided: {len(got)} of {len(ratios)} runs gave a figure"
+    elif t["met_in_every_run"]:
+        t["runs_verdict"] = f"met in each of {len(got)} runs ({span})"
+    elif all(x < t["target"] for x in got):
+        t["runs_verdict"] = f"missed in each of {len(got)} runs ({span})"
+    else:
+        t["runs_verdict"] = f"not decided: its {len(got)} runs ({span}) fall on both sides of it"
+    return t
+
+
 def target_line(name: str, t: dict) -> str:
-    """One line for a tail target: its measurement and met, missed or not checked."""
+    """One line for a tail target: its measurement and met, missed or not checked (on medians of repeated runs:
+    what the runs support, met or missed only where every run agrees)."""
     ref = (f"resident {t['resident_decode_tps']}" if name == "small_tail"
            else f"link limit {t['link_limit_tps']} tok/s ({t['tail_mib_per_token']} MiB at {t['link_gbps']} GB/s)")
-    verdict = t.get("note") or ("met" if t["met"] else "missed")
+    verdict = t.get("note") or t.get("runs_verdict") or ("met" if t["met"] else "missed")
     past = f" ({t['device_tail_share']} past device memory)" if "device_tail_share" in t else ""
     return (f"{name}: share {t['tail_share']}{past}, decode {t['decode_tps']} tok/s against {ref}: "
             f"{t['ratio']} (target {t['target']}, {verdict})")

@@ -412,6 +412,7 @@ def test_gate_d_judges_the_tail_targets_on_the_medians_of_interleaved_runs(tmp_p
         'echo "common_perf_print: prompt eval time =  573.10 ms / 35131 tokens (0.02 ms per token, 31000.00 tokens per second)"',
         'echo "common_perf_print:        eval time =  70.00 ms /    63 runs   (1.00 ms per token,  $tg tokens per second)"'])
     monkeypatch.setenv("SEQ", str(tmp_path / "seq"))
+    monkeypatch.setattr(gpu, "link_bandwidth", lambda: {"pinned_gbps": 50.0})
     a = gpu.parse_args(["--full-bin", str(bin_dir), "--pre-bin", str(bin_dir), "--upstream-bin", str(bin_dir),
                         "--work", str(tmp_path), "--out", str(tmp_path), "--targets", "--shares", "0.5", "1.0"])
     res = gpu.gate_d(a, tmp_path / "m.gguf", tmp_path, tmp_path)
@@ -422,7 +423,39 @@ def test_gate_d_judges_the_tail_targets_on_the_medians_of_interleaved_runs(tmp_p
     # the spread behind the median: met on the median, not in every repetition
     assert med["ratio_runs"] == [round(700 / 900, 3), round(850 / 900, 3), round(860 / 900, 3)]
     assert med["met_in_every_run"] is False
+    # so the line does not say met: the runs fall on both sides of the target
+    assert med["runs_verdict"] == "not decided: its 3 runs (0.7778-0.9556) fall on both sides of it"
+    from gates import tail_models
+
+    line = tail_models.target_line("small_tail", med)
+    assert line.endswith("(target 0.9, not decided: its 3 runs (0.7778-0.9556) fall on both sides of it)"), line
+    # the largest tail (256 cells: 34,907 cells of K and V a token past them at 50 GB/s) decodes 82 in every run
+    large = res["targets"]["tail_medians"]["large_tail"]
+    limit = 50e9 / ((35131 + 32 - 256) * 16384)
+    assert large["ratio_runs"] == [round(82 / limit, 3)] * 3 and large["met_in_every_run"] is True
+    assert large["runs_verdict"] == f"met in each of 3 runs ({round(82 / limit, 4):g}-{round(82 / limit, 4):g})"
     assert (tmp_path / "seq").read_text() == ""  # the small tail ran once in the curve and twice repeated
+
+
+def test_tail_target_runs_verdict_says_met_or_missed_only_where_every_run_agrees():
+    from gates import tail_models
+
+    def t(ratios, met=True):
+        return tail_models.add_runs({"target": 0.9, "met": met}, ratios)
+
+    assert t([0.88, 0.893, 0.89])["runs_verdict"] == "missed in each of 3 runs (0.88-0.893)"
+    assert t([0.91, 0.95])["runs_verdict"] == "met in each of 2 runs (0.91-0.95)"
+    # judged before rounding, and shown to 4 places: 0.89996 misses 0.9 though it shows as 0.9
+    assert t([0.95, 0.8996])["runs_verdict"] == "not decided: its 2 runs (0.8996-0.95) fall on both sides of it"
+    assert t([0.95, 0.89996])["runs_verdict"] == "not decided: its 2 runs (0.9-0.95) fall on both sides of it"
+    assert t([0.89996, 0.89])["runs_verdict"] == "missed in each of 2 runs (0.89-0.9)"
+    # a run without a figure leaves the target undecided, whatever the others say
+    gap = t([0.95, None, 0.96])
+    assert gap["runs_verdict"] == "not decided: 2 of 3 runs gave a figure" and gap["met_in_every_run"] is False
+    assert t([0.95])["runs_verdict"] == "not decided: 1 of 1 runs gave a figure"  # one run is no spread
+    # a target that could not be checked keeps its note, and gets no verdict from runs
+    unchecked = t([0.95, 0.96], met=None)
+    assert "runs_verdict" not in unchecked and unchecked["ratio_runs"] == [0.95, 0.96]
 
 
 def test_tail_models_count_the_tail_past_the_cells_in_device_memory():
