@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 FT := $(VENV)/bin/forktool
 
-.PHONY: main setup test test-slow lint bench gates-cpu clean-build cuda-toolkit device-kit
+.PHONY: main setup test test-slow lint bench gates-cpu clean-build cuda-toolkit device-kit device-bin
 
 # the user's cache for the jobs that fetch the real upstream; the tests use their own (tests/conftest.py)
 main gates-cpu bench: export FORKTOOL_CACHE ?= $(HOME)/.cache/forktool
@@ -56,6 +56,24 @@ device-kit: setup
 	  gitpython typer rich jinja2 pyyaml tree-sitter tree-sitter-cpp jsonschema unidiff
 	$(PY) -m pip download -q --no-deps --only-binary=:all: -d $(DEVICE_KIT)/wheels gguf
 	@du -sh $(DEVICE_KIT)
+
+# the full series' CUDA build made here (nvcc, no GPU: `forktool build --profile cuda`), packed for a GPU machine
+# that has no time to build it: one build's comparisons of OPENCOTI_KV_DEBUG flags (`gates.kernel_profile`), not the
+# gates, which compare builds of one compiler made there (README, section 4). About 50 MB, under a call's 64 MiB.
+DEVICE_BIN ?= build/device-bin
+DEVICE_BIN_FILES := libggml-base.so* libggml.so* libggml-cpu.so libggml-cuda.so libllama.so* libllama-common.so* \
+  libllama-completion-impl.so libllama-perplexity-impl.so libllama-bench-impl.so \
+  llama-completion llama-perplexity llama-bench
+device-bin: setup
+	$(FT) vendor fetch
+	$(FT) apply
+	$(FT) build --profile cuda
+	rm -rf $(DEVICE_BIN) && mkdir -p $(DEVICE_BIN)/wheels
+	cd build/cuda/bin && tar czf $(abspath $(DEVICE_BIN))/full-bin.tgz $(DEVICE_BIN_FILES)
+	$(PY) -m pip download -q --only-binary=:all: --platform manylinux2014_x86_64 --implementation cp \
+	  --python-version $(DEVICE_PYTHON) -d $(DEVICE_BIN)/wheels pyyaml
+	$(PY) -m pip download -q --no-deps --only-binary=:all: -d $(DEVICE_BIN)/wheels gguf
+	@du -sh $(DEVICE_BIN)
 
 test: setup
 	$(PY) -m pytest -q

@@ -2351,3 +2351,46 @@ def test_run_gpu_gates_lets_gpu_gates_args_name_the_before_build(tmp_path: Path,
     assert argv[len(argv) - len(own):] == own
     assert argv[:len(argv) - len(own)].count("--before-copy") == len(before)  # the script's own default, or none
     assert "--compare-debug" not in argv[:len(argv) - len(own)]
+
+
+def test_device_bin_unpacks_once_and_runs_the_command_with_bin_set(tmp_path: Path):
+    """gates/device_bin.sh: BIN is the unpacked build (its libraries first on LD_LIBRARY_PATH), the archive is unpacked
+    again only when it changed, and a folder without the archive or without llama-completion is refused (exit 2)."""
+    import tarfile
+
+    script = Path(__file__).resolve().parent.parent / "gates" / "device_bin.sh"
+    src, kit, home = tmp_path / "src", tmp_path / "kit", tmp_path / "home"
+    src.mkdir()
+    kit.mkdir()
+    home.mkdir()
+    tool = src / "llama-completion"
+    tool.write_text("#!/bin/sh\necho first\n")
+    tool.chmod(0o755)
+
+    def pack() -> None:
+        with tarfile.open(kit / "full-bin.tgz", "w:gz") as t:
+            t.add(tool, arcname="llama-completion")
+
+    pack()
+    env = dict(os.environ, HOME=str(home))
+    cmd = ["bash", str(script), str(kit), 'echo "$BIN"; echo "$LD_LIBRARY_PATH"; "$BIN/llama-completion"']
+    r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    bin_dir, ld, out = r.stdout.splitlines()
+    assert bin_dir == str(home / ".forktool-device-bin") and ld.split(":")[0] == bin_dir and out == "first"
+    assert "unpacked" in r.stderr
+    again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and "unpacked" not in again.stderr  # the same archive: not unpacked again
+    tool.write_text("#!/bin/sh\necho second\n")
+    pack()
+    changed = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert changed.stdout.splitlines()[-1] == "second" and "unpacked" in changed.stderr
+    # the command's exit status comes back
+    assert subprocess.run(["bash", str(script), str(kit), "exit 3"], env=env, capture_output=True).returncode == 3
+    missing = subprocess.run(["bash", str(script), str(tmp_path / "none"), "true"], env=env, capture_output=True,
+                             text=True)
+    assert missing.returncode == 2 and "full-bin.tgz missing (make device-bin writes it)" in missing.stderr
+    with tarfile.open(kit / "full-bin.tgz", "w:gz") as t:
+        t.add(src, arcname="other")
+    empty = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert empty.returncode == 2 and "holds no llama-completion" in empty.stderr
