@@ -4,7 +4,7 @@
 # LD_LIBRARY_PATH), the wheels are installed once for python3 (pip --no-index) and go on PYTHONPATH with the
 # repository root. For one build's comparisons, e.g. of OPENCOTI_KV_DEBUG flags:
 #   usage: gates/device_bin.sh DIR COMMAND...
-#   e.g.   gates/device_bin.sh build/device-bin 'python3 -m gates.kernel_profile --bin "$BIN" --no-ncu --debug "" ring-carry'
+#   e.g.   gates/device_bin.sh build/device-bin 'python3 -m gates.kernel_profile --bin "$BIN" --no-ncu --debug "" no-ring-carry'
 # The archive is unpacked again only when its sha256 changed (HOME/.forktool-device-bin/.archive).
 set -euo pipefail
 [ $# -ge 2 ] || { echo "usage: $0 DIR COMMAND..." >&2; exit 2; }
