@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import re
 import stat
@@ -437,7 +438,7 @@ def test_gate_d_judges_the_tail_targets_on_the_medians_of_interleaved_runs(tmp_p
     assert (tmp_path / "seq").read_text() == ""  # the small tail ran once in the curve and twice repeated
 
 
-def test_tail_target_runs_verdict_says_met_or_missed_only_where_every_run_agrees():
+def test_tail_target_runs_verdict_up_to_five_runs_says_met_or_missed_only_where_every_run_agrees():
     from gates import tail_models
 
     def t(ratios, met=True):
@@ -456,6 +457,39 @@ def test_tail_target_runs_verdict_says_met_or_missed_only_where_every_run_agrees
     # a target that could not be checked keeps its note, and gets no verdict from runs
     unchecked = t([0.95, 0.96], met=None)
     assert "runs_verdict" not in unchecked and unchecked["ratio_runs"] == [0.95, 0.96]
+
+
+def test_median_interval_is_the_narrowest_order_statistics_with_three_quarters_coverage():
+    from gates import tail_models
+
+    # distribution-free: P(x(k) <= median <= x(n+1-k)) = 1 - 2 P(Bin(n, 1/2) < k)
+    assert [tail_models.median_interval(n) for n in (2, 3, 5, 6, 7, 9)] == [
+        (1, 0.5), (1, 0.75), (1, 0.9375), (2, 0.78125), (2, 0.875), (3, 0.8203125)]
+    for n in range(2, 16):  # the next narrower interval would fall under 75 % (where there is one)
+        k, cov = tail_models.median_interval(n)
+        assert k == 1 or cov >= tail_models.MEDIAN_COVERAGE
+        if k + 1 <= (n + 1) // 2:
+            narrower = 1 - 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n
+            assert narrower < tail_models.MEDIAN_COVERAGE
+
+
+def test_tail_target_verdict_from_seven_runs_lets_the_smallest_and_largest_go():
+    from gates import tail_models
+
+    def t(ratios):
+        return tail_models.add_runs({"target": 0.9, "met": True}, ratios)
+
+    # one slow run among seven (a resident run that happened to be fast) no longer undecides a clear median
+    met = t([0.86, 0.93, 0.95, 0.94, 0.92, 0.91, 0.97])
+    assert met["runs_verdict"] == ("met in runs 2-6 of 7 by size (0.91-0.95, an interval for the median at 87.5%; "
+                                   "all 7: 0.86-0.97)")
+    assert met["met_in_every_run"] is False and met["median_interval"] == {"runs": [2, 6], "coverage": 0.875}
+    # but two runs under the target, one inside the interval, leave it undecided
+    assert t([0.86, 0.93, 0.95, 0.94, 0.92, 0.89, 0.97])["runs_verdict"] == (
+        "not decided: runs 2-6 of its 7 by size (0.89-0.95; all 7: 0.86-0.97) fall on both sides of it")
+    assert t([0.8, 0.85, 0.86, 0.84, 0.92, 0.89, 0.87])["runs_verdict"].startswith("missed in runs 2-6 of 7 by size")
+    # three runs: every run must agree, as before
+    assert t([0.863, 0.935, 0.917])["runs_verdict"] == "not decided: its 3 runs (0.863-0.935) fall on both sides of it"
 
 
 def test_tail_models_count_the_tail_past_the_cells_in_device_memory():
