@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import os
 import re
 import shutil
@@ -114,6 +113,10 @@ class MemPeak:
 # kv-attention-span: the cache's reserve line
 RE_DEVICE_CELLS = re.compile(r"host tail mapped into the device's address space: .* (\d+) cells in device memory")
 RE_SPAN = re.compile(r"attention span (\d+) of (\d+) cells")
+# 0073's tail ring says, once a context, that chunks carried in from the graph before were read, and that a carry was
+# dropped because a write into a mapped buffer came in between
+RE_CARRY_READ = re.compile(r"tail ring: (\d+) carried chunk\(s\) read by graph")
+CARRY_DROPPED = "tail ring: carried chunks dropped: a write into a mapped buffer"
 # a window sized from a budget: the layers whose K and V hold one granule more (the granularity's remainders)
 RE_GRANULE_LAYERS = re.compile(r"the mapping granularity's remainders: (\d+) of (\d+) layers hold one granule more")
 
@@ -267,16 +270,14 @@ def part_why(res: dict) -> str:
 
 def median_interval(xs: list[float], confidence: float) -> tuple[float, float, float] | None:
     """A distribution-free interval for the median of xs: the order statistics x(k) and x(n+1-k) for the largest k
-    whose coverage (1 - 2 P[Binomial(n, 1/2) < k]) is at least `confidence`, with that coverage; None when even the
-    range covers less (too few values: 5 give the range at 0.9375, 9 the second-smallest to second-largest at 0.961)."""
+    whose coverage (1 - 2 P[Binomial(n, 1/2) < k]) is at least `confidence` (tail_models.median_order), with that
+    coverage; None when even the range covers less (too few values: 5 give the range at 0.9375, 9 the
+    second-smallest to second-largest at 0.961)."""
     s, n = sorted(xs), len(xs)
-    found = None
-    for k in range(1, n // 2 + 1):
-        cover = 1.0 - 2.0 * sum(math.comb(n, i) for i in range(k)) / 2 ** n
-        if cover < confidence:
-            break
-        found = (s[k - 1], s[n - k], cover)
-    return found
+    if n < 2:
+        return None
+    k, cover = tail_models.median_order(n, confidence)
+    return (s[k - 1], s[n - k], cover) if cover >= confidence else None
 
 
 def compare(samples: dict[str, list[list[float]]], name: str, ref: str, margin: float = 0.05,
@@ -512,7 +513,9 @@ def gate_c(a: argparse.Namespace, model: Path, work: Path) -> dict:
                    "mapped_line": [ln.strip() for ln in r["text"].splitlines() if "host tail mapped" in ln][:1],
                    "device_cells": r.get("device_cells"), "granule_layers": r.get("granule_layers"),
                    "span": [[int(x) for x in m] for m in RE_SPAN.findall(r["text"])][:1],
-                   "span_splits": len(RE_SPAN_SPLIT.findall(r["text"])), **stats}
+                   "span_splits": len(RE_SPAN_SPLIT.findall(r["text"])),
+                   "carry_read": bool(RE_CARRY_READ.search(r["text"])),
+                   "carry_dropped_on_write": CARRY_DROPPED in r["text"], **stats}
             row["within_bound"] = r["rc"] == 0 and bool(r.get("window")) \
                 and stats.get("max_kld", 1) <= TOL_TOOL_MAX_KLD and stats.get("same_top_pct", 0) >= TOL_SAME_TOP_PCT
             if "sized_for" in row:  # a sized row checks the hand-back only where it ran with one
@@ -530,6 +533,19 @@ def gate_c(a: argparse.Namespace, model: Path, work: Path) -> dict:
             ok = ok and row["pass"]
             out["windows"].append(row)
     out["pass"] = ok
+    # the ring's carry (on by default for large tails; --window-debug ring-carry carries at every size): which runs
+    # read carried chunks, and which dropped a carry that a write made stale. Asked for and never run, the carry was
+    # not checked, whatever the rows say
+    out["carry"] = {"rows_read": sum(w["carry_read"] for w in out["windows"] if "carry_read" in w),
+                    "rows_dropped_on_write": sum(w["carry_dropped_on_write"] for w in out["windows"]
+                                                 if "carry_dropped_on_write" in w)}
+    log(f"gate c: carried chunks read in {out['carry']['rows_read']} window run(s), a stale carry dropped in "
+        f"{out['carry']['rows_dropped_on_write']}")
+    if ok and "ring-carry" in a.window_debug.split(",") and not out["carry"]["rows_read"]:
+        out["pass"] = False
+        out["verdict"] = "not checked"
+        out["why_not_checked"] = ("--window-debug names ring-carry, but no window run read a carried chunk (no "
+                                  "'tail ring: ... carried chunk(s) read' line in any log): the carry did not run")
     out["tolerance"] = {"max_kld": TOL_TOOL_MAX_KLD, "same_top_pct": TOL_SAME_TOP_PCT,
                         "spread_share": SPREAD_SHARE, "spread_factor": SPREAD_FACTOR}
     return out

@@ -172,25 +172,25 @@ def tail_targets(rows: list[dict], link_gbps: float, n_decoded: int, bytes_per_c
 MEDIAN_COVERAGE = 0.75
 
 
-def median_interval(n: int) -> tuple[int, float]:
-    """The order statistics (k, n + 1 - k) that bound the median of n runs' distribution with at least
-    MEDIAN_COVERAGE (distribution-free: the chance that the median lies between them is 1 - 2 P(Bin(n, 1/2) < k)),
-    the narrowest such, and that chance. k is at least 1 (the smallest and largest run) even where n is too few for
-    the coverage (2 runs: 50 %), so that up to 5 runs a verdict asks every run to agree, and from 6 on it lets the
-    smallest and largest go (6 runs: runs 2-5 by size, 78 %; 7: 2-6, 87.5 %; 9: 3-7, 82 %)."""
+def median_order(n: int, confidence: float) -> tuple[int, float]:
+    """The order statistics (k, n + 1 - k) of n values that hold the median of their distribution with at least
+    `confidence` (distribution-free: the chance is 1 - 2 P(Bin(n, 1/2) < k)), the narrowest such, and that chance;
+    k = 1 (the smallest and largest) where even they hold less. At MEDIAN_COVERAGE a verdict asks every run to agree
+    up to 5 runs (2 runs: 50 %, 3: 75 %), and from 6 on lets the smallest and largest go (6 runs: runs 2-5 by size,
+    78 %; 7: 2-6, 87.5 %; 9: 3-7, 82 %)."""
+    def cover(k: int) -> float:
+        return 1.0 - 2.0 * sum(math.comb(n, i) for i in range(k)) / 2 ** n
+
     k = 1
-    while k + 1 <= (n + 1) // 2:
-        below = sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n  # P(Bin(n, 1/2) <= k)
-        if 1.0 - 2.0 * below < MEDIAN_COVERAGE:
-            break
+    while k + 1 <= n // 2 and cover(k + 1) >= confidence:
         k += 1
-    return k, 1.0 - 2.0 * sum(math.comb(n, i) for i in range(k)) / 2 ** n
+    return k, cover(k)
 
 
 def add_runs(t: dict, ratios: list[float | None]) -> dict:
     """The spread behind a target judged on medians: each repetition's ratio (None where a run gave none), whether
-    every run met it, and the verdict the runs support: met or missed where the interval median_interval picks (every
-    run, up to 5) lies on one side of the target, else not decided."""
+    every run met it, and the verdict the runs support: met or missed where the runs median_order picks (every run,
+    up to 5) lies on one side of the target, else not decided."""
     t["ratio_runs"] = [None if x is None else round(x, 3) for x in ratios]
     got = [x for x in ratios if x is not None]  # judged unrounded: 0.8999 misses 0.9
     t["met_in_every_run"] = bool(got) and len(got) == len(ratios) and all(x >= t["target"] for x in got)
@@ -204,7 +204,7 @@ def add_runs(t: dict, ratios: list[float | None]) -> dict:
         t["runs_verdict"] = f"not decided: {len(got)} of {len(ratios)} runs gave a figure"
         return t
     n = len(got)
-    k, coverage = median_interval(n)
+    k, coverage = median_order(n, MEDIAN_COVERAGE)
     inner = sorted(got)[k - 1:n + 1 - k]
     if k == 1:
         where, side = f"in each of {n} runs ({span(got)})", f"its {n} runs ({span(got)})"

@@ -459,18 +459,19 @@ def test_tail_target_runs_verdict_up_to_five_runs_says_met_or_missed_only_where_
     assert "runs_verdict" not in unchecked and unchecked["ratio_runs"] == [0.95, 0.96]
 
 
-def test_median_interval_is_the_narrowest_order_statistics_with_three_quarters_coverage():
+def test_median_order_is_the_narrowest_order_statistics_with_the_coverage_asked():
     from gates import tail_models
 
     # distribution-free: P(x(k) <= median <= x(n+1-k)) = 1 - 2 P(Bin(n, 1/2) < k)
-    assert [tail_models.median_interval(n) for n in (2, 3, 5, 6, 7, 9)] == [
+    cov = tail_models.MEDIAN_COVERAGE
+    assert [tail_models.median_order(n, cov) for n in (2, 3, 5, 6, 7, 9)] == [
         (1, 0.5), (1, 0.75), (1, 0.9375), (2, 0.78125), (2, 0.875), (3, 0.8203125)]
-    for n in range(2, 16):  # the next narrower interval would fall under 75 % (where there is one)
-        k, cov = tail_models.median_interval(n)
-        assert k == 1 or cov >= tail_models.MEDIAN_COVERAGE
-        if k + 1 <= (n + 1) // 2:
+    for n in range(2, 16):  # the next narrower interval would fall under the coverage (where there is one)
+        k, got = tail_models.median_order(n, cov)
+        assert k == 1 or got >= cov
+        if k + 1 <= n // 2:
             narrower = 1 - 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n
-            assert narrower < tail_models.MEDIAN_COVERAGE
+            assert narrower < cov
 
 
 def test_tail_target_verdict_from_seven_runs_lets_the_smallest_and_largest_go():
@@ -798,6 +799,41 @@ def test_gate_c_compares_each_quantized_cache_with_resident_of_the_same_type(tmp
     fake_tool(bin_dir / "llama-perplexity", 'echo "position window = 1 / 2 cells resident + host tail 1 cells (1.00 MiB '
               'host)"; echo "Maximum KLD:   0.043567"; echo "Same top p: 92.479 ± 0.1 %"', script=True)
     assert not gate_c(a, tmp_path / "m.gguf", tmp_path)["pass"]
+
+
+def test_gate_c_with_the_carry_asked_for_needs_a_run_that_read_carried_chunks(tmp_path: Path):
+    from gates.gpu import gate_c, parse_args
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+
+    def perplexity(carry_lines: str) -> None:  # a window run; with ring-carry in OPENCOTI_KV_DEBUG, the ring's lines
+        fake_tool(bin_dir / "llama-perplexity", "\n".join([
+            'if [ -n "$LLAMA_ARG_KV_WINDOW_CELLS" ]; then echo "llama_kv_cache: position window ='
+            ' $LLAMA_ARG_KV_WINDOW_CELLS / 2048 cells resident + host tail 1 cells (1.00 MiB host) [CUDA0, forced,'
+            ' budget 0.00 MiB]"; case ",$OPENCOTI_KV_DEBUG," in *,ring-carry,*) ' + carry_lines + ' ;; esac; fi',
+            'echo "Maximum KLD:   0.000034"', 'echo "Same top p: 100.000 ± 0.000 %"']), script=True)
+
+    def args(*extra: str):
+        return parse_args(["--full-bin", str(bin_dir), "--pre-bin", str(bin_dir), "--upstream-bin", str(bin_dir),
+                           "--c-decode-only", "--windows", "1024", "256", "--windows-ub1-4k", "--quant-caches",
+                           *extra])
+
+    read = ('echo "opencoti_fattn_ring_begin: tail ring: 3 carried chunk(s) read by graph 7 (the first time in this'
+            ' context)"; echo "opencoti_fattn_ring_begin: tail ring: carried chunks dropped: a write into a mapped'
+            ' buffer came before graph 40 (the first time in this context)"')
+    perplexity(read)
+    res = gate_c(args("--window-debug", "tail-ring,ring-carry"), tmp_path / "m.gguf", tmp_path)
+    assert res["pass"] and res["carry"] == {"rows_read": 2, "rows_dropped_on_write": 2}
+    assert all(w["carry_read"] and w["carry_dropped_on_write"] for w in res["windows"])
+    # asked for, and no run read a carried chunk: not checked, though every row is within the bound
+    perplexity("true")
+    res = gate_c(args("--window-debug", "ring-carry"), tmp_path / "m.gguf", tmp_path)
+    assert not res["pass"] and res["verdict"] == "not checked" and "the carry did not run" in res["why_not_checked"]
+    assert res["carry"] == {"rows_read": 0, "rows_dropped_on_write": 0} and all(w["pass"] for w in res["windows"])
+    # not asked for: the rows judge alone, and the count says the carry did not run
+    res = gate_c(args(), tmp_path / "m.gguf", tmp_path)
+    assert res["pass"] and "verdict" not in res and res["carry"]["rows_read"] == 0
 
 
 def fake_perplexity_kld(bin_dir: Path, tmp_path: Path) -> None:
