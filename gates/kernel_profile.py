@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from gates.common import DEBUG_ENV, WINDOW_ENV, ensure_model, log, make_text
-from gates.gpu import MODEL_ARGS, completion, run, small_tail_window
+from gates.gpu import MODEL_ARGS, RE_CARRY_READ, completion, run, small_tail_window
 
 # the kernels of a flash-attention node: upstream's vector and MMA kernels and their combine, and fattn.cu's own
 # (the segments' merge, the ring's patch)
@@ -141,10 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     result: dict = {"n_prompt": n_prompt, "ctx": a.ctx, "configs": {}}
     # timed runs, interleaved
     times: dict[str, list[float]] = {name: [] for name, _, _ in configs}
+    carried: dict[str, int] = {name: 0 for name, _, _ in configs}  # timed runs whose ring read carried chunks
     for rep in range(a.reps):
         for name, cells, debug in configs:
             cmd, env = argv_env(cells, debug, a.time_n)
             r = run(f"kprof-time-{name.replace(' ', '-')}-{rep}", cmd, a.work, env=env)
+            carried[name] += bool(RE_CARRY_READ.search(r.get("text", "")))
             if r["rc"] == 0 and r.get("decode_ms_per_token"):
                 times[name].append(r["decode_ms_per_token"])
                 log(f"timed {name}: {r['decode_ms_per_token']:.4f} ms/token ({r.get('decode_tps')} tok/s)")
@@ -153,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.no_ncu:
             result["configs"][name] = {"window": cells, "debug": debug, "timed_ms_per_token": times[name],
                                        "timed_median_ms": round(statistics.median(times[name]), 4)
-                                       if times[name] else None}
+                                       if times[name] else None, "carry_read_runs": carried[name]}
             continue
         cmd, env = argv_env(cells, debug, a.profile_n)
         log_file = a.work / f"kprof-{name.replace(' ', '-')}.csv"
@@ -162,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                "--csv", "--print-units", "base", "--log-file", str(log_file)]
         r = run(f"kprof-ncu-{name.replace(' ', '-')}", ncu + cmd, a.work, env=env, timeout=900)
         rows = decode_kernels(parse_ncu_csv(log_file.read_text() if log_file.is_file() else ""))
-        entry: dict = {"window": cells, "debug": debug, "ncu_rc": r["rc"],
+        entry: dict = {"window": cells, "debug": debug, "ncu_rc": r["rc"], "carry_read_runs": carried[name],
                        "timed_ms_per_token": times[name],
                        "timed_median_ms": round(statistics.median(times[name]), 4) if times[name] else None}
         if rows:

@@ -1812,6 +1812,31 @@ def test_kernel_profile_sets_each_window_against_resident_with_or_without_the_pr
     assert sorted(lines) == ["window 34816", "window 34816 no-tail-combine"]
 
 
+def test_kernel_profile_counts_the_timed_runs_whose_ring_read_carried_chunks(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture):
+    from gates import kernel_profile as kp
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    # a stand-in llama-completion: a forced window's ring reads carried chunks only where ring-carry is asked for
+    fake_tool(bindir / "llama-completion", "\n".join([
+        'case ",$OPENCOTI_KV_DEBUG," in *,ring-carry,*) [ -n "$LLAMA_ARG_KV_WINDOW_CELLS" ] && echo "ggml_cuda:'
+        ' tail ring: 3 carried chunk(s) read by graph 4 (the first time in this context)" ;; esac',
+        'echo "common_perf_print: prompt eval time =     700.00 ms / 35131 tokens (    0.02 ms per token, 50000.00'
+        ' tokens per second)"',
+        'echo "common_perf_print:        eval time =     100.00 ms /    63 runs   (    1.59 ms per token,   630.00'
+        ' tokens per second)"']), script=True)
+    monkeypatch.setattr(kp, "ensure_model", lambda path, args: path)  # the stand-in reads no model
+    out = tmp_path / "kp.json"
+    assert kp.main(["--bin", str(bindir), "--work", str(tmp_path / "w"), "--out", str(out), "--no-ncu", "--reps", "2",
+                    "--windows", "256", "--debug", "", "ring-carry"]) == 0
+    configs = json.loads(out.read_text())["configs"]
+    assert {k: v["carry_read_runs"] for k, v in configs.items()} == {
+        "resident": 0, "window 256": 0, "window 256 ring-carry": 2}
+    assert configs["window 256 ring-carry"]["timed_ms_per_token"] == [100.0 / 63, 100.0 / 63]
+    capsys.readouterr()
+
+
 def test_room_probe_runs_each_window_variant_its_way_and_reports_medians_against_the_reference(
         tmp_path: Path, capsys: pytest.CaptureFixture):
     from gates import room_probe
