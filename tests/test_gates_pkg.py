@@ -1688,6 +1688,38 @@ def test_sanitizer_output_that_is_not_utf8_and_the_debug_flags_of_its_run(tmp_pa
     assert "flags=[tail-ring]" in text
 
 
+def test_sanitizer_asked_to_carry_passes_only_where_the_run_read_carried_chunks(tmp_path: Path,
+                                                                               capsys: pytest.CaptureFixture):
+    from gates import sanitizer
+
+    def tool(name: str, carry_line: str) -> Path:
+        p = tmp_path / name
+        p.write_text('#!/bin/sh\necho "position window = 512 / 1024 cells resident + host tail 512 cells"; '
+                     'echo "host tail mapped into the device\'s address space: 2.00 MiB device"; '
+                     f'{carry_line}echo "========= ERROR SUMMARY: 0 errors"\n')
+        p.chmod(0o755)
+        return p
+
+    base = ["--bin", str(tmp_path), "--model", str(tmp_path / "m.gguf"), "--work", str(tmp_path / "w"),
+            "--tools", "memcheck", "--limit", "5", "--debug", "tail-ring,ring-carry"]
+    read = tool("read", 'echo "I tail ring: 3 carried chunk(s) read by graph 2"; ')
+    out = tmp_path / "read.txt"
+    assert sanitizer.main([*base, "--sanitizer", str(read), "--out", str(out)]) == 0
+    res = json.loads(capsys.readouterr().out)["tools"]["memcheck"]
+    assert res["verdict"] == "pass" and res["carry_read"] is True and res["carry_dropped_on_write"] is False
+    assert "tail ring: 3 carried chunk(s) read by graph 2" in out.read_text()  # the line is kept in the file
+    # the same clean run that never read a carried chunk: the carry was not under the tool
+    silent = tool("silent", "")
+    assert sanitizer.main([*base, "--sanitizer", str(silent), "--out", str(tmp_path / "silent.txt")]) == 1
+    res = json.loads(capsys.readouterr().out)["tools"]["memcheck"]
+    assert res["verdict"] == "not checked" and "the carry did not run" in res["why"] and res["carry_read"] is False
+    assert "memcheck: not checked" in (tmp_path / "silent.txt").read_text()
+    # without ring-carry asked, the same run passes (it records that no carried chunk was read)
+    plain = [x if x != "tail-ring,ring-carry" else "tail-ring" for x in base]
+    assert sanitizer.main([*plain, "--sanitizer", str(silent), "--out", str(tmp_path / "plain.txt")]) == 0
+    assert json.loads(capsys.readouterr().out)["tools"]["memcheck"]["carry_read"] is False
+
+
 def test_sanitizer_wide_passes_only_where_the_window_kept_cells_in_device_memory(tmp_path: Path,
                                                                                 capsys: pytest.CaptureFixture):
     from gates import sanitizer
