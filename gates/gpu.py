@@ -43,6 +43,8 @@ from gates.common import (
 
 RE_PROMPT = re.compile(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens .*?([\d.]+) tokens per second")
 RE_EVAL = re.compile(r"\s eval time =\s*([\d.]+) ms /\s*(\d+) runs .*?([\d.]+) tokens per second")
+# llama's own count of the graphs it reused instead of building them again (its perf summary)
+RE_REUSED = re.compile(r"graphs reused =\s*(\d+)")
 RE_COMPUTE = re.compile(r"(\S+) compute buffer size =\s*([\d.]+) MiB")
 # the reserve's summary: "graph: nodes = N, splits = S, ..." or, when the pp and tg graphs differ,
 # "graph (pp bs=512, tg bs=1): nodes = N / M, splits = S / T, ..."
@@ -151,6 +153,10 @@ def run(tag: str, argv: list[str], work: Path, env: dict | None = None, measure:
     if m:
         res["decode_tps"] = float(m.group(3))
         res["decode_ms_per_token"] = float(m.group(1)) / max(1, int(m.group(2)))
+        res["decode_runs"] = int(m.group(2))
+    m = RE_REUSED.search(text)
+    if m:
+        res["graphs_reused"] = int(m.group(1))
     # with two passes, the lines after the measurement are the cache the context runs with (a window or fully resident)
     last = text.rfind("two-pass compute reserve: measured")
     final = text[last:] if last >= 0 else text
@@ -586,7 +592,8 @@ def curve_row(config: str, share: float | str, r: dict, ctx: int) -> dict:
             "resident_cells": win.get("resident", ctx if r["fully_resident"] else ""),
             "device_mib_peak": r.get("device_mib_peak"), "prompt_tokens": r.get("prompt_tokens"),
             "prefill_tps": r.get("prefill_tps"), "decode_tps": r.get("decode_tps"),
-            "device_cells": r.get("device_cells", "")}
+            "device_cells": r.get("device_cells", ""), "graphs_reused": r.get("graphs_reused", ""),
+            "decode_runs": r.get("decode_runs", "")}
 
 
 # 0089's targets for the tail-share curve (docs/gates.md, "Results against the targets"), on the default path
@@ -669,12 +676,15 @@ def gate_d(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
     max_share = max(a.shares)
     reps: dict[str, dict[str, list[float]]] = {}
     in_order: dict[str, list[float | None]] = {}  # each point's decode per repetition, None where a run gave none
+    reused: dict[str, list[list[int]]] = {}
 
     def sample(key: str, r: dict) -> None:
         for m in ("prefill_tps", "decode_tps"):
             if r.get(m):
                 reps.setdefault(key, {}).setdefault(m, []).append(r[m])
         in_order.setdefault(key, []).append(r.get("decode_tps"))
+        if r.get("graphs_reused", "") != "" and r.get("decode_runs", "") != "":  # llama's reused graphs, its decodes
+            reused.setdefault(key, []).append([r["graphs_reused"], r["decode_runs"]])
 
     def realized(share: float) -> float:  # the tail share a forced window for `share` gives (as in the rows)
         return round(1.0 - min(forced_cells(share), n_prompt) / n_prompt, 4)
@@ -728,7 +738,7 @@ def gate_d(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
     }
     med = {k: {m: statistics.median(v) for m, v in d.items()} for k, d in reps.items()}
     if {"half", "max", "nkvo"} <= set(med):
-        targets["medians"] = {"runs": a.target_reps, "samples": reps, "median": med,
+        targets["medians"] = {"runs": a.target_reps, "samples": reps, "median": med, "graphs_reused_of_decodes": reused,
                               "decode_at_max_share_tps": med["max"].get("decode_tps"),
                               "decode_vs_nkvo": med["max"].get("decode_tps", 0) / med["nkvo"].get("decode_tps", 1),
                               "prefill_at_half_vs_nkvo": med["half"].get("prefill_tps", 0)

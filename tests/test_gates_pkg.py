@@ -91,6 +91,7 @@ def test_gpu_run_parses_a_completion_log(tmp_path: Path):
         "input tensors = 9 / 9",
         "common_perf_print: prompt eval time =     573.10 ms / 35131 tokens (    0.02 ms per token, 61300.00 tokens per second)",
         "common_perf_print:        eval time =      26.69 ms /    31 runs   (    0.86 ms per token,  1161.48 tokens per second)",
+        "common_perf_print:    graphs reused =         29",
     ]))
     r = run("t", [str(tool)], tmp_path)
     assert r["rc"] == 0
@@ -100,6 +101,7 @@ def test_gpu_run_parses_a_completion_log(tmp_path: Path):
     assert r["compute_buffers_mib"] == {"CUDA0": 3965.76, "CUDA_Host": 136.01}
     assert (r["prompt_tokens"], r["prefill_tps"], r["decode_tps"]) == (35131, 61300.0, 1161.48)
     assert r["decode_ms_per_token"] == pytest.approx(26.69 / 31)
+    assert (r["graphs_reused"], r["decode_runs"]) == (29, 31)
     assert r["measure_pass"] and not r["fully_resident"]
     assert (tmp_path / "t.log").read_text().startswith(str(tool))
 
@@ -119,6 +121,7 @@ def test_gpu_run_reads_the_cells_a_mapped_tail_really_keeps_in_device_memory(tmp
         mapped.format(dev="128.00", cells=29127),
         mapped.format(dev="2.00", cells=30000),  # a second cache (another row size): the fewest cells count
         "common_perf_print:        eval time =      26.69 ms /    31 runs   (    0.86 ms per token,  1161.48 tokens per second)",
+        "common_perf_print:    graphs reused =         29",
     ]))
     r = run("t", [str(tool)], tmp_path)
     assert r["window"]["resident"] == 35840 and r["device_cells"] == 29127
@@ -411,7 +414,8 @@ def test_gate_d_judges_the_tail_targets_on_the_medians_of_interleaved_runs(tmp_p
         'echo "llama_kv_cache: position window = $c / 131072 cells resident + host tail $((131072 - c)) cells '
         '(1.00 MiB host)"; fi;; esac',
         'echo "common_perf_print: prompt eval time =  573.10 ms / 35131 tokens (0.02 ms per token, 31000.00 tokens per second)"',
-        'echo "common_perf_print:        eval time =  70.00 ms /    63 runs   (1.00 ms per token,  $tg tokens per second)"'])
+        'echo "common_perf_print:        eval time =  70.00 ms /    63 runs   (1.00 ms per token,  $tg tokens per second)"',
+        'echo "common_perf_print:    graphs reused = 61"'])
     monkeypatch.setenv("SEQ", str(tmp_path / "seq"))
     monkeypatch.setattr(gpu, "link_bandwidth", lambda: {"pinned_gbps": 50.0})
     a = gpu.parse_args(["--full-bin", str(bin_dir), "--pre-bin", str(bin_dir), "--upstream-bin", str(bin_dir),
@@ -421,6 +425,8 @@ def test_gate_d_judges_the_tail_targets_on_the_medians_of_interleaved_runs(tmp_p
     assert single["decode_tps"] == 700.0 and single["met"] is False
     assert med["decode_tps"] == 850.0 and med["ratio"] == pytest.approx(850 / 900, abs=1e-3) and med["met"] is True
     assert res["targets"]["tail_medians"]["runs"] == 3
+    # llama's reused graphs against its decode runs, per repetition of each point
+    assert res["targets"]["medians"]["graphs_reused_of_decodes"]["small"] == [[61, 63]] * 3
     # the spread behind the median: met on the median, not in every repetition
     assert med["ratio_runs"] == [round(700 / 900, 3), round(850 / 900, 3), round(860 / 900, 3)]
     assert med["met_in_every_run"] is False
@@ -1857,7 +1863,10 @@ def test_kernel_profile_counts_the_timed_runs_whose_ring_read_carried_chunks(
         'echo "common_perf_print: prompt eval time =     700.00 ms / 35131 tokens (    0.02 ms per token, 50000.00'
         ' tokens per second)"',
         'echo "common_perf_print:        eval time =     100.00 ms /    63 runs   (    1.59 ms per token,   630.00'
-        ' tokens per second)"']), script=True)
+        ' tokens per second)"',
+        # llama's count of reused graphs: the stand-in's window builds every decode's graph again
+        '[ -n "$LLAMA_ARG_KV_WINDOW_CELLS" ] && r=0 || r=61; echo "common_perf_print:    graphs reused = $r"']),
+        script=True)
     monkeypatch.setattr(kp, "ensure_model", lambda path, args: path)  # the stand-in reads no model
     out = tmp_path / "kp.json"
     assert kp.main(["--bin", str(bindir), "--work", str(tmp_path / "w"), "--out", str(out), "--no-ncu", "--reps", "2",
@@ -1866,6 +1875,8 @@ def test_kernel_profile_counts_the_timed_runs_whose_ring_read_carried_chunks(
     assert {k: v["carry_read_runs"] for k, v in configs.items()} == {
         "resident": 0, "window 256": 0, "window 256 ring-carry": 2}
     assert configs["window 256 ring-carry"]["timed_ms_per_token"] == [100.0 / 63, 100.0 / 63]
+    assert configs["resident"]["graphs_reused_of_decodes"] == [[61, 63], [61, 63]]
+    assert configs["window 256"]["graphs_reused_of_decodes"] == [[0, 63], [0, 63]]
     capsys.readouterr()
 
 
