@@ -45,6 +45,8 @@ RE_PROMPT = re.compile(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens .*?([
 RE_EVAL = re.compile(r"\s eval time =\s*([\d.]+) ms /\s*(\d+) runs .*?([\d.]+) tokens per second")
 # llama's own count of the graphs it reused instead of building them again (its perf summary)
 RE_REUSED = re.compile(r"graphs reused =\s*(\d+)")
+# a comparison flag of OPENCOTI_KV_DEBUG that says, once a process, which way it ran ("OPENCOTI_KV_DEBUG flag: ...")
+RE_DEBUG_LINE = re.compile(r"OPENCOTI_KV_DEBUG [a-z0-9-]+: [^\n]*")
 RE_COMPUTE = re.compile(r"(\S+) compute buffer size =\s*([\d.]+) MiB")
 # the reserve's summary: "graph: nodes = N, splits = S, ..." or, when the pp and tg graphs differ,
 # "graph (pp bs=512, tg bs=1): nodes = N / M, splits = S / T, ..."
@@ -157,6 +159,7 @@ def run(tag: str, argv: list[str], work: Path, env: dict | None = None, measure:
     m = RE_REUSED.search(text)
     if m:
         res["graphs_reused"] = int(m.group(1))
+    res["debug_lines"] = sorted({m.group(0).strip() for m in RE_DEBUG_LINE.finditer(text)})
     # with two passes, the lines after the measurement are the cache the context runs with (a window or fully resident)
     last = text.rfind("two-pass compute reserve: measured")
     final = text[last:] if last >= 0 else text
@@ -521,7 +524,7 @@ def gate_c(a: argparse.Namespace, model: Path, work: Path) -> dict:
                    "span": [[int(x) for x in m] for m in RE_SPAN.findall(r["text"])][:1],
                    "span_splits": len(RE_SPAN_SPLIT.findall(r["text"])),
                    "carry_read": bool(RE_CARRY_READ.search(r["text"])),
-                   "carry_dropped_on_write": CARRY_DROPPED in r["text"], **stats}
+                   "carry_dropped_on_write": CARRY_DROPPED in r["text"], "debug_lines": r["debug_lines"], **stats}
             row["within_bound"] = r["rc"] == 0 and bool(r.get("window")) \
                 and stats.get("max_kld", 1) <= TOL_TOOL_MAX_KLD and stats.get("same_top_pct", 0) >= TOL_SAME_TOP_PCT
             if "sized_for" in row:  # a sized row checks the hand-back only where it ran with one

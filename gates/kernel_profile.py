@@ -145,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     # llama's "graphs reused" against its decode runs, per timed run: a configuration that builds its graph again
     # each token pays the build on the host between two tokens
     reused: dict[str, list[list[int]]] = {name: [] for name, _, _ in configs}
+    # what a comparison flag says, once a process, about the way it ran (fattn.cu's "OPENCOTI_KV_DEBUG flag: ...")
+    said: dict[str, set[str]] = {name: set() for name, _, _ in configs}
     for rep in range(a.reps):
         for name, cells, debug in configs:
             cmd, env = argv_env(cells, debug, a.time_n)
@@ -152,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             carried[name] += bool(RE_CARRY_READ.search(r.get("text", "")))
             if "graphs_reused" in r and "decode_runs" in r:
                 reused[name].append([r["graphs_reused"], r["decode_runs"]])
+            said[name].update(r.get("debug_lines", []))
             if r["rc"] == 0 and r.get("decode_ms_per_token"):
                 times[name].append(r["decode_ms_per_token"])
                 log(f"timed {name}: {r['decode_ms_per_token']:.4f} ms/token ({r.get('decode_tps')} tok/s)")
@@ -161,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             result["configs"][name] = {"window": cells, "debug": debug, "timed_ms_per_token": times[name],
                                        "timed_median_ms": round(statistics.median(times[name]), 4)
                                        if times[name] else None, "carry_read_runs": carried[name],
-                                       "graphs_reused_of_decodes": reused[name]}
+                                       "graphs_reused_of_decodes": reused[name], "debug_lines": sorted(said[name])}
             continue
         cmd, env = argv_env(cells, debug, a.profile_n)
         log_file = a.work / f"kprof-{name.replace(' ', '-')}.csv"
@@ -171,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         r = run(f"kprof-ncu-{name.replace(' ', '-')}", ncu + cmd, a.work, env=env, timeout=900)
         rows = decode_kernels(parse_ncu_csv(log_file.read_text() if log_file.is_file() else ""))
         entry: dict = {"window": cells, "debug": debug, "ncu_rc": r["rc"], "carry_read_runs": carried[name],
-                       "graphs_reused_of_decodes": reused[name],
+                       "graphs_reused_of_decodes": reused[name], "debug_lines": sorted(said[name]),
                        "timed_ms_per_token": times[name],
                        "timed_median_ms": round(statistics.median(times[name]), 4) if times[name] else None}
         if rows:

@@ -92,6 +92,7 @@ def test_gpu_run_parses_a_completion_log(tmp_path: Path):
         "common_perf_print: prompt eval time =     573.10 ms / 35131 tokens (    0.02 ms per token, 61300.00 tokens per second)",
         "common_perf_print:        eval time =      26.69 ms /    31 runs   (    0.86 ms per token,  1161.48 tokens per second)",
         "common_perf_print:    graphs reused =         29",
+        "0.01.2 I opencoti_copy_kv_rows: OPENCOTI_KV_DEBUG tail-copy-2d: K and V cells in one pitched copy",
     ]))
     r = run("t", [str(tool)], tmp_path)
     assert r["rc"] == 0
@@ -102,6 +103,7 @@ def test_gpu_run_parses_a_completion_log(tmp_path: Path):
     assert (r["prompt_tokens"], r["prefill_tps"], r["decode_tps"]) == (35131, 61300.0, 1161.48)
     assert r["decode_ms_per_token"] == pytest.approx(26.69 / 31)
     assert (r["graphs_reused"], r["decode_runs"]) == (29, 31)
+    assert r["debug_lines"] == ["OPENCOTI_KV_DEBUG tail-copy-2d: K and V cells in one pitched copy"]
     assert r["measure_pass"] and not r["fully_resident"]
     assert (tmp_path / "t.log").read_text().startswith(str(tool))
 
@@ -121,7 +123,6 @@ def test_gpu_run_reads_the_cells_a_mapped_tail_really_keeps_in_device_memory(tmp
         mapped.format(dev="128.00", cells=29127),
         mapped.format(dev="2.00", cells=30000),  # a second cache (another row size): the fewest cells count
         "common_perf_print:        eval time =      26.69 ms /    31 runs   (    0.86 ms per token,  1161.48 tokens per second)",
-        "common_perf_print:    graphs reused =         29",
     ]))
     r = run("t", [str(tool)], tmp_path)
     assert r["window"]["resident"] == 35840 and r["device_cells"] == 29127
@@ -1860,6 +1861,8 @@ def test_kernel_profile_counts_the_timed_runs_whose_ring_read_carried_chunks(
     fake_tool(bindir / "llama-completion", "\n".join([
         'case ",$OPENCOTI_KV_DEBUG," in *,ring-carry,*) [ -n "$LLAMA_ARG_KV_WINDOW_CELLS" ] && echo "ggml_cuda:'
         ' tail ring: 3 carried chunk(s) read by graph 4 (the first time in this context)" ;; esac',
+        # a comparison flag's own line, once a process
+        '[ -n "$OPENCOTI_KV_DEBUG" ] && echo "0.1 I f: OPENCOTI_KV_DEBUG $OPENCOTI_KV_DEBUG: the way it ran"',
         'echo "common_perf_print: prompt eval time =     700.00 ms / 35131 tokens (    0.02 ms per token, 50000.00'
         ' tokens per second)"',
         'echo "common_perf_print:        eval time =     100.00 ms /    63 runs   (    1.59 ms per token,   630.00'
@@ -1877,6 +1880,8 @@ def test_kernel_profile_counts_the_timed_runs_whose_ring_read_carried_chunks(
     assert configs["window 256 ring-carry"]["timed_ms_per_token"] == [100.0 / 63, 100.0 / 63]
     assert configs["resident"]["graphs_reused_of_decodes"] == [[61, 63], [61, 63]]
     assert configs["window 256"]["graphs_reused_of_decodes"] == [[0, 63], [0, 63]]
+    assert configs["window 256 ring-carry"]["debug_lines"] == ["OPENCOTI_KV_DEBUG ring-carry: the way it ran"]
+    assert configs["window 256"]["debug_lines"] == []
     capsys.readouterr()
 
 
