@@ -45,9 +45,8 @@ RE_PROMPT = re.compile(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens .*?([
 RE_EVAL = re.compile(r"\s eval time =\s*([\d.]+) ms /\s*(\d+) runs .*?([\d.]+) tokens per second")
 # llama's own count of the graphs it reused instead of building them again (its perf summary)
 RE_REUSED = re.compile(r"graphs reused =\s*(\d+)")
-# what says, once a process, which way a path ran: a comparison flag of OPENCOTI_KV_DEBUG ("OPENCOTI_KV_DEBUG flag:
-# ...") and the tail's chunk copy ("tail copy: K and V cells in one pitched copy" or "... in two copies (why)")
-RE_DEBUG_LINE = re.compile(r"(?:OPENCOTI_KV_DEBUG [a-z0-9-]+|tail copy): [^\n]*")
+# a comparison flag of OPENCOTI_KV_DEBUG that says, once a process, which way it ran ("OPENCOTI_KV_DEBUG flag: ...")
+RE_DEBUG_LINE = re.compile(r"OPENCOTI_KV_DEBUG [a-z0-9-]+: [^\n]*")
 RE_COMPUTE = re.compile(r"(\S+) compute buffer size =\s*([\d.]+) MiB")
 # the reserve's summary: "graph: nodes = N, splits = S, ..." or, when the pp and tg graphs differ,
 # "graph (pp bs=512, tg bs=1): nodes = N / M, splits = S / T, ..."

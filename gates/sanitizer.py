@@ -30,7 +30,6 @@ RE_SUMMARY = re.compile(r"=+ ERROR SUMMARY: (\d+) error")
 # racecheck ends with its own summary line, never an ERROR SUMMARY
 RE_RACE = re.compile(r"=+ RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) errors?, (\d+) warnings?\)")
 MAPPED = "host tail mapped into the device's address space"
-RE_TAIL_COPY = re.compile(r"tail copy: K and V cells in (one pitched copy|two copies)")
 RE_TAIL = re.compile(r"position window = \d+ / \d+ cells resident \+ host tail [1-9]")
 RE_DEVICE_PART = re.compile(r"[1-9]\d* cells in device memory")
 # --wide: two layers of 16 KV heads of 128 (4 KiB rows), so that a 2 MiB mapping granule is 512 cells and the default
@@ -38,7 +37,7 @@ RE_DEVICE_PART = re.compile(r"[1-9]\d* cells in device memory")
 WIDE_MODEL_ARGS = ["--arch", "llama", "--layers", "2", "--n-embd", "2048", "--n-head", "16", "--n-head-kv", "16",
                    "--head-dim", "128", "--n-ff", "2048", "--ctx", "4096", "--vocab", "512"]
 KEEP = ("=========", "position window", "mapped into", "prompt eval time", "eval time", "GGML_ASSERT", "error:",
-        "current device", "tail ring:", "tail copy:")  # ggml-cuda's CUDA error names the function and line on its "current device" line
+        "current device", "tail ring:")  # ggml-cuda's CUDA error names the function and line on its "current device" line
 
 
 def verdict(rc: int | None, text: str) -> dict:
@@ -146,8 +145,6 @@ def main(argv: list[str] | None = None) -> int:
         # (--debug ring-carry) that never read one has not put the carry's copies under the tool
         results[tool]["carry_read"] = bool(RE_CARRY_READ.search(text))
         results[tool]["carry_dropped_on_write"] = CARRY_DROPPED in text
-        # which way the tail's chunks crossed (fattn.cu says it once a process): one pitched copy or two copies
-        results[tool]["tail_copy"] = next((m.group(1) for m in RE_TAIL_COPY.finditer(text)), None)
         if (results[tool]["verdict"] == "pass" and "ring-carry" in a.debug.split(",")
                 and not results[tool]["carry_read"]):
             results[tool].update(verdict="not checked", why="--debug names ring-carry, but no 'tail ring: ... carried "

@@ -92,8 +92,7 @@ def test_gpu_run_parses_a_completion_log(tmp_path: Path):
         "common_perf_print: prompt eval time =     573.10 ms / 35131 tokens (    0.02 ms per token, 61300.00 tokens per second)",
         "common_perf_print:        eval time =      26.69 ms /    31 runs   (    0.86 ms per token,  1161.48 tokens per second)",
         "common_perf_print:    graphs reused =         29",
-        "0.01.1 I opencoti_copy_kv_rows: tail copy: K and V cells in one pitched copy",
-        "0.01.2 I opencoti_fattn_segments_run: OPENCOTI_KV_DEBUG ring-combine: a one-chunk tail combined",
+        "0.01.2 I opencoti_copy_kv_rows: OPENCOTI_KV_DEBUG tail-copy-2d: K and V cells in one pitched copy",
     ]))
     r = run("t", [str(tool)], tmp_path)
     assert r["rc"] == 0
@@ -104,8 +103,7 @@ def test_gpu_run_parses_a_completion_log(tmp_path: Path):
     assert (r["prompt_tokens"], r["prefill_tps"], r["decode_tps"]) == (35131, 61300.0, 1161.48)
     assert r["decode_ms_per_token"] == pytest.approx(26.69 / 31)
     assert (r["graphs_reused"], r["decode_runs"]) == (29, 31)
-    assert r["debug_lines"] == ["OPENCOTI_KV_DEBUG ring-combine: a one-chunk tail combined",
-                                "tail copy: K and V cells in one pitched copy"]
+    assert r["debug_lines"] == ["OPENCOTI_KV_DEBUG tail-copy-2d: K and V cells in one pitched copy"]
     assert r["measure_pass"] and not r["fully_resident"]
     assert (tmp_path / "t.log").read_text().startswith(str(tool))
 
@@ -1711,21 +1709,17 @@ def test_sanitizer_asked_to_carry_passes_only_where_the_run_read_carried_chunks(
 
     base = ["--bin", str(tmp_path), "--model", str(tmp_path / "m.gguf"), "--work", str(tmp_path / "w"),
             "--tools", "memcheck", "--limit", "5", "--debug", "tail-ring,ring-carry"]
-    read = tool("read", 'echo "I tail ring: 3 carried chunk(s) read by graph 2"; '
-                        'echo "I opencoti_copy_kv_rows: tail copy: K and V cells in one pitched copy"; ')
+    read = tool("read", 'echo "I tail ring: 3 carried chunk(s) read by graph 2"; ')
     out = tmp_path / "read.txt"
     assert sanitizer.main([*base, "--sanitizer", str(read), "--out", str(out)]) == 0
     res = json.loads(capsys.readouterr().out)["tools"]["memcheck"]
     assert res["verdict"] == "pass" and res["carry_read"] is True and res["carry_dropped_on_write"] is False
     assert "tail ring: 3 carried chunk(s) read by graph 2" in out.read_text()  # the line is kept in the file
-    # and which way the tail's chunks crossed (kept too); a run that never says has None
-    assert res["tail_copy"] == "one pitched copy" and "tail copy: K and V cells in one pitched copy" in out.read_text()
     # the same clean run that never read a carried chunk: the carry was not under the tool
     silent = tool("silent", "")
     assert sanitizer.main([*base, "--sanitizer", str(silent), "--out", str(tmp_path / "silent.txt")]) == 1
     res = json.loads(capsys.readouterr().out)["tools"]["memcheck"]
     assert res["verdict"] == "not checked" and "the carry did not run" in res["why"] and res["carry_read"] is False
-    assert res["tail_copy"] is None
     assert "memcheck: not checked" in (tmp_path / "silent.txt").read_text()
     # without ring-carry asked, the same run passes (it records that no carried chunk was read)
     plain = [x if x != "tail-ring,ring-carry" else "tail-ring" for x in base]
