@@ -39,6 +39,7 @@ from gates.common import (
     own_libraries_env,
     parse_stats,
     report_part,
+    rotated,
 )
 
 RE_PROMPT = re.compile(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens .*?([\d.]+) tokens per second")
@@ -349,7 +350,7 @@ def gate_b(a: argparse.Namespace, model: Path, work: Path) -> dict:
     starts: dict[str, list[list[float]]] = {n: [] for n in builds}
     t0 = time.monotonic()
     for i in range(a.bench_rounds):
-        order = list(builds)[i % len(builds):] + list(builds)[:i % len(builds)]  # each build leads in turn
+        order = rotated(list(builds), i)  # each build leads in turn
         for name in order:
             b, flags = builds[name]
             t = time.monotonic() - t0
@@ -709,7 +710,7 @@ def gate_d(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
     if granule_cells is not None:
         rep_points.append(("small", granule_cells))
     for i in range(1, a.target_reps):
-        for key, cells in rep_points:
+        for key, cells in rotated(rep_points, i):  # each point leads in turn (a fixed order favours a place)
             if cells is None:
                 r = run(f"d-nkvo-rep{i}", completion(a.upstream_bin, model, ctx, prompt, a.curve_n, ["-nkvo"]), work,
                         measure=True)

@@ -10,6 +10,13 @@ the events that order it, the gaps between launches). Run on a CUDA machine with
 
 With --no-ncu only the timed runs are made (no profiler needed): `--debug "" no-tail-combine` then compares the
 window's decode with and without OPENCOTI_KV_DEBUG flags against fully resident, interleaved, in one call.
+
+Each repetition runs every configuration once, and the repetitions rotate which configuration leads: on the H200 a
+fixed order favoured whichever configuration ran third by about 5 % (two copies a chunk read 0.905 of resident in
+second place in one call and 0.954 in third in another, one pitched copy 0.964 in third and 0.905 in second), so a
+fixed order can crown a flag by its place. Beside the ratio of
+the medians, each configuration gets its repetitions' own ratios against the resident run of the same repetition
+(`decode_ratio_runs`, and their median) and the place it ran in each (`places`).
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from gates.common import DEBUG_ENV, WINDOW_ENV, ensure_model, log, make_text
+from gates.common import DEBUG_ENV, WINDOW_ENV, ensure_model, log, make_text, rotated
 from gates.gpu import MODEL_ARGS, RE_CARRY_READ, completion, run, small_tail_window
 
 # the kernels of a flash-attention node: upstream's vector and MMA kernels and their combine, and fattn.cu's own
@@ -86,6 +93,13 @@ def over_resident(configs: dict) -> dict[str, str]:
         cost = (e["timed_median_ms"] - base["timed_median_ms"]) * 1e3
         o = {"timed_us_per_token": round(cost, 1), "decode_ratio": round(base["timed_median_ms"] / e["timed_median_ms"], 3)}
         line = f"{cost:.1f} us a token (decode {o['decode_ratio']})"
+        # paired: each repetition's run against the resident run of the same repetition (None: one of them failed)
+        pairs = [b / t for b, t in zip(base.get("timed_by_rep", []), e.get("timed_by_rep", []), strict=False)
+                 if b and t]
+        if pairs:
+            o |= {"decode_ratio_runs": [round(x, 3) for x in pairs],
+                  "decode_ratio_paired_median": round(statistics.median(pairs), 3)}
+            line += f", paired median {o['decode_ratio_paired_median']} of {len(pairs)}"
         if e.get("us_per_token") is not None and base.get("us_per_token") is not None:
             kern = e["us_per_token"] - base["us_per_token"]
             o |= {"kernel_us_per_token": round(kern, 1), "waiting_us_per_token": round(cost - kern, 1)}
@@ -147,23 +161,30 @@ def main(argv: list[str] | None = None) -> int:
     reused: dict[str, list[list[int]]] = {name: [] for name, _, _ in configs}
     # what a comparison flag says, once a process, about the way it ran (fattn.cu's "OPENCOTI_KV_DEBUG flag: ...")
     said: dict[str, set[str]] = {name: set() for name, _, _ in configs}
+    # each repetition's time of each configuration (None where the run failed), and the place it ran in
+    by_rep: dict[str, list[float | None]] = {name: [] for name, _, _ in configs}
+    places: dict[str, list[int]] = {name: [] for name, _, _ in configs}
     for rep in range(a.reps):
-        for name, cells, debug in configs:
+        for place, (name, cells, debug) in enumerate(rotated(configs, rep), 1):
             cmd, env = argv_env(cells, debug, a.time_n)
             r = run(f"kprof-time-{name.replace(' ', '-')}-{rep}", cmd, a.work, env=env)
             carried[name] += bool(RE_CARRY_READ.search(r.get("text", "")))
             if "graphs_reused" in r and "decode_runs" in r:
                 reused[name].append([r["graphs_reused"], r["decode_runs"]])
             said[name].update(r.get("debug_lines", []))
-            if r["rc"] == 0 and r.get("decode_ms_per_token"):
+            places[name].append(place)
+            ok = r["rc"] == 0 and bool(r.get("decode_ms_per_token"))
+            by_rep[name].append(r["decode_ms_per_token"] if ok else None)
+            if ok:
                 times[name].append(r["decode_ms_per_token"])
-                log(f"timed {name}: {r['decode_ms_per_token']:.4f} ms/token ({r.get('decode_tps')} tok/s)")
+                log(f"timed {name} (place {place}): {r['decode_ms_per_token']:.4f} ms/token ({r.get('decode_tps')} tok/s)")
     # profiled runs
     for name, cells, debug in configs:
         if a.no_ncu:
             result["configs"][name] = {"window": cells, "debug": debug, "timed_ms_per_token": times[name],
                                        "timed_median_ms": round(statistics.median(times[name]), 4)
-                                       if times[name] else None, "carry_read_runs": carried[name],
+                                       if times[name] else None, "timed_by_rep": by_rep[name],
+                                       "places": places[name], "carry_read_runs": carried[name],
                                        "graphs_reused_of_decodes": reused[name], "debug_lines": sorted(said[name])}
             continue
         cmd, env = argv_env(cells, debug, a.profile_n)
@@ -175,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = decode_kernels(parse_ncu_csv(log_file.read_text() if log_file.is_file() else ""))
         entry: dict = {"window": cells, "debug": debug, "ncu_rc": r["rc"], "carry_read_runs": carried[name],
                        "graphs_reused_of_decodes": reused[name], "debug_lines": sorted(said[name]),
-                       "timed_ms_per_token": times[name],
+                       "timed_ms_per_token": times[name], "timed_by_rep": by_rep[name], "places": places[name],
                        "timed_median_ms": round(statistics.median(times[name]), 4) if times[name] else None}
         if rows:
             entry |= per_token(rows, a.profile_n - 1)

@@ -1849,6 +1849,26 @@ def test_kernel_profile_sets_each_window_against_resident_with_or_without_the_pr
     assert "over_resident" not in configs["window 512"] and "over_resident" not in configs["resident"]
     assert lines["window 34816"] == "250.0 us a token (decode 0.8), of it 80.0 us kernels, 170.0 us waiting"
     assert sorted(lines) == ["window 34816", "window 34816 no-tail-combine"]
+    # with each repetition's times, the paired ratios (against the resident run of the same repetition), a failed
+    # run of either side left out
+    configs = {"resident": {"timed_median_ms": 1.0, "timed_by_rep": [1.0, 1.2, None, 0.9]},
+               "window 256": {"timed_median_ms": 1.2, "timed_by_rep": [1.25, 1.2, 1.1, None]}}
+    lines = kp.over_resident(configs)
+    assert configs["window 256"]["over_resident"]["decode_ratio_runs"] == [0.8, 1.0]
+    assert configs["window 256"]["over_resident"]["decode_ratio_paired_median"] == 0.9
+    assert lines["window 256"].endswith("paired median 0.9 of 2")
+
+
+def test_timed_runs_rotate_which_configuration_leads_each_repetition():
+    from gates.common import rotated
+
+    cs = ["resident", "a", "b"]
+    orders = [rotated(cs, rep) for rep in range(6)]
+    assert orders[:3] == [["resident", "a", "b"], ["a", "b", "resident"], ["b", "resident", "a"]]
+    assert orders[3:] == orders[:3]
+    # over any whole number of turns each configuration takes each place equally often
+    assert all(sorted(o.index(c) for o in orders) == [0, 0, 1, 1, 2, 2] for c in cs)
+    assert rotated([], 3) == []
 
 
 def test_kernel_profile_counts_the_timed_runs_whose_ring_read_carried_chunks(
@@ -1878,6 +1898,11 @@ def test_kernel_profile_counts_the_timed_runs_whose_ring_read_carried_chunks(
     assert {k: v["carry_read_runs"] for k, v in configs.items()} == {
         "resident": 0, "window 256": 0, "window 256 ring-carry": 2}
     assert configs["window 256 ring-carry"]["timed_ms_per_token"] == [100.0 / 63, 100.0 / 63]
+    # the second repetition turned the order by one place
+    assert {k: v["places"] for k, v in configs.items()} == {
+        "resident": [1, 3], "window 256": [2, 1], "window 256 ring-carry": [3, 2]}
+    assert configs["window 256"]["timed_by_rep"] == [100.0 / 63, 100.0 / 63]
+    assert configs["window 256"]["over_resident"]["decode_ratio_runs"] == [1.0, 1.0]
     assert configs["resident"]["graphs_reused_of_decodes"] == [[61, 63], [61, 63]]
     assert configs["window 256"]["graphs_reused_of_decodes"] == [[0, 63], [0, 63]]
     assert configs["window 256 ring-carry"]["debug_lines"] == ["OPENCOTI_KV_DEBUG ring-carry: the way it ran"]
