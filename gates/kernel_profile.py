@@ -12,9 +12,9 @@ With --no-ncu only the timed runs are made (no profiler needed): `--debug "" no-
 window's decode with and without OPENCOTI_KV_DEBUG flags against fully resident, interleaved, in one call.
 
 Each repetition runs every configuration once, and the repetitions rotate which configuration leads: on the H200 a
-fixed order favoured whichever configuration ran third by about 5 % (two copies a chunk read 0.905 of resident in
-second place in one call and 0.954 in third in another, one pitched copy 0.964 in third and 0.905 in second), so a
-fixed order can crown a flag by its place. Beside the ratio of
+fixed order favoured the third of three places by 3-5 % (two copies a chunk read 0.905 of resident in second place
+in one call and 0.954 in third in another, one pitched copy 0.964 in third and 0.905 in second), so a fixed order
+can crown a flag by its place. Beside the ratio of
 the medians, each configuration gets its repetitions' own ratios against the resident run of the same repetition
 (`decode_ratio_runs`, and their median) and the place it ran in each (`places`).
 """
