@@ -187,8 +187,8 @@ def supports_flag(binary: Path, flag: str) -> bool:
 def rotated(items: list, rep: int) -> list:
     """items in repetition rep's order: the list turned by rep places, so each leads in turn and takes every place
     as often as the repetitions allow. Timed runs interleaved in a fixed order are not comparable: on the H200 the
-    same path decoded 3-5 % faster in the third of three places than in the second (docs/gates.md, twenty-fifth
-    round)."""
+    same path decoded 3-5 % faster in the third of three places than in the second (two copies a chunk read 0.905 of
+    resident in second place in one call and 0.954 in third in another; docs/gates.md, twenty-fifth round)."""
     k = rep % len(items) if items else 0
     return items[k:] + items[:k]
 

@@ -11,12 +11,10 @@ the events that order it, the gaps between launches). Run on a CUDA machine with
 With --no-ncu only the timed runs are made (no profiler needed): `--debug "" no-tail-combine` then compares the
 window's decode with and without OPENCOTI_KV_DEBUG flags against fully resident, interleaved, in one call.
 
-Each repetition runs every configuration once, and the repetitions rotate which configuration leads: on the H200 a
-fixed order favoured the third of three places by 3-5 % (two copies a chunk read 0.905 of resident in second place
-in one call and 0.954 in third in another, one pitched copy 0.964 in third and 0.905 in second), so a fixed order
-can crown a flag by its place. Beside the ratio of
-the medians, each configuration gets its repetitions' own ratios against the resident run of the same repetition
-(`decode_ratio_runs`, and their median) and the place it ran in each (`places`).
+Each repetition runs every configuration once, and the repetitions rotate which configuration leads
+(gates.common.rotated: a fixed order can crown a flag by its place). Beside the ratio of the medians, each
+configuration gets its repetitions' own ratios against the resident run of the same repetition (`decode_ratio_runs`,
+and their median) and the place it ran in each (`places`).
 """
 
 from __future__ import annotations
@@ -154,7 +152,6 @@ def main(argv: list[str] | None = None) -> int:
 
     result: dict = {"n_prompt": n_prompt, "ctx": a.ctx, "configs": {}}
     # timed runs, interleaved
-    times: dict[str, list[float]] = {name: [] for name, _, _ in configs}
     carried: dict[str, int] = {name: 0 for name, _, _ in configs}  # timed runs whose ring read carried chunks
     # llama's "graphs reused" against its decode runs, per timed run: a configuration that builds its graph again
     # each token pays the build on the host between two tokens
@@ -176,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
             ok = r["rc"] == 0 and bool(r.get("decode_ms_per_token"))
             by_rep[name].append(r["decode_ms_per_token"] if ok else None)
             if ok:
-                times[name].append(r["decode_ms_per_token"])
                 log(f"timed {name} (place {place}): {r['decode_ms_per_token']:.4f} ms/token ({r.get('decode_tps')} tok/s)")
+    times = {name: [t for t in by_rep[name] if t is not None] for name in by_rep}  # the runs that gave a time
     # profiled runs
     for name, cells, debug in configs:
         if a.no_ncu:
