@@ -122,6 +122,26 @@ RE_SPAN = re.compile(r"attention span (\d+) of (\d+) cells")
 # dropped because a write into a mapped buffer came in between
 RE_CARRY_READ = re.compile(r"tail ring: (\d+) carried chunk\(s\) read by graph")
 CARRY_DROPPED = "tail ring: carried chunks dropped: a write into a mapped buffer"
+# 0073's tail mirror (OPENCOTI_KV_DEBUG=tail-mirror) says, once a context, that a graph read layer copies of the tail
+# kept from the graphs before
+RE_MIRROR_KEPT = re.compile(r"tail mirror: (\d+) layer copies kept from earlier graphs read by graph")
+# the flags of OPENCOTI_KV_DEBUG that log, once a context, that they ran, and what it means when no run logged it:
+# a flag asked for that did not run has not been checked, whatever the runs say
+FLAG_RAN = {
+    "ring-carry": (RE_CARRY_READ, "no 'tail ring: ... carried chunk(s) read' line was logged: the carry did not run"),
+    "tail-mirror": (RE_MIRROR_KEPT, "no 'tail mirror: ... kept from earlier graphs read' line was logged: no tail "
+                                    "copy was read across graphs"),
+}
+
+
+def flags_ran(text: str) -> list[str]:
+    """The flags of FLAG_RAN whose line the log text has."""
+    return sorted(f for f, (rx, _why) in FLAG_RAN.items() if rx.search(text))
+
+
+def flags_not_run(debug: str, ran: set[str]) -> list[str]:
+    """The flags of debug (OPENCOTI_KV_DEBUG's comma-separated list) that log when they run and are not in ran."""
+    return [f for f in debug.split(",") if f in FLAG_RAN and f not in ran]
 # a window sized from a budget: the layers whose K and V hold one granule more (the granularity's remainders)
 RE_GRANULE_LAYERS = re.compile(r"the mapping granularity's remainders: (\d+) of (\d+) layers hold one granule more")
 
@@ -525,7 +545,8 @@ def gate_c(a: argparse.Namespace, model: Path, work: Path) -> dict:
                    "span": [[int(x) for x in m] for m in RE_SPAN.findall(r["text"])][:1],
                    "span_splits": len(RE_SPAN_SPLIT.findall(r["text"])),
                    "carry_read": bool(RE_CARRY_READ.search(r["text"])),
-                   "carry_dropped_on_write": CARRY_DROPPED in r["text"], "debug_lines": r["debug_lines"], **stats}
+                   "carry_dropped_on_write": CARRY_DROPPED in r["text"], "flags_ran": flags_ran(r["text"]),
+                   "debug_lines": r["debug_lines"], **stats}
             row["within_bound"] = r["rc"] == 0 and bool(r.get("window")) \
                 and stats.get("max_kld", 1) <= TOL_TOOL_MAX_KLD and stats.get("same_top_pct", 0) >= TOL_SAME_TOP_PCT
             if "sized_for" in row:  # a sized row checks the hand-back only where it ran with one
@@ -551,11 +572,13 @@ def gate_c(a: argparse.Namespace, model: Path, work: Path) -> dict:
                                                  if "carry_dropped_on_write" in w)}
     log(f"gate c: carried chunks read in {out['carry']['rows_read']} window run(s), a stale carry dropped in "
         f"{out['carry']['rows_dropped_on_write']}")
-    if ok and "ring-carry" in a.window_debug.split(",") and not out["carry"]["rows_read"]:
+    out["mirror"] = {"rows_kept": sum("tail-mirror" in w.get("flags_ran", []) for w in out["windows"])}
+    missing = flags_not_run(a.window_debug, {f for w in out["windows"] for f in w.get("flags_ran", [])})
+    if ok and missing:
         out["pass"] = False
         out["verdict"] = "not checked"
-        out["why_not_checked"] = ("--window-debug names ring-carry, but no window run read a carried chunk (no "
-                                  "'tail ring: ... carried chunk(s) read' line in any log): the carry did not run")
+        out["why_not_checked"] = "; ".join(f"--window-debug names {f}, but in no window run: {FLAG_RAN[f][1]}"
+                                           for f in missing)
     out["tolerance"] = {"max_kld": TOL_TOOL_MAX_KLD, "same_top_pct": TOL_SAME_TOP_PCT,
                         "spread_share": SPREAD_SHARE, "spread_factor": SPREAD_FACTOR}
     return out

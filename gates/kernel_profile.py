@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 from gates.common import DEBUG_ENV, WINDOW_ENV, ensure_model, log, make_text, rotated
-from gates.gpu import MODEL_ARGS, RE_CARRY_READ, completion, run, small_tail_window
+from gates.gpu import MODEL_ARGS, RE_CARRY_READ, completion, flags_not_run, flags_ran, run, small_tail_window
 
 # the kernels of a flash-attention node: upstream's vector and MMA kernels and their combine, and fattn.cu's own
 # (the segments' merge, the ring's patch)
@@ -158,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     reused: dict[str, list[list[int]]] = {name: [] for name, _, _ in configs}
     # what a comparison flag says, once a process, about the way it ran (fattn.cu's "OPENCOTI_KV_DEBUG flag: ...")
     said: dict[str, set[str]] = {name: set() for name, _, _ in configs}
+    # the flags that log when they run (gates.gpu.FLAG_RAN), per configuration: one asked for and never logged did
+    # not run, so its timings are the default's (flags_not_run in the result)
+    ran: dict[str, set[str]] = {name: set() for name, _, _ in configs}
     # each repetition's time of each configuration (None where the run failed), and the place it ran in
     by_rep: dict[str, list[float | None]] = {name: [] for name, _, _ in configs}
     places: dict[str, list[int]] = {name: [] for name, _, _ in configs}
@@ -169,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             if "graphs_reused" in r and "decode_runs" in r:
                 reused[name].append([r["graphs_reused"], r["decode_runs"]])
             said[name].update(r.get("debug_lines", []))
+            ran[name].update(flags_ran(r.get("text", "")))
             places[name].append(place)
             ok = r["rc"] == 0 and bool(r.get("decode_ms_per_token"))
             by_rep[name].append(r["decode_ms_per_token"] if ok else None)
@@ -182,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
                                        "timed_median_ms": round(statistics.median(times[name]), 4)
                                        if times[name] else None, "timed_by_rep": by_rep[name],
                                        "places": places[name], "carry_read_runs": carried[name],
-                                       "graphs_reused_of_decodes": reused[name], "debug_lines": sorted(said[name])}
+                                       "graphs_reused_of_decodes": reused[name], "debug_lines": sorted(said[name]),
+                                       "flags_ran": sorted(ran[name]), "flags_not_run": flags_not_run(debug, ran[name])}
             continue
         cmd, env = argv_env(cells, debug, a.profile_n)
         log_file = a.work / f"kprof-{name.replace(' ', '-')}.csv"
@@ -193,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = decode_kernels(parse_ncu_csv(log_file.read_text() if log_file.is_file() else ""))
         entry: dict = {"window": cells, "debug": debug, "ncu_rc": r["rc"], "carry_read_runs": carried[name],
                        "graphs_reused_of_decodes": reused[name], "debug_lines": sorted(said[name]),
+                       "flags_ran": sorted(ran[name]), "flags_not_run": flags_not_run(debug, ran[name]),
                        "timed_ms_per_token": times[name], "timed_by_rep": by_rep[name], "places": places[name],
                        "timed_median_ms": round(statistics.median(times[name]), 4) if times[name] else None}
         if rows:

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from gates.common import DEBUG_ENV, WINDOW_ENV, ensure_model, make_text, own_libraries_env
-from gates.gpu import CARRY_DROPPED, MODEL_ARGS, RE_CARRY_READ
+from gates.gpu import CARRY_DROPPED, FLAG_RAN, MODEL_ARGS, RE_CARRY_READ, flags_not_run, flags_ran
 
 MAX_LINES = 200  # of the sanitizer's own lines kept per tool (a racecheck hazard report is long)
 RE_SUMMARY = re.compile(r"=+ ERROR SUMMARY: (\d+) error")
@@ -37,7 +37,7 @@ RE_DEVICE_PART = re.compile(r"[1-9]\d* cells in device memory")
 WIDE_MODEL_ARGS = ["--arch", "llama", "--layers", "2", "--n-embd", "2048", "--n-head", "16", "--n-head-kv", "16",
                    "--head-dim", "128", "--n-ff", "2048", "--ctx", "4096", "--vocab", "512"]
 KEEP = ("=========", "position window", "mapped into", "prompt eval time", "eval time", "GGML_ASSERT", "error:",
-        "current device", "tail ring:")  # ggml-cuda's CUDA error names the function and line on its "current device" line
+        "current device", "tail ring:", "tail mirror:", "OPENCOTI_KV_DEBUG ")  # ggml-cuda's CUDA error names the function and line on its "current device" line
 
 
 def verdict(rc: int | None, text: str) -> dict:
@@ -145,10 +145,12 @@ def main(argv: list[str] | None = None) -> int:
         # (--debug ring-carry) that never read one has not put the carry's copies under the tool
         results[tool]["carry_read"] = bool(RE_CARRY_READ.search(text))
         results[tool]["carry_dropped_on_write"] = CARRY_DROPPED in text
-        if (results[tool]["verdict"] == "pass" and "ring-carry" in a.debug.split(",")
-                and not results[tool]["carry_read"]):
-            results[tool].update(verdict="not checked", why="--debug names ring-carry, but no 'tail ring: ... carried "
-                                 "chunk(s) read' line was logged: the carry did not run under the tool")
+        # so does the tail mirror whether a graph read copies kept from the graphs before (--debug tail-mirror)
+        results[tool]["flags_ran"] = flags_ran(text)
+        missing = flags_not_run(a.debug, set(results[tool]["flags_ran"]))
+        if results[tool]["verdict"] == "pass" and missing:
+            results[tool].update(verdict="not checked", why="; ".join(
+                f"--debug names {f}, but under the tool {FLAG_RAN[f][1]}" for f in missing))
         own = [ln for ln in text.splitlines() if ln.startswith(KEEP[0])]
         lines += own[:MAX_LINES] + [f"... {len(own) - MAX_LINES} more sanitizer lines"] * (len(own) > MAX_LINES)
         lines += [ln for ln in text.splitlines() if any(k in ln for k in KEEP[1:])]

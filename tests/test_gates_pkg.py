@@ -843,6 +843,40 @@ def test_gate_c_with_the_carry_asked_for_needs_a_run_that_read_carried_chunks(tm
     assert res["pass"] and "verdict" not in res and res["carry"]["rows_read"] == 0
 
 
+def test_gate_c_with_the_tail_mirror_asked_for_needs_a_run_that_read_a_kept_copy(tmp_path: Path):
+    from gates.gpu import gate_c, parse_args
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+
+    def perplexity(mirror_line: str) -> None:  # a window run; with tail-mirror in OPENCOTI_KV_DEBUG, the mirror's line
+        fake_tool(bin_dir / "llama-perplexity", "\n".join([
+            'if [ -n "$LLAMA_ARG_KV_WINDOW_CELLS" ]; then echo "llama_kv_cache: position window ='
+            ' $LLAMA_ARG_KV_WINDOW_CELLS / 2048 cells resident + host tail 1 cells (1.00 MiB host) [CUDA0, forced,'
+            ' budget 0.00 MiB]"; case ",$OPENCOTI_KV_DEBUG," in *,tail-mirror,*) ' + mirror_line + ' ;; esac; fi',
+            'echo "Maximum KLD:   0.000034"', 'echo "Same top p: 100.000 ± 0.000 %"']), script=True)
+
+    def args(*extra: str):
+        return parse_args(["--full-bin", str(bin_dir), "--pre-bin", str(bin_dir), "--upstream-bin", str(bin_dir),
+                           "--c-decode-only", "--windows", "1024", "256", "--windows-ub1-4k", "--quant-caches",
+                           *extra])
+
+    perplexity('echo "opencoti_tail_mirror_graph: tail mirror: 8 layer copies kept from earlier graphs read by graph'
+               ' 3 (the first time in this context)"')
+    res = gate_c(args("--window-debug", "tail-mirror"), tmp_path / "m.gguf", tmp_path)
+    assert res["pass"] and "verdict" not in res and res["mirror"] == {"rows_kept": 2}
+    assert all(w["flags_ran"] == ["tail-mirror"] for w in res["windows"])
+    # asked for, and no run read a copy kept across graphs: not checked, though every row is within the bound
+    perplexity("true")
+    res = gate_c(args("--window-debug", "tail-mirror,ring-carry"), tmp_path / "m.gguf", tmp_path)
+    assert not res["pass"] and res["verdict"] == "not checked" and all(w["pass"] for w in res["windows"])
+    assert "names tail-mirror" in res["why_not_checked"] and "no tail copy was read across graphs" in \
+        res["why_not_checked"] and "the carry did not run" in res["why_not_checked"]
+    # not asked for: the rows judge alone
+    res = gate_c(args(), tmp_path / "m.gguf", tmp_path)
+    assert res["pass"] and "verdict" not in res and res["mirror"] == {"rows_kept": 0}
+
+
 def fake_perplexity_kld(bin_dir: Path, tmp_path: Path) -> None:
     """A stand-in llama-perplexity for gate c's decode rows: a forced window (LLAMA_ARG_KV_WINDOW_CELLS) or a window
     sized from --vram-target T (T - 300) * 100 cells (at least 256), 3 of 8 layers given a granule more; its KLD (max, mean) read
@@ -1727,6 +1761,37 @@ def test_sanitizer_asked_to_carry_passes_only_where_the_run_read_carried_chunks(
     assert json.loads(capsys.readouterr().out)["tools"]["memcheck"]["carry_read"] is False
 
 
+def test_sanitizer_asked_for_the_tail_mirror_passes_only_where_a_kept_copy_was_read(tmp_path: Path,
+                                                                                     capsys: pytest.CaptureFixture):
+    from gates import sanitizer
+
+    def tool(name: str, line: str) -> Path:
+        p = tmp_path / name
+        p.write_text('#!/bin/sh\necho "position window = 512 / 1024 cells resident + host tail 512 cells"; '
+                     'echo "host tail mapped into the device\'s address space: 2.00 MiB device"; '
+                     f'{line}echo "========= ERROR SUMMARY: 0 errors"\n')
+        p.chmod(0o755)
+        return p
+
+    base = ["--bin", str(tmp_path), "--model", str(tmp_path / "m.gguf"), "--work", str(tmp_path / "w"),
+            "--tools", "memcheck", "--limit", "5", "--debug", "tail-mirror"]
+    kept = tool("kept", 'echo "I opencoti_tail_mirror_graph: OPENCOTI_KV_DEBUG tail-mirror: small tails kept in device'
+                        ' memory across graphs, 2 layer copies (5.00 MiB)"; echo "I opencoti_tail_mirror_graph: tail'
+                        ' mirror: 2 layer copies kept from earlier graphs read by graph 3"; ')
+    out = tmp_path / "kept.txt"
+    assert sanitizer.main([*base, "--sanitizer", str(kept), "--out", str(out)]) == 0
+    res = json.loads(capsys.readouterr().out)["tools"]["memcheck"]
+    assert res["verdict"] == "pass" and res["flags_ran"] == ["tail-mirror"]
+    text = out.read_text()  # both of the mirror's lines are kept in the file
+    assert "tail mirror: 2 layer copies kept" in text and "OPENCOTI_KV_DEBUG tail-mirror: small tails kept" in text
+    # the same clean run whose graphs never read a kept copy: the mirror was not under the tool
+    silent = tool("silent", "")
+    assert sanitizer.main([*base, "--sanitizer", str(silent), "--out", str(tmp_path / "silent.txt")]) == 1
+    res = json.loads(capsys.readouterr().out)["tools"]["memcheck"]
+    assert res["verdict"] == "not checked" and "no tail copy was read across graphs" in res["why"]
+    assert "memcheck: not checked" in (tmp_path / "silent.txt").read_text()
+
+
 def test_sanitizer_wide_passes_only_where_the_window_kept_cells_in_device_memory(tmp_path: Path,
                                                                                 capsys: pytest.CaptureFixture):
     from gates import sanitizer
@@ -1907,6 +1972,15 @@ def test_kernel_profile_counts_the_timed_runs_whose_ring_read_carried_chunks(
     assert configs["window 256"]["graphs_reused_of_decodes"] == [[0, 63], [0, 63]]
     assert configs["window 256 ring-carry"]["debug_lines"] == ["OPENCOTI_KV_DEBUG ring-carry: the way it ran"]
     assert configs["window 256"]["debug_lines"] == []
+    # the carry logged that it ran, where it was asked for
+    assert {k: (v["flags_ran"], v["flags_not_run"]) for k, v in configs.items()} == {
+        "resident": ([], []), "window 256": ([], []), "window 256 ring-carry": (["ring-carry"], [])}
+    capsys.readouterr()
+    # a flag asked for that never logs its line did not run: the configuration says so
+    assert kp.main(["--bin", str(bindir), "--work", str(tmp_path / "w2"), "--out", str(out), "--no-ncu", "--reps", "1",
+                    "--windows", "256", "--debug", "tail-mirror,ring-carry"]) == 0
+    mirror = json.loads(out.read_text())["configs"]["window 256 tail-mirror,ring-carry"]
+    assert mirror["flags_ran"] == ["ring-carry"] and mirror["flags_not_run"] == ["tail-mirror"]
     capsys.readouterr()
 
 
