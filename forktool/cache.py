@@ -13,7 +13,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from forktool.tree import atomic_write
+from forktool.tree import atomic_write, read_file
 
 if TYPE_CHECKING:
     from typing import Any
@@ -53,7 +53,7 @@ class Cache:
         if self.root is None:
             return None
         try:
-            raw = json.loads(self._path(key).read_bytes())
+            raw = json.loads(read_file(self._path(key)))
             value_json = json.dumps(raw["value"], sort_keys=True, separators=(",", ":"))
             if raw.get("kind") != self.kind or raw.get("key") != key or raw.get("sha256") != _checksum(value_json):
                 self.misses += 1
@@ -177,7 +177,7 @@ class Checks:
         if p is None:
             return False
         try:
-            return p in self._valid or p.read_bytes() == p.name.encode()
+            return p in self._valid or read_file(p) == p.name.encode()
         except OSError:
             return False
 
@@ -318,7 +318,7 @@ class Memo:
         if self.root is None:
             return None
         try:
-            kind, got, value = unseal(self._path(key).read_bytes())  # type: ignore[misc]
+            kind, got, value = unseal(read_file(self._path(key)))  # type: ignore[misc]
         except (OSError, ValueError, TypeError):  # no file, or not a sealed (kind, key, value)
             return None
         return value if kind == self.kind and got == key else None

@@ -30,6 +30,7 @@ def run(call: Call) -> int:
     from forktool import cache, output
     from forktool.errors import ForktoolError, OutputError
     from forktool.project import find_project
+    from forktool.tree import NotRegularFileError
 
     with output.session(bool(call.opts.get("json"))):
         try:
@@ -46,6 +47,12 @@ def run(call: Call) -> int:
             if not isinstance(_signal_handler(), _Interrupt):  # in a process, the handler has said it already
                 output.error("interrupted")
             code = INTERRUPTED
+        except NotRegularFileError as e:  # something planted where forktool keeps a file: refused, nothing read
+            what = f"{e.filename}: {e.strerror}"
+            output.error(f"{what}\n  next: remove it (forktool never puts one there) and run the command again",
+                         {"error": what, "where": e.filename, "kind": "NotRegularFile",
+                          "hint": "remove it and run the command again"})
+            code = 1
         except Exception as e:
             if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):  # disk full: an expected failure
                 output.error(f"no space left on the device: {e}\n  next: free some space and run the command again",

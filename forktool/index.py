@@ -19,6 +19,7 @@ from forktool.tree import (
     check_link,
     check_name,
     check_root,
+    read_file,
     sha256_bytes,
     sha256_file,
     special_file,
@@ -48,7 +49,7 @@ Row = tuple[int, int, int, int, str, str]
 def _load(path: Path, root: Path) -> tuple[dict[str, Row], int]:
     """The stored index, or nothing when it is missing, damaged, of another version or made for another root."""
     try:
-        data = path.read_bytes()
+        data = read_file(path)
         if not data.startswith(MAGIC):
             return {}, 0
         version, where, taken_ns, entries = unseal(memoryview(data)[len(MAGIC):])  # type: ignore[misc]

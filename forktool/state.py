@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from forktool import schema
 from forktool.errors import ForktoolError
-from forktool.tree import Entry, atomic_write
+from forktool.tree import Entry, atomic_write, read_file
 
 if TYPE_CHECKING:
     from forktool.project import Project
@@ -74,7 +74,7 @@ def applied_stamp(project: Project) -> str:
     from forktool.build import stamp
 
     try:
-        st = State.from_json(json.loads((project.state_dir / STATE_FILE).read_text()))
+        st = State.from_json(json.loads(read_file(project.state_dir / STATE_FILE)))
     except FileNotFoundError:
         st = State()
     except (json.JSONDecodeError, KeyError, TypeError, IndexError, AttributeError) as e:

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from forktool.errors import ForktoolError
-from forktool.tree import atomic_write, sha256_bytes
+from forktool.tree import atomic_write, read_file, sha256_bytes
 
 
 class ObjectStore:
@@ -29,10 +29,13 @@ class ObjectStore:
     def get(self, sha: str) -> bytes:
         p = self.path(sha)
         try:
-            data = p.read_bytes()
+            data = read_file(p)
         except FileNotFoundError as e:
             raise ForktoolError(f"object {sha[:12]} missing from the store", where=str(p),
                                 hint="run `forktool vendor fetch` to rebuild the pristine cache") from e
+        except OSError as e:  # a FIFO, directory or device planted there, or unreadable: refused, never waited on
+            raise ForktoolError(f"object {sha[:12]} cannot be read: {e.strerror}", where=str(p),
+                                hint=f"delete {p} and run `forktool vendor fetch` again") from None
         if sha256_bytes(data) != sha:
             raise ForktoolError(f"object {sha[:12]} is corrupt (checksum mismatch)", where=str(p),
                                 hint=f"delete {p} and run `forktool vendor fetch` again")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
@@ -211,6 +212,33 @@ def _raise(e: OSError) -> None:
     raise e
 
 
+class NotRegularFileError(OSError):
+    """Where forktool reads or writes a file, something else is (a FIFO, device, socket or directory). An OSError,
+    so that a cache which treats an unreadable entry as absent treats this one so too; the CLI reports it as a
+    refusal (exit 1) naming the path."""
+
+
+def _kind(mode: int) -> str:
+    return ("directory" if stat.S_ISDIR(mode) else "FIFO" if stat.S_ISFIFO(mode) else
+            "socket" if stat.S_ISSOCK(mode) else "device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else
+            "special file")
+
+
+def read_file(path: Path) -> bytes:
+    """The bytes of the regular file at path (a last symlink is followed). Anything else raises NotRegularFileError
+    before it is opened, and the file is opened without blocking and checked again once open, so a FIFO planted
+    where a cache entry or a state file belongs is refused, never waited on."""
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise NotRegularFileError(errno.EINVAL, f"a {_kind(st.st_mode)} where a file belongs", str(path))
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(f.fileno()).st_mode
+        if not stat.S_ISREG(mode):  # swapped since the stat
+            raise NotRegularFileError(errno.EINVAL, f"a {_kind(mode)} where a file belongs", str(path))
+        return f.read()
+
+
 def atomic_write(path: Path, data: bytes, mode: str = REGULAR, *, durable: bool = True) -> None:
     """Write via a temp file in the same directory and os.replace it into place.
 
@@ -226,7 +254,10 @@ def atomic_write(path: Path, data: bytes, mode: str = REGULAR, *, durable: bool 
                 f.flush()
                 os.fsync(f.fileno())
         os.chmod(tmp, 0o755 if mode == EXECUTABLE else 0o644)
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except IsADirectoryError:  # a directory where this file belongs: not replaced, and said so
+            raise NotRegularFileError(errno.EISDIR, "a directory where a file belongs", str(path)) from None
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -288,3 +288,79 @@ def test_checks_are_never_read_or_written_through_a_link(tmp_path: Path):
     (tmp_path / "file-state").write_text("not a directory\n")
     with fcache.remembering(tmp_path / "file-state") as memo:
         assert memo.root is None
+
+
+def _the_object_of(cache: Path, rel: str) -> Path:
+    [manifest] = (cache / "pristine").glob("*.json")
+    sha = json.loads(manifest.read_text())[rel][0]
+    return cache / "objects" / sha[:2] / sha[2:]
+
+
+def _within(seconds: int):
+    """A context in which a command that blocks (a FIFO opened for reading waits for a writer) fails the test."""
+    import contextlib
+    import signal
+
+    @contextlib.contextmanager
+    def guard():
+        def stuck(_sig, _frame):
+            raise AssertionError(f"blocked for {seconds} s")
+        old = signal.signal(signal.SIGALRM, stuck)
+        signal.alarm(seconds)
+        try:
+            yield
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, old)
+    return guard()
+
+
+def test_a_fifo_or_directory_planted_in_the_shared_cache_is_refused_never_waited_on(proj: Proj, cache: Path):
+    import os
+
+    _registered(proj)
+    obj = _the_object_of(cache, "up/src/a.c")
+    data = obj.read_bytes()
+    before = proj.state_digest()
+    obj.unlink()
+    for plant in (os.mkfifo, os.mkdir):
+        plant(obj)
+        with _within(20):
+            for args in (["verify", "--no-cache"], ["unapply"]):
+                code, out, err = proj.run(*args, expect=1)
+                assert "cannot be read" in err and "where a file belongs" in err and str(obj) in err, (args, err)
+                assert "internal error" not in err and "Traceback" not in err
+        assert proj.state_digest() == before
+        obj.rmdir() if obj.is_dir() else obj.unlink()
+    obj.write_bytes(data)
+    proj.run("verify", "--no-cache")
+
+
+def test_a_directory_where_the_cache_writes_a_file_is_a_refusal_not_a_crash(proj: Proj, cache: Path):
+    _registered(proj)
+    obj = _the_object_of(cache, "up/src/a.c")
+    obj.unlink()
+    obj.mkdir()
+    with _within(60):
+        code, out, err = proj.run("vendor", "fetch", expect=1)
+    assert f"{obj}: a directory where a file belongs" in err and "next: remove it" in err
+    assert "internal error" not in err and "Traceback" not in err
+
+
+def test_a_fifo_planted_as_a_memo_or_the_stat_index_counts_as_no_entry(proj: Proj, cache: Path):
+    import os
+
+    _registered(proj)
+    before = proj.state_digest()
+    [memo] = [q for q in (cache / "pristine-manifest").rglob("*") if q.is_file()]
+    memo.unlink()
+    os.mkfifo(memo)
+    ix = proj.root / ".opencoti" / "index"
+    ix.unlink()
+    os.mkfifo(ix)
+    with _within(20):
+        for args in (["status"], ["verify"], ["verify", "--no-cache"]):
+            proj.run(*args)  # a cache that cannot be read is no cache: the command does the work itself
+        proj.run("unapply")
+        proj.run("apply")
+    assert proj.state_digest() == before

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from forktool import proc
 from forktool.build import cmakeapi, diagnose
 from forktool.errors import ConfigError, ForktoolError
-from forktool.tree import atomic_write
+from forktool.tree import atomic_write, read_file
 
 if TYPE_CHECKING:
     from forktool.build import BuildConfig, BuildEvent, Plan
@@ -113,7 +113,7 @@ def units(bdir: Path) -> list[Unit]:
     """The translation units of bdir's compile_commands.json (CMake writes it when it configures)."""
     path = bdir / "compile_commands.json"
     try:
-        entries = json.loads(path.read_bytes())
+        entries = json.loads(read_file(path))
     except (OSError, ValueError) as err:
         raise ConfigError(f"cannot read {path.name}: {err}", where=str(path),
                           hint="configure again (`forktool build --check` runs CMake with compile commands on)") from err
@@ -358,7 +358,7 @@ def check_compile(ws: Workspace, profile: str, paths: list[str] | None = None, j
 def read_records(project: Project) -> dict[str, dict[str, Any]]:
     """profile -> its last whole-series check ({} when none was run, or the file is unreadable)."""
     try:
-        raw = json.loads((project.state_dir / RECORD).read_bytes())
+        raw = json.loads(read_file(project.state_dir / RECORD))
     except (OSError, ValueError):
         return {}
     return {k: v for k, v in raw.items() if isinstance(v, dict)} if isinstance(raw, dict) else {}

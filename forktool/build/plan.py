@@ -18,7 +18,7 @@ from forktool.build.impact import PatchImpact, patch_impact
 from forktool.errors import ConfigError, UsageError
 from forktool.project import Project
 from forktool.series import series_digest
-from forktool.tree import Manifest, sha256_file
+from forktool.tree import Manifest, read_file, sha256_file
 
 RECORD = "forktool-build.json"
 CONFIGURE_RECORD = "forktool-configure.json"
@@ -149,7 +149,7 @@ def _configure_reason(bdir: Path, flags_key: str, inputs_key: str, stamp_: str) 
     if not (bdir / "CMakeCache.txt").is_file():
         return "first configure"
     try:
-        rec = json.loads((bdir / CONFIGURE_RECORD).read_text())
+        rec = json.loads(read_file(bdir / CONFIGURE_RECORD))
     except (FileNotFoundError, json.JSONDecodeError):
         return "no configure record"
     if rec.get("flags_key") != flags_key:

@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from forktool.tree import atomic_write
+from forktool.tree import atomic_write, read_file
 
 OURS, BASE, THEIRS, END = b"<<<<<<< ", b"||||||| ", b"=======", b">>>>>>> "
 
@@ -63,7 +63,7 @@ class Memory:
 
     def get(self, b: Block) -> bytes | None:
         try:
-            raw = json.loads(self._path(b.key).read_text(encoding="utf-8"))
+            raw = json.loads(read_file(self._path(b.key)).decode("utf-8"))
             if raw["ours"] == b.ours.decode("utf-8") and raw["theirs"] == b.theirs.decode("utf-8"):
                 return str(raw["resolution"]).encode("utf-8")
         except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError):
@@ -107,7 +107,7 @@ class Memory:
 
     def get_file(self, patch: str, rel: str, pre: bytes) -> bytes | None:
         try:
-            return (self._file_dir(patch, rel) / hashlib.sha256(pre).hexdigest()).read_bytes()
+            return read_file(self._file_dir(patch, rel) / hashlib.sha256(pre).hexdigest())
         except OSError:
             return None
 
@@ -116,7 +116,7 @@ class Memory:
         out = []
         for d in sorted((self.root / "files").glob("*/name.json")) if (self.root / "files").is_dir() else []:
             try:
-                raw = json.loads(d.read_text(encoding="utf-8"))
+                raw = json.loads(read_file(d).decode("utf-8"))
             except (OSError, ValueError):
                 continue
             if isinstance(raw, dict) and raw.get("patch") == patch and isinstance(raw.get("file"), str):
