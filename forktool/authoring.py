@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from forktool.apply import Applied, apply_patch
 from forktool.errors import ApplyError, ForktoolError, UsageError
@@ -90,8 +91,6 @@ def refresh(ws: Workspace, pid: str) -> dict:
     refreshed, trailers = with_derived_trailers(ws.project, patch, files_diff)
     old_bytes = patch.raw
     new_bytes = refreshed.raw
-    if new_bytes != old_bytes:
-        atomic_write(ws.project.patches_dir / patch.name, new_bytes)
     ws.patches[idx] = parse_patch(new_bytes, patch.name)
     _remember_reexport(ws, ws.patches[idx], before, diffed, files_diff)
     # the tree already holds the refreshed result: record it as applied
@@ -99,8 +98,7 @@ def refresh(ws: Workspace, pid: str) -> dict:
     ws.state.applied[-1] = {"id": pid, "name": patch.name, "sha256": ws.patches[idx].sha256,
                             "diff_sha256": ws.patches[idx].diff_sha256, "drift": []}
     ws.state.files = files
-    ws._write_state()
-    ws.record_patched()
+    _commit_refresh(ws, [ws.patches[idx]] if new_bytes != old_bytes else [], pid)
     return {"patch": patch.name, "changed": new_bytes != old_bytes, "files": refreshed.paths,
             "hooks": trailers["Opencoti-Hooks"], "build_impact": trailers["Build-Impact"], "reanchored": [],
             "registry": keep_registry(ws, [pid])}
@@ -170,20 +168,40 @@ def refresh_below_top(ws: Workspace, idx: int, patch: Patch) -> dict:
             raise ForktoolError(f"the refreshed {patch.id} and the patches above it do not give back {rel} as the "
                                 "tree holds it", where=rel, hint=hint)
     ws.patches[:] = new_patches
-    # the re-anchored patches above first: same changes, so they still apply on the old patch (at an offset) if
-    # the run stops before the refreshed one is written
-    for k in reversed(range(idx, n)):
+    written = []
+    for k in range(idx, n):
         p = ws.patches[k]
         if (k == idx and p.raw != patch.raw) or p.id in reanchored:
-            atomic_write(ws.project.patches_dir / p.name, p.raw)
+            written.append(p)
         ws.state.applied[k] = {"id": p.id, "name": p.name, "sha256": p.sha256, "diff_sha256": p.diff_sha256,
                                "drift": []}
     ws.state.files = {rel: current.get(rel) for rel in set(ws.state.files) | set(rels)}
-    ws._write_state()
-    ws.record_patched()
+    _commit_refresh(ws, written, patch.id)
     return {"patch": patch.name, "changed": refreshed.raw != patch.raw, "files": refreshed.paths,
             "hooks": trailers["Opencoti-Hooks"], "build_impact": trailers["Build-Impact"], "reanchored": reanchored,
             "registry": keep_registry(ws, [patch.id, *reanchored])}
+
+
+def _commit_refresh(ws: Workspace, written: list[Patch], pid: str) -> None:
+    """Write the rewritten patches, the state that records them as applied and vendor.lock's record of the series
+    in one update of the project's own files (its journal, txn.commit on the project root): a refresh cut short at
+    any point is finished by the next command (open_workspace rolls the journal forward) or was never begun, so
+    the patches on disk never disagree with the state that says they are applied. The registry's derived keys
+    are brought up to date after it (keep_registry); a refresh run again brings them up to date too."""
+    from forktool import txn
+    from forktool.state import STATE_FILE, state_bytes
+
+    root = ws.project.root
+
+    def rel(path: Path) -> str:
+        return path.relative_to(root).as_posix()
+
+    writes = [txn.Write(rel(ws.project.patches_dir / p.name), p.raw, REGULAR) for p in written]
+    writes.append(txn.Write(rel(ws.state_dir / STATE_FILE), state_bytes(ws.state), REGULAR))
+    lock = ws.patched_lock()
+    if lock is not None:
+        writes.append(txn.Write(rel(ws.project.vendor_lock), lock, REGULAR))
+    txn.commit(root, ws.project.project_journal_dir, writes, {"refreshed": pid})
 
 
 def keep_registry(ws: Workspace, ids: list[str] | None) -> str:

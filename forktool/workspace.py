@@ -319,16 +319,24 @@ class Workspace:
 
     def record_patched(self) -> bool:
         """Write the full series' tree digest to vendor.lock when the series changed; True when written."""
-        if len(self.state.applied) != len(self.patches) or not self.patches:
+        data = self.patched_lock()
+        if data is None:
             return False
+        atomic_write(self.project.vendor_lock, data)
+        return True
+
+    def patched_lock(self) -> bytes | None:
+        """vendor.lock's bytes with the full series' tree digest, when the tree holds the whole series and the lock
+        records another series (else None: nothing to write)."""
+        if len(self.state.applied) != len(self.patches) or not self.patches:
+            return None
         lock = vendor.load_lock(self.project)
         sd = series_digest(self.patches)
         if lock.get("patched", {}).get("series_digest") == sd:
-            return False
+            return None
         lock["patched"] = {"series_digest": sd, "tree_digest": digest(self.current()),
                            "top": self.patches[-1].id}
-        vendor.write_lock(self.project, lock)
-        return True
+        return vendor.lock_bytes(lock)
 
 
 def _applier_stamp() -> list[object]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.project import Proj
-from tests.helpers.series import B2, three_patches
+from tests.helpers.series import B2, SERIES, three_patches
 
 POINTS = ["staging", "committed", "replacing", "state-written"]
 
@@ -40,5 +40,55 @@ def test_kill_inside_unapply(proj: Proj, point: str):
     assert proj.sub("status").returncode == 0
     assert proj.digest() in (pristine, applied)  # all or nothing
     assert proj.digest() == (applied if point == "staging" else pristine)
+    v = proj.sub("verify")
+    assert v.returncode == 0, v.stderr
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_kill_inside_a_refresh_below_the_top(proj: Proj, point: str):
+    # the refreshed patch, the one above it re-anchored, the state and the lock are one update of the project's
+    # files: killed anywhere, the next command finishes it or it never began; never a patch on disk the state
+    # does not record
+    three_patches(proj)
+    proj.run("apply")
+    names = sorted(SERIES)
+    old = {n: (proj.root / "patches" / n).read_bytes() for n in names}
+    proj.edit("up/src/b.c", "// opencoti-hook: two\n", "// opencoti-hook: two\nint also; // opencoti-hook: two\n")
+    tree = proj.digest()
+    r = proj.sub("refresh", "0071", env={"FORKTOOL_FAULT": point})
+    assert r.returncode == 137, r.stderr
+    st = proj.sub("status")
+    assert st.returncode == 0, st.stderr
+    if point == "staging":
+        assert {n: (proj.root / "patches" / n).read_bytes() for n in names} == old  # nothing was written
+        assert proj.sub("refresh", "0071").returncode == 0
+    else:
+        assert "rolled forward" in st.stderr
+    now = {n: (proj.root / "patches" / n).read_bytes() for n in names}
+    assert now["0070-one.patch"] == old["0070-one.patch"]
+    assert now["0071-two.patch"] != old["0071-two.patch"] and now["0089-three.patch"] != old["0089-three.patch"]
+    assert b"+int also; // opencoti-hook: two" in now["0071-two.patch"]
+    assert proj.digest() == tree  # the edit is kept: the patches now describe it
+    v = proj.sub("verify")
+    assert v.returncode == 0, v.stderr
+    assert proj.sub("unapply").returncode == 0 and proj.sub("apply").returncode == 0
+    assert proj.digest() == tree
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_kill_inside_a_refresh_of_the_top(proj: Proj, point: str):
+    three_patches(proj)
+    proj.run("apply")
+    old = (proj.root / "patches" / "0089-three.patch").read_bytes()
+    proj.edit("up/src/new.c", "int n;\n", "int n; // opencoti-hook: three\n")
+    tree = proj.digest()
+    r = proj.sub("refresh", "0089", env={"FORKTOOL_FAULT": point})
+    assert r.returncode == 137, r.stderr
+    assert proj.sub("status").returncode == 0
+    if point == "staging":
+        assert (proj.root / "patches" / "0089-three.patch").read_bytes() == old
+        assert proj.sub("refresh", "0089").returncode == 0
+    assert b"+int n; // opencoti-hook: three" in (proj.root / "patches" / "0089-three.patch").read_bytes()
+    assert proj.digest() == tree
     v = proj.sub("verify")
     assert v.returncode == 0, v.stderr
