@@ -245,3 +245,29 @@ def test_cmake_runs_beside_the_counters_and_finishes_before_an_error_is_raised(
     bdir = project.root / "build" / "tiny"
     assert (bdir / "CMakeCache.txt").is_file() and (bdir / "CMakeFiles" / "Makefile2").is_file()
     assert not (bdir / b.RECORD).exists()
+
+
+def test_a_build_cut_short_holds_nothing_to_its_bytes_next_time(project: Project) -> None:
+    # a build that stops after relinking an output (here: make fails on a later target; Ctrl-C or a kill leave the
+    # same) leaves bytes its record does not describe: the next plan says so and checks no kept sum against them
+    bdir = project.root / "build" / "tiny"
+    first = build(project)
+    src = project.tree / "llama.cpp"
+    a, main = (src / "src" / "a.c").read_text(), (src / "tools" / "main.c").read_text()
+    later(src / "src" / "a.c", a.replace("return ONE;", "return ONE + 41;"))
+    later(src / "tools" / "main.c", main.replace("int main(void)", "int main(void) syntax error"))
+    with pytest.raises(ForktoolError):
+        build(project)
+    assert (bdir / b.RUNNING).is_file()
+    assert sha256_bytes((bdir / "bin/libdemo.so").read_bytes()) != first.outputs["bin/libdemo.so"]
+    later(src / "src" / "a.c", a)
+    later(src / "tools" / "main.c", main)
+    cfg = b.load_config(project)
+    plan = b.make_plan(project, cfg, cfg.profile("tiny"), [], [])
+    assert plan.first and plan.keep == [] and plan.configure_reason == b.UNFINISHED
+    assert any(line.startswith("the last build did not finish") for line in b.plan_lines(plan))
+    res = b.run_build(project, cfg, plan, 2)
+    assert res.unexpected == [] and res.outputs == first.outputs
+    assert not (bdir / b.RUNNING).exists()
+    again = b.make_plan(project, cfg, cfg.profile("tiny"), [], [])  # the record describes the outputs again
+    assert not again.first and again.keep

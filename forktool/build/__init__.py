@@ -17,6 +17,8 @@ if TYPE_CHECKING:
         CONFIGURE_RECORD,
         LAUNCHERS,
         RECORD,
+        RUNNING,
+        UNFINISHED,
         Plan,
         _flags_key,
         _which,
@@ -59,6 +61,8 @@ _HOME = {
     "Plan": "plan",
     "Profile": "config",
     "RECORD": "plan",
+    "RUNNING": "plan",
+    "UNFINISHED": "plan",
     "MakeProgress": "progress",
     "OBJECT_RE": "progress",
     "_flags_key": "plan",
@@ -95,7 +99,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "CONFIGURE_RECORD", "IMPACTS", "LAUNCHERS", "MAKE_LOG", "OBJECT_RE", "OUTPUTS_INDEX", "RECORD", "ArtifactSpec",
+    "CONFIGURE_RECORD", "IMPACTS", "LAUNCHERS", "MAKE_LOG", "OBJECT_RE", "OUTPUTS_INDEX", "RECORD", "RUNNING", "UNFINISHED",
+    "ArtifactSpec",
     "BuildConfig", "BuildEvent", "BuildResult", "CacheStats", "MakeProgress", "PatchImpact", "Plan", "Profile",
     "_flags_key", "_parse_profiles", "_which", "build_dir", "cache_stats", "cmake_argv", "cmake_inputs_digest",
     "configure", "configure_flags", "launcher", "last_error", "load_config", "make_env", "make_plan",

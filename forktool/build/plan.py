@@ -22,6 +22,10 @@ from forktool.tree import Manifest, read_file, sha256_file
 
 RECORD = "forktool-build.json"
 CONFIGURE_RECORD = "forktool-configure.json"
+# written before make runs, removed once the build's record is written: a build cut short (Ctrl-C, a kill, a failed
+# make) leaves outputs its record does not describe, so the next plan holds nothing to its bytes
+RUNNING = "forktool-build.running"
+UNFINISHED = "the last build did not finish"
 
 
 def stamp(upstream_commit: str, applied: list[tuple[str, str, str]], dirty: bool) -> tuple[str, int]:
@@ -184,8 +188,10 @@ def make_plan(project: Project, cfg: BuildConfig, profile: Profile, patches: lis
     names = [a.name for a in in_profile]
     all_targets = list(dict.fromkeys([*profile.targets, *(t for a in in_profile for t in a.targets)]))
     outputs_present = all((bdir / o).is_file() for a in in_profile for o in a.outputs)
-    first = not rec or rec.get("profile") != profile.name or not outputs_present or reason in (
+    unfinished = os.path.lexists(bdir / RUNNING)
+    first = unfinished or not rec or rec.get("profile") != profile.name or not outputs_present or reason in (
         "first configure", "no configure record", "profile flags changed")
+    reason = reason or (UNFINISHED if unfinished else "")
     if first:
         return Plan(profile, bdir, impacts, stamp_, number, dirty, True, [p.id for p in patches],
                     sorted({f for p in impacts for f in p.files} | set(dirty)), names, names, [], all_targets,
@@ -228,6 +234,10 @@ def plan_lines(plan: Plan) -> list[str]:
     if plan.dirty:
         lines.append(f"[yellow]{len(plan.dirty)} local change(s) no patch explains; the stamp says .dirty[/yellow]")
     lines.append(f"profile {plan.profile.name} -> {plan.build_dir}; stamp {plan.stamp}")
+    if plan.first and plan.configure_reason == UNFINISHED:
+        lines.append(f"{UNFINISHED} (its outputs are not what its record says): configure, then make everything, "
+                     f"holding nothing to its bytes: {' '.join(plan.targets)}")
+        return lines
     if plan.first:
         lines.append(f"first build ({plan.configure_reason}): configure, then make everything: "
                      f"{' '.join(plan.targets)}")

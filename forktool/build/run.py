@@ -16,7 +16,7 @@ from forktool import proc, schema
 from forktool.build import cmakeapi, cuda, diagnose
 from forktool.build.cachestats import CacheStats, cache_stats
 from forktool.build.config import ArtifactSpec, BuildConfig
-from forktool.build.plan import CONFIGURE_RECORD, RECORD, Plan, _flags_key, cmake_inputs_digest, launcher
+from forktool.build.plan import CONFIGURE_RECORD, RECORD, RUNNING, Plan, _flags_key, cmake_inputs_digest, launcher
 from forktool.build.progress import MakeProgress
 from forktool.errors import ConfigError, ForktoolError
 from forktool.index import hash_indexed
@@ -214,6 +214,7 @@ def run_build(project: Project, cfg: BuildConfig, plan: Plan, jobs: int,
                 report(BuildEvent("link", len(objects), None, Path(m.group(1)).name, line.strip(), at.overall))
 
         t1 = time.monotonic()
+        atomic_write(bdir / RUNNING, f"{plan.stamp}\n".encode(), durable=False)
         log.write(f"$ make -j{jobs} {' '.join(plan.targets)}\n")
         made = proc.stream(["make", f"-j{jobs}", *plan.targets], cwd=bdir, env=env, on_line=on_line, check=False)
         make_seconds = time.monotonic() - t1
@@ -241,4 +242,5 @@ def run_build(project: Project, cfg: BuildConfig, plan: Plan, jobs: int,
     # checked as it is written, so the next build's read finds it known valid and need not load jsonschema
     schema.check(record, "build-record", str(bdir / RECORD))
     atomic_write(bdir / RECORD, json.dumps(record, indent=1, sort_keys=True).encode())
+    (bdir / RUNNING).unlink(missing_ok=True)  # the record describes the outputs again
     return result
