@@ -47,6 +47,7 @@ def _check_refreshable(ws: Workspace, pid: str) -> tuple[int, Patch]:
     """The patch to refresh: applied, and no applied patch changed on disk since (a message-only edit of `pid`
     itself is kept)."""
     applied = [a["id"] for a in ws.state.applied]
+    ws.patch(pid)  # one the series does not name: said so, with the ids it does name
     if pid not in applied:
         raise UsageError(f"patch {pid} is not applied (top: {ws.state.top or 'none'})", where=str(ws.tree),
                          hint=f"run `forktool apply --upto {pid}` first, edit, then refresh")

@@ -201,6 +201,12 @@ def parse_patch(data: bytes, name: str) -> Patch:
     except ValueError:
         raise _fail(name, len(lines), "missing the `---` line that separates the message from the diff") from None
     header = b"\n".join(lines[:sep]) + b"\n"
+    try:
+        header.decode("utf-8")
+    except UnicodeDecodeError as e:
+        n = header[:e.start].count(b"\n") + 1
+        raise _fail(name, n, f"the patch message is not UTF-8 (byte 0x{header[e.start]:02x} on line {n})",
+                    "fix that line of the patch file: it must be UTF-8 text") from None
     if not any(ln.startswith(b"Subject: ") for ln in lines[:sep]):
         raise _fail(name, 1, "missing a `Subject:` line")
     files: list[FileDiff] = []

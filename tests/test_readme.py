@@ -163,3 +163,20 @@ def test_links_between_the_pages_resolve(page: str):
         if anchor and dest.suffix == ".md" and anchor not in anchors(dest):
             bad.append(f"{target}: no heading with that anchor")
     assert bad == []
+
+
+def test_the_readme_build_plan_shows_each_shipped_patch_as_the_plan_describes_it():
+    from forktool import build as b
+    from forktool.project import Project
+    from forktool.series import parse_patch, read_series
+
+    [block] = [lines for _lang, lines in fenced_blocks(README) if lines and lines[0] == "$ forktool build --plan"]
+    shown = [ln for ln in block if re.match(r"^\d{4}: ", ln)]
+    project = Project(REPO)
+    cfg = b.load_config(project)
+    described = []
+    for entry in read_series(project.series_file):
+        p = parse_patch((project.patches_dir / entry.name).read_bytes(), entry.name)
+        described.append(b.patch_impact(cfg, p.id, p.name, p.title, p.raw,
+                                        p.trailers().get("Build-Impact", "")).describe())
+    assert shown == described

@@ -120,13 +120,22 @@ def test_vendor_fetch_with_an_sdist_for_a_project_without_one_is_refused(applied
     assert _project_files(applied) == before
 
 
-def test_refresh_of_a_patch_whose_subject_is_not_utf8_is_refused(applied: Proj) -> None:
+def test_a_patch_whose_subject_is_not_utf8_is_refused_by_every_command_that_reads_it(applied: Proj) -> None:
     p = applied.root / "patches" / "0070-one.patch"
     p.write_bytes(p.read_bytes().replace(b"Subject: [PATCH] one", b"Subject: [PATCH] on\xffe"))
     applied.edit("up/src/a.c", "return 2;", "return 3;")
     before = _project_files(applied)
-    code, out, err = applied.run("refresh", "0070", expect=1)
-    assert "the patch message is not UTF-8 (byte 0xff on line 4)" in err and "patches/0070-one.patch:4" in err
+    for argv in (["refresh", "0070"], ["verify"], ["verify", "--no-cache"], ["apply"], ["unapply"]):
+        code, out, err = applied.run(*argv, expect=1)
+        assert "the patch message is not UTF-8 (byte 0xff on line 4)" in err, (argv, err)
+        assert "patches/0070-one.patch:4" in err and "OK" not in out
+        assert _project_files(applied) == before
+
+
+def test_refresh_of_an_id_the_series_does_not_name_says_so(applied: Proj) -> None:
+    before = _project_files(applied)
+    code, out, err = applied.run("refresh", "0099", expect=2)
+    assert "no patch 0099 in patches/series" in err and "apply --upto 0099" not in err
     assert _project_files(applied) == before
 
 
