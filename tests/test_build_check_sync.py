@@ -110,6 +110,11 @@ def test_check_is_recorded_and_verify_says_which_profiles_compiled(proj: Proj,
     assert proj.json("verify")["compiled"] == {"cpu": "compiled"}
     _, _, err = proj.run("verify")
     assert "compiled for this series and tree: cpu" in err and "not compiled" not in err
+    # --no-cache reads no recorded check: a record the checkout carries (here a real one) cannot say compiled
+    assert proj.json("verify", "--no-cache")["compiled"] == {"cpu": "not checked"}
+    _, _, err = proj.run("verify", "--no-cache")
+    assert "compile checks not read (--no-cache reads no recorded check): cpu" in err
+    assert "verify: OK; compile not checked: cpu" in err and "compiled for this series" not in err
     # usage errors name the option
     _, _, err = proj.run("build", "--check", "--all", "--profile", "cpu", expect=2)
     assert "--all" in err

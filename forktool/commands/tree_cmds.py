@@ -114,6 +114,9 @@ def status(project: Project) -> Report:
                        "pristine_digest": ws.pristine_digest}, lines)
 
 
+NOT_READ = "not checked"  # a profile's compile status under verify --no-cache
+
+
 def verify(project: Project, use_cache: bool = True) -> Report:
     from forktool.build.check import profile_statuses
     from forktool.regcheck import Problem
@@ -124,10 +127,16 @@ def verify(project: Project, use_cache: bool = True) -> Report:
     data = v.to_json()
     full = v.full_series
     compiled = data["compiled"] = profile_statuses(project, v.series_digest, v.tree_digest)
-    by = {st: [n for n, s in compiled.items() if s == st] for st in ("compiled", "failed", "not compiled")}
+    if not use_cache:
+        # a recorded compile check is remembered, not proved by this run: --no-cache reads none, so a record
+        # the checkout carries cannot say a profile compiled
+        compiled = data["compiled"] = {name: NOT_READ for name in compiled}
+    by = {st: [n for n, s in compiled.items() if s == st] for st in ("compiled", "failed", "not compiled", NOT_READ)}
     compile_lines = [f"[green]compiled for this series and tree: {', '.join(by['compiled'])}[/green]"] * bool(
         by["compiled"]) + [f"[yellow]not compiled for this series and tree: {', '.join(by['not compiled'])}[/yellow]"
-                           " (`forktool build --check --all`)"] * bool(by["not compiled"])
+                           " (`forktool build --check --all`)"] * bool(by["not compiled"]) + [
+        f"[yellow]compile checks not read (--no-cache reads no recorded check): {', '.join(by[NOT_READ])}; "
+        "`forktool build --check --all` compiles them[/yellow]"] * bool(by[NOT_READ])
     if v.ok and by["failed"]:
         v.ok, data["ok"] = False, False  # the last scoped check of this very tree failed to compile
         v.problems.append(Problem(".opencoti/compile-checks.json", f"the last compile check of this series failed "
@@ -145,6 +154,7 @@ def verify(project: Project, use_cache: bool = True) -> Report:
         lines += compile_lines
         lines.append("[green]verify: OK[/green]" + (f"; not compiled: {', '.join(by['not compiled'])}" if
                                                      by["not compiled"] else "")
+                     + (f"; compile not checked: {', '.join(by[NOT_READ])}" if by[NOT_READ] else "")
                      + (" (cached verdict: no input changed)" if v.cached else ""))
         return Report(data, lines)
     data["error"] = f"verify found {len(v.problems)} difference(s)"
