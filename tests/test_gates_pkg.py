@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import math
 import os
@@ -808,23 +809,30 @@ def test_gate_c_compares_each_quantized_cache_with_resident_of_the_same_type(tmp
     assert not gate_c(a, tmp_path / "m.gguf", tmp_path)["pass"]
 
 
+def _flag_perplexity(bin_dir: Path, flag: str, lines: str) -> None:
+    """A stand-in llama-perplexity for gate c's window runs: a forced window's log line, and `lines` (shell) run
+    only where OPENCOTI_KV_DEBUG names `flag`; every run within the bound."""
+    fake_tool(bin_dir / "llama-perplexity", "\n".join([
+        'if [ -n "$LLAMA_ARG_KV_WINDOW_CELLS" ]; then echo "llama_kv_cache: position window ='
+        ' $LLAMA_ARG_KV_WINDOW_CELLS / 2048 cells resident + host tail 1 cells (1.00 MiB host) [CUDA0, forced,'
+        f' budget 0.00 MiB]"; case ",$OPENCOTI_KV_DEBUG," in *,{flag},*) ' + lines + ' ;; esac; fi',
+        'echo "Maximum KLD:   0.000034"', 'echo "Same top p: 100.000 ± 0.000 %"']), script=True)
+
+
+def _gate_c_decode_args(bin_dir: Path, *extra: str):
+    from gates.gpu import parse_args
+
+    return parse_args(["--full-bin", str(bin_dir), "--pre-bin", str(bin_dir), "--upstream-bin", str(bin_dir),
+                       "--c-decode-only", "--windows", "1024", "256", "--windows-ub1-4k", "--quant-caches", *extra])
+
+
 def test_gate_c_with_the_carry_asked_for_needs_a_run_that_read_carried_chunks(tmp_path: Path):
-    from gates.gpu import gate_c, parse_args
+    from gates.gpu import gate_c
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-
-    def perplexity(carry_lines: str) -> None:  # a window run; with ring-carry in OPENCOTI_KV_DEBUG, the ring's lines
-        fake_tool(bin_dir / "llama-perplexity", "\n".join([
-            'if [ -n "$LLAMA_ARG_KV_WINDOW_CELLS" ]; then echo "llama_kv_cache: position window ='
-            ' $LLAMA_ARG_KV_WINDOW_CELLS / 2048 cells resident + host tail 1 cells (1.00 MiB host) [CUDA0, forced,'
-            ' budget 0.00 MiB]"; case ",$OPENCOTI_KV_DEBUG," in *,ring-carry,*) ' + carry_lines + ' ;; esac; fi',
-            'echo "Maximum KLD:   0.000034"', 'echo "Same top p: 100.000 ± 0.000 %"']), script=True)
-
-    def args(*extra: str):
-        return parse_args(["--full-bin", str(bin_dir), "--pre-bin", str(bin_dir), "--upstream-bin", str(bin_dir),
-                           "--c-decode-only", "--windows", "1024", "256", "--windows-ub1-4k", "--quant-caches",
-                           *extra])
+    perplexity = functools.partial(_flag_perplexity, bin_dir, "ring-carry")  # a window run, the flag's lines
+    args = functools.partial(_gate_c_decode_args, bin_dir)
 
     read = ('echo "opencoti_fattn_ring_begin: tail ring: 3 carried chunk(s) read by graph 7 (the first time in this'
             ' context)"; echo "opencoti_fattn_ring_begin: tail ring: carried chunks dropped: a write into a mapped'
@@ -844,22 +852,12 @@ def test_gate_c_with_the_carry_asked_for_needs_a_run_that_read_carried_chunks(tm
 
 
 def test_gate_c_with_the_tail_mirror_asked_for_needs_a_run_that_read_a_kept_copy(tmp_path: Path):
-    from gates.gpu import gate_c, parse_args
+    from gates.gpu import gate_c
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-
-    def perplexity(mirror_line: str) -> None:  # a window run; with tail-mirror in OPENCOTI_KV_DEBUG, the mirror's line
-        fake_tool(bin_dir / "llama-perplexity", "\n".join([
-            'if [ -n "$LLAMA_ARG_KV_WINDOW_CELLS" ]; then echo "llama_kv_cache: position window ='
-            ' $LLAMA_ARG_KV_WINDOW_CELLS / 2048 cells resident + host tail 1 cells (1.00 MiB host) [CUDA0, forced,'
-            ' budget 0.00 MiB]"; case ",$OPENCOTI_KV_DEBUG," in *,tail-mirror,*) ' + mirror_line + ' ;; esac; fi',
-            'echo "Maximum KLD:   0.000034"', 'echo "Same top p: 100.000 ± 0.000 %"']), script=True)
-
-    def args(*extra: str):
-        return parse_args(["--full-bin", str(bin_dir), "--pre-bin", str(bin_dir), "--upstream-bin", str(bin_dir),
-                           "--c-decode-only", "--windows", "1024", "256", "--windows-ub1-4k", "--quant-caches",
-                           *extra])
+    perplexity = functools.partial(_flag_perplexity, bin_dir, "tail-mirror")  # a window run, the flag's lines
+    args = functools.partial(_gate_c_decode_args, bin_dir)
 
     perplexity('echo "opencoti_tail_mirror_graph: tail mirror: 8 layer copies kept from earlier graphs read by graph'
                ' 3 (the first time in this context)"')
@@ -1729,17 +1727,21 @@ def test_sanitizer_output_that_is_not_utf8_and_the_debug_flags_of_its_run(tmp_pa
     assert "flags=[tail-ring]" in text
 
 
+def _sanitizer_stand_in(p: Path, lines: str) -> Path:
+    """A stand-in compute-sanitizer at p: a clean run over a mapped tail that also runs the shell `lines`."""
+    p.write_text('#!/bin/sh\necho "position window = 512 / 1024 cells resident + host tail 512 cells"; '
+                 'echo "host tail mapped into the device\'s address space: 2.00 MiB device"; '
+                 f'{lines}echo "========= ERROR SUMMARY: 0 errors"\n')
+    p.chmod(0o755)
+    return p
+
+
 def test_sanitizer_asked_to_carry_passes_only_where_the_run_read_carried_chunks(tmp_path: Path,
                                                                                capsys: pytest.CaptureFixture):
     from gates import sanitizer
 
     def tool(name: str, carry_line: str) -> Path:
-        p = tmp_path / name
-        p.write_text('#!/bin/sh\necho "position window = 512 / 1024 cells resident + host tail 512 cells"; '
-                     'echo "host tail mapped into the device\'s address space: 2.00 MiB device"; '
-                     f'{carry_line}echo "========= ERROR SUMMARY: 0 errors"\n')
-        p.chmod(0o755)
-        return p
+        return _sanitizer_stand_in(tmp_path / name, carry_line)
 
     base = ["--bin", str(tmp_path), "--model", str(tmp_path / "m.gguf"), "--work", str(tmp_path / "w"),
             "--tools", "memcheck", "--limit", "5", "--debug", "tail-ring,ring-carry"]
@@ -1766,12 +1768,7 @@ def test_sanitizer_asked_for_the_tail_mirror_passes_only_where_a_kept_copy_was_r
     from gates import sanitizer
 
     def tool(name: str, line: str) -> Path:
-        p = tmp_path / name
-        p.write_text('#!/bin/sh\necho "position window = 512 / 1024 cells resident + host tail 512 cells"; '
-                     'echo "host tail mapped into the device\'s address space: 2.00 MiB device"; '
-                     f'{line}echo "========= ERROR SUMMARY: 0 errors"\n')
-        p.chmod(0o755)
-        return p
+        return _sanitizer_stand_in(tmp_path / name, line)
 
     base = ["--bin", str(tmp_path), "--model", str(tmp_path / "m.gguf"), "--work", str(tmp_path / "w"),
             "--tools", "memcheck", "--limit", "5", "--debug", "tail-mirror"]
