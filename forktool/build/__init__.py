@@ -100,7 +100,8 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "CONFIGURE_RECORD", "IMPACTS", "LAUNCHERS", "MAKE_LOG", "OBJECT_RE", "OUTPUTS_INDEX", "RECORD", "RUNNING",
-    "UNFINISHED", "ArtifactSpec", "BuildConfig", "BuildEvent", "BuildResult", "CacheStats", "MakeProgress", "PatchImpact", "Plan", "Profile",
+    "UNFINISHED", "ArtifactSpec", "BuildConfig", "BuildEvent", "BuildResult", "CacheStats", "MakeProgress",
+    "PatchImpact", "Plan", "Profile",
     "_flags_key", "_parse_profiles", "_which", "build_dir", "cache_stats", "cmake_argv", "cmake_inputs_digest",
     "configure", "configure_flags", "launcher", "last_error", "load_config", "make_env", "make_plan",
     "parse_ccache_stats", "parse_sccache_stats", "patch_impact", "plan_lines", "read_record", "run_build", "stamp",
