@@ -36,8 +36,9 @@ RE_DEVICE_PART = re.compile(r"[1-9]\d* cells in device memory")
 # run's 512-cell window is a device part: decode tokens attend it beside the staged tail and combine both
 WIDE_MODEL_ARGS = ["--arch", "llama", "--layers", "2", "--n-embd", "2048", "--n-head", "16", "--n-head-kv", "16",
                    "--head-dim", "128", "--n-ff", "2048", "--ctx", "4096", "--vocab", "512"]
+# ggml-cuda's CUDA error names the function and line on its "current device" line
 KEEP = ("=========", "position window", "mapped into", "prompt eval time", "eval time", "GGML_ASSERT", "error:",
-        "current device", "tail ring:", "tail mirror:", "OPENCOTI_KV_DEBUG ")  # ggml-cuda's CUDA error names the function and line on its "current device" line
+        "current device", "tail ring:", "tail mirror:", "OPENCOTI_KV_DEBUG ")
 
 
 def verdict(rc: int | None, text: str) -> dict:
