@@ -141,6 +141,21 @@ def test_first_error_is_the_cause_in_each_tool_s_format() -> None:
     assert cause is not None and (cause.file, cause.line) == ("ggml/src/ggml-cuda/CMakeLists.txt", 178)
     assert "CUDA::cublas" in cause.text and "Configuring incomplete" not in cause.text
     assert diagnose.first_error(["make: *** [all] Error 2"]) is None and diagnose.first_error([]) is None
+    # a configure step's relayed "npm error" (CMake goes on without the web UI) is not the compile's error, and an
+    # error naming its file and line wins over an earlier one that names none, in a log and in a stream alike
+    ui = ["--   stderr: npm error code ERESOLVE", "CMake Warning at scripts/ui-assets.cmake:584 (message):",
+          "  UI: npm install failed (1)", "ld: some tool error without a place",
+          "[ 40%] Building CXX object src/CMakeFiles/llama.dir/llama-context.cpp.o",
+          "/v/src/llama-context.cpp:216:13: error: 'struct llama_cparams' has no member named 'kv_residency_mode'",
+          "make: *** [Makefile:137: all] Error 2"]
+    assert diagnose.first_error(ui) == diagnose.Cause(ui[5], "/v/src/llama-context.cpp", 216)
+    stream = diagnose.FirstError()
+    for line in ui:
+        stream.feed(line)
+    assert stream.cause == diagnose.Cause(ui[5], "/v/src/llama-context.cpp", 216)
+    alone = diagnose.FirstError()
+    alone.feed(ui[3])
+    assert alone.cause == diagnose.Cause(ui[3], "", 0)  # none names a place: the first real one
     # the patch that changes the failing file is the one to fix
     hint = diagnose.compile_hint(diagnose.Cause("x", "/v/llama.cpp/a.h", 1), "/v",
                                  [("0070", ["llama.cpp/b.h"]), ("0073", ["llama.cpp/a.h"])])

@@ -24,8 +24,9 @@ class Cause:
 
 
 def _is_real(line: str) -> bool:
-    # make's and collect2's own lines only say that something before them failed
-    return bool(_ERROR_RE.search(line)) and not line.startswith(("make", "collect2:", "gmake"))
+    # make's and collect2's own lines only say that something before them failed; CMake's `-- ` status lines only
+    # relay what a step printed (the web UI's npm install says "npm error" and the configure goes on without it)
+    return bool(_ERROR_RE.search(line)) and not line.startswith(("make", "collect2:", "gmake", "--"))
 
 
 def _cause(line: str, text: str) -> Cause:
@@ -36,7 +37,10 @@ def _cause(line: str, text: str) -> Cause:
 
 
 def first_error(lines: list[str]) -> Cause | None:
-    """The first compiler, linker or CMake error (CMake's with the indented lines that explain it), else None."""
+    """The first compiler, linker or CMake error (CMake's with the indented lines that explain it), else None. An
+    error that names its file and line comes before one that names none (a tool's message that only mentions an
+    error), wherever that one stands."""
+    fallback: Cause | None = None
     for i, raw in enumerate(lines):
         line = raw.strip()
         if _CMAKE_RE.match(line):
@@ -52,19 +56,33 @@ def first_error(lines: list[str]) -> Cause | None:
                     break
             return _cause(line, " ".join(said))
         if _is_real(line):
-            return _cause(line, line)
-    return None
+            cause = _cause(line, line)
+            if cause.file:
+                return cause
+            fallback = fallback or cause
+    return fallback
 
 
 class FirstError:
-    """Watches a stream of lines and keeps the first real error (a compile's log can run to thousands of lines)."""
+    """Watches a stream of lines and keeps the first real error (a compile's log can run to thousands of lines):
+    the first that names its file and line, else the first that names none."""
 
     def __init__(self) -> None:
-        self.cause: Cause | None = None
+        self.located: Cause | None = None
+        self.unlocated: Cause | None = None
+
+    @property
+    def cause(self) -> Cause | None:
+        return self.located or self.unlocated
 
     def feed(self, line: str) -> None:
-        if self.cause is None and _is_real(line.strip()) and not _CMAKE_RE.match(line.strip()):
-            self.cause = _cause(line.strip(), line.strip())
+        line = line.strip()
+        if self.located is None and _is_real(line) and not _CMAKE_RE.match(line):
+            cause = _cause(line, line)
+            if cause.file:
+                self.located = cause
+            elif self.unlocated is None:
+                self.unlocated = cause
 
 
 def owners(cause: Cause | None, tree_root: str, patches: list[tuple[str, list[str]]]) -> list[str]:
