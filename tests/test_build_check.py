@@ -111,6 +111,26 @@ def test_a_compile_error_is_quoted_at_its_cause_and_nothing_else_changes(project
 
 
 @needs_cmake
+def test_a_check_after_one_cut_short_compiles_the_objects_that_run_left_again(project: Project) -> None:
+    # the helper's report on a move to 0.3.33: Ctrl-C during a check, a compile the compiler cache's server ran on
+    # wrote its object after the source was broken, make took that object for up to date and the next check said
+    # "compiled". The check's RUNNING marker makes the next one compile again what the cut-short one wrote
+    src = project.tree / "llama.cpp"
+    bdir = project.root / "build" / "tiny"
+    assert run_check(project, ["llama.cpp/src/b.c"]).ok and not (bdir / b.RUNNING).exists()
+    b_obj = bdir / "CMakeFiles/demo.dir/src/b.c.o"
+    stale = b_obj.read_bytes()
+    (bdir / b.RUNNING).write_text("a check that was cut short\n")
+    time.sleep(0.01)
+    (src / "src" / "b.c").write_text("#include <lone.h>\nint b(void) { return LONE; }\nthis is a syntax error;\n")
+    b_obj.write_bytes(stale)  # the orphan compile lands after the edit, newer than the broken source
+    res = run_check(project, ["llama.cpp/src/b.c"])
+    assert res.status == "failed" and res.failed == ["llama.cpp/src/b.c"] and res.cause is not None
+    assert res.cause.file == str(src / "src" / "b.c") and res.cause.line == 3
+    assert not (bdir / b.RUNNING).exists()  # that make ran to its end
+
+
+@needs_cmake
 def test_the_check_goes_through_the_compiler_cache(tmp_path: Path, sccache: str) -> None:  # noqa: F811
     project = tiny_project(tmp_path, CMAKE, FILES)
     cold = run_check(project, ["llama.cpp/include/lone.h"])

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -271,3 +272,24 @@ def test_a_build_cut_short_holds_nothing_to_its_bytes_next_time(project: Project
     assert not (bdir / b.RUNNING).exists()
     again = b.make_plan(project, cfg, cfg.profile("tiny"), [], [])  # the record describes the outputs again
     assert not again.first and again.keep
+
+
+def test_an_object_a_cut_short_run_left_newer_than_its_source_is_compiled_again(project: Project) -> None:
+    # Ctrl-C does not reach a compile a compiler cache's server runs: it can finish after forktool stopped and
+    # the source was edited again, leaving an object newer than the source it does not match. The next build
+    # removes every object written since the cut-short run began, so make compiles it from the source as it is
+    bdir = project.root / "build" / "tiny"
+    build(project)
+    a = project.tree / "llama.cpp" / "src" / "a.c"
+    obj = bdir / A
+    stale = obj.read_bytes()  # compiled from `return ONE;`
+    (bdir / b.RUNNING).write_text("a run that was cut short\n")
+    later(a, a.read_text().replace("return ONE;", "return ONE + 41;"))
+    obj.write_bytes(stale)  # the orphan compile lands after the edit
+    os.utime(obj, ns=(a.stat().st_mtime_ns + 10**9, a.stat().st_mtime_ns + 10**9))
+    res = build(project)
+    assert A in res.objects and not (bdir / b.RUNNING).exists()
+    out = subprocess.run([str(bdir / "bin" / "demo-cli")], capture_output=True, text=True, check=True).stdout
+    assert out.split()[-1] == "45"  # a() + b() + ONE = 42 + 2 + 1: the edited source, not the stale object
+    # without a cut-short run, an object newer than its source is make's to trust, and forget_unfinished keeps it
+    assert b.forget_unfinished(bdir) == []

@@ -191,6 +191,7 @@ def compile_units(project: Project, cfg: BuildConfig, plan: Plan, paths: list[st
     """Configure when needed, then make exactly the objects of the units paths (relative to the vendored tree)
     feed, with the profile's compiler cache; make's output goes to the build directory's check.log."""
     from forktool.build import BuildEvent, cache_stats, configure, launcher, make_env
+    from forktool.build.plan import RUNNING, forget_unfinished
 
     t0 = time.monotonic()
     report = progress or (lambda _e: None)
@@ -221,6 +222,9 @@ def compile_units(project: Project, cfg: BuildConfig, plan: Plan, paths: list[st
             by_make.setdefault(u.makefile, []).append(u)
         tool = launcher()
         stats0 = cache_stats(tool, where=False) if tool else None
+        # a check cut short leaves RUNNING (as a build does): the objects it wrote are compiled again
+        forget_unfinished(bdir)
+        atomic_write(bdir / RUNNING, f"{plan.stamp}\n".encode(), durable=False)
         first = diagnose.FirstError()
         failed_objs: set[str] = set()
         report(BuildEvent("start", 0, len(todo), "", f"compile {len(todo)} unit(s)"))
@@ -264,6 +268,7 @@ def compile_units(project: Project, cfg: BuildConfig, plan: Plan, paths: list[st
             made = proc.stream(argv, cwd=bdir, env=env, on_line=on_line, check=False)
             if made.returncode != 0:
                 res.status = "failed"
+    (bdir / RUNNING).unlink(missing_ok=True)  # make ran to its end: its objects are what it says
     stats1 = cache_stats(tool) if tool and stats0 else None
     if stats0 and stats1:
         res.cache = stats1.since(stats0).describe()

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +71,27 @@ class Plan:
 
 def build_dir(project: Project, profile: str) -> Path:
     return project.root / "build" / profile
+
+
+def forget_unfinished(bdir: Path) -> list[str]:
+    """After a build or compile check cut short (RUNNING left behind): remove the object files written since it began,
+    so that make compiles them again. A compile the run started can outlive it (a compiler cache's server runs it in
+    a process of its own, which Ctrl-C does not reach) and write its object after the source was edited again; make,
+    which compares times, would take that object for up to date. Returns what it removed, relative to bdir."""
+    try:
+        since = (bdir / RUNNING).stat().st_mtime_ns
+    except FileNotFoundError:
+        return []
+    gone = []
+    for p in sorted(bdir.rglob("*.o")):
+        try:
+            st = p.lstat()
+            if stat.S_ISREG(st.st_mode) and st.st_mtime_ns >= since:
+                p.unlink()
+                gone.append(p.relative_to(bdir).as_posix())
+        except FileNotFoundError:
+            continue
+    return gone
 
 
 def read_record(bdir: Path) -> dict:

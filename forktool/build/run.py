@@ -16,7 +16,16 @@ from forktool import proc, schema
 from forktool.build import cmakeapi, cuda, diagnose
 from forktool.build.cachestats import CacheStats, cache_stats
 from forktool.build.config import ArtifactSpec, BuildConfig
-from forktool.build.plan import CONFIGURE_RECORD, RECORD, RUNNING, Plan, _flags_key, cmake_inputs_digest, launcher
+from forktool.build.plan import (
+    CONFIGURE_RECORD,
+    RECORD,
+    RUNNING,
+    Plan,
+    _flags_key,
+    cmake_inputs_digest,
+    forget_unfinished,
+    launcher,
+)
 from forktool.build.progress import MakeProgress
 from forktool.errors import ConfigError, ForktoolError
 from forktool.index import hash_indexed
@@ -171,6 +180,7 @@ def run_build(project: Project, cfg: BuildConfig, plan: Plan, jobs: int,
         configuring = pool.submit(_timed, lambda: proc.run(argv, cwd=bdir, env=env, check=False))
     pool.shutdown(wait=False)
     try:
+        forget_unfinished(bdir)  # objects a run cut short may have left newer than their sources
         before = _hash_outputs(bdir, in_profile)
         stats0 = cache_stats(tool, where=False) if tool else None  # the location comes with the second reading
     except BaseException:
