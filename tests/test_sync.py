@@ -364,9 +364,13 @@ def test_hook_sites_of_a_patch_that_did_not_apply_are_not_checked(project, upstr
     (project.registry_dir / "UPSTREAM_SYNC.yaml").write_text(
         "schema: 1\npatches: []\nhooks:\n"
         "  gone:\n    patch: '0001'\n    sites:\n      - {file: llama.cpp/src/a.c, symbol: nowhere_fn, line: 9}\n"
-        "  d2:\n    patch: '0006'\n    sites:\n      - {file: llama.cpp/src/d.c, symbol: d_new_fn, line: 3}\n")
+        "  d2:\n    patch: '0006'\n    sites:\n      - {file: llama.cpp/src/d.c, symbol: d_new_fn, line: 3}\n"
+        # d_fn stands in upstream's d.c, but where is no news of a marker that 0004's conflict kept out
+        "  d:\n    patch: '0004'\n    sites:\n      - {file: llama.cpp/src/d.c, symbol: d_fn, line: 1}\n")
     res = fsync.sync(project, c2, build=False, out=tmp_path / "out")
     sites = {s["hook"]: s for s in res.hooks["sites"]}
     assert sites["gone"]["status"] == "vanished"  # its patch applied: the symbol really is gone
     assert sites["d2"]["status"] == "not_checked" and "0006 is blocked" in sites["d2"]["reason"]
+    assert sites["d"]["status"] == "not_checked" and "0004 is conflict" in sites["d"]["reason"]
+    assert sites["d"]["new_line"] is None
     assert res.needs_human

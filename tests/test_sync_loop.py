@@ -7,8 +7,17 @@ import json
 import pytest
 
 from forktool import backup as bk
-from tests.helpers.project import Proj, git
-from tests.helpers.sync import NEW, everything, loop_series, new_upstream, pushed_copy, resolve
+from tests.helpers.project import UPSTREAM, Proj, git
+from tests.helpers.sync import (
+    A_PATCHED,
+    NEW,
+    everything,
+    loop_series,
+    new_upstream,
+    pushed_copy,
+    resolve,
+    sync_patch,
+)
 
 
 @pytest.fixture
@@ -256,3 +265,19 @@ def test_registry_sites_are_rewritten_in_place(tmp_path):
     assert "      line: 7\n    - file: up/src/b.c\n      symbol: b\n      line: 2" in out
     path.write_text(out)
     assert rg.dump(rg.load(path)) == rg.dump(reg)
+
+
+def test_a_finish_that_carried_no_patch_says_nothing_was_compiled(proj: Proj):
+    # every patch skipped: the compile gate has nothing to compile, and the finish says so for each profile instead
+    # of printing no compile line above its verify OK
+    p = sync_patch("0002-a.patch", "a: return ten", [("up/src/a.c", UPSTREAM["src/a.c"].encode(),
+                                                        A_PATCHED.encode())])
+    proj.write_patch(p.name, p.raw.decode())
+    proj.run("apply")
+    commit = new_upstream(proj)
+    proj.run("sync", "--to", commit, "--start", expect=1)
+    code, out, err = proj.run("sync", "--skip", "--json", expect=0)
+    data = json.loads(out)
+    assert [(d["id"], d["status"]) for d in data["done"]] == [("0002", "skipped")]
+    assert [(c["profile"], c["status"]) for c in data["compile"]] == [("cpu", "not compiled"), ("cuda", "not compiled")]
+    assert all("no patch was carried" in c["reason"] for c in data["compile"])

@@ -87,6 +87,16 @@ def gate(project: Project, st: dict, progress: Any) -> dict | None:
     results, stopped = _check(project, st, progress, keep=True)
     if stopped is None and results:
         st["compile"] = summary(results)
+    elif stopped is None:  # no patch carried (all skipped or upstreamed): nothing was compiled, and it says so
+        from forktool.errors import ForktoolError
+        from forktool.impact import profile_names
+
+        try:
+            names = profile_names(project)
+        except ForktoolError:
+            names = []
+        st["compile"] = [{"profile": n, "status": check.NOT_COMPILED, "units": 0,
+                          "reason": "no patch was carried, so the series feeds nothing to compile"} for n in names]
     return stopped
 
 

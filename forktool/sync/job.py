@@ -57,11 +57,13 @@ def sync(project: Project, spec: str, *, build: bool, out: Path,
     hooks, registry_yaml = relocate_hooks(project, result_read, target.manifest, prefix, final,
                                           {r.patch.id: r.refreshed for r in results if r.refreshed is not None},
                                           {r.patch.id for r in results if r.status == "upstreamed"})
-    # a site whose patch did not apply was looked for in a tree without that patch: not checked, not vanished
+    # a site whose patch did not apply was looked for in a tree without that patch: where its symbol stands
+    # upstream says nothing of where the marker would be, so it is not checked (never found, moved or vanished)
     unapplied = {r.patch.id: r.status for r in results if r.status in ("conflict", "blocked")}
     for row in hooks.get("sites", []):
-        if row["status"] == "vanished" and row["patch"] in unapplied:
-            row.update(status="not_checked", reason=f"patch {row['patch']} is {unapplied[row['patch']]} here")
+        if row["patch"] in unapplied and row["status"] != "added":
+            row.update(status="not_checked", new_file=None, new_line=None,
+                       reason=f"patch {row['patch']} is {unapplied[row['patch']]} here")
     t_hooks = time.monotonic()
     progress("naming the upstream API drift the patches use")
     from forktool.cache import caches_root

@@ -62,6 +62,9 @@ def relocate_registry(project: Project, read: Reader, manifest: Manifest, prefix
         reg.hooks[hid] = dataclasses.replace(hook, sites=place_sites(hook.sites, here, rels))
     gone = {e.id for e in reg.patches if e.id not in rebased} if dropped is None else dropped
     dropped_hooks = {h for e in reg.patches if e.id in gone for h in e.hooks}
+    for row in found["sites"]:  # the sites of a patch that goes go with it, wherever its symbol stands upstream
+        if row.get("patch") in gone and row["status"] != "added":
+            row.update(new_file=None, new_line=None, status="dropped")
     reg.patches[:] = [dataclasses.replace(e, files=tuple(rebased[e.id].paths),
                                           build_impact=tuple(impacts_for(project, rebased[e.id].paths)))
                       if e.id in rebased else e for e in reg.patches if e.id not in gone]
