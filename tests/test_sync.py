@@ -200,9 +200,12 @@ def test_hook_relocation(project, upstream, tmp_path):
         "  a:\n    patch: '0001'\n    sites:\n      - {file: llama.cpp/src/a.c, symbol: a_fn, line: 1}\n"
         "  b:\n    patch: '0002'\n    sites:\n      - {file: llama.cpp/src/b.c, symbol: b_fn, line: 1}\n"
         "  f:\n    patch: '0001'\n    sites:\n      - {file: llama.cpp/src/f.c, symbol: f_fn, line: 3}\n"
-        "  gone:\n    patch: '0001'\n    sites:\n      - {file: llama.cpp/src/a.c, symbol: nowhere_fn, line: 9}\n")
+        "  gone:\n    patch: '0001'\n    sites:\n      - {file: llama.cpp/src/a.c, symbol: nowhere_fn, line: 9}\n"
+        # 0005 is upstreamed: its site goes with it, though upstream's e.c still has e_fn
+        "  e:\n    patch: '0005'\n    sites:\n      - {file: llama.cpp/src/e.c, symbol: e_fn, line: 1}\n")
     res = fsync.sync(project, c2, build=False, out=tmp_path / "out")
     sites = {s["hook"]: s for s in res.hooks["sites"]}
+    assert (sites["e"]["status"], sites["e"]["new_line"]) == ("dropped", None)
     assert (sites["a"]["status"], sites["a"]["new_line"]) == ("found", 1)
     assert (sites["b"]["status"], sites["b"]["new_line"]) == ("moved_lines", 6)
     assert (sites["f"]["status"], sites["f"]["new_file"], sites["f"]["new_line"]) == (
