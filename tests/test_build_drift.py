@@ -69,3 +69,23 @@ def test_configured_sources_of_one_tree(tmp_path: Path) -> None:
     got = buildfiles.configured_sources(tmp_path / "src", tmp_path / "b", [])
     assert got == {"llama": {"src/a.c", "src/b.c", "<build>/gen.c"}, "gone": {"src/g.c"}}
     assert buildfiles.configured_sources(tmp_path, tmp_path / "b2", []) == "no top-level CMakeLists.txt"
+
+
+def test_unity_files_are_not_sources_and_a_target_the_flags_do_not_build_is_read_from_its_text(tmp_path: Path) -> None:
+    # a unity build's batch files live in the build directory and follow the batch size, not upstream's changes
+    for rel, text in OLD.items():
+        (tmp_path / "src" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "src" / rel).write_text(text)
+    unity = buildfiles.configured_sources(tmp_path / "src", tmp_path / "b", ["-DCMAKE_UNITY_BUILD=ON"])
+    assert unity == {"llama": {"src/a.c", "src/b.c", "<build>/gen.c"}, "gone": {"src/g.c"}}
+    # ggml-cuda's CMakeLists.txt is not configured under these flags (no add_subdirectory: the cpu profile's case):
+    # its sources are compared from the CMake text, and the row says how
+    cuda = "ggml/src/ggml-cuda/CMakeLists.txt"
+    old = {**OLD, cuda: 'file(GLOB SRCS "*.cu")\nadd_library(ggml-cuda ${SRCS})\n', "ggml/src/ggml-cuda/a.cu": "",
+           "ggml/src/ggml-cuda/gone.cu": ""}
+    new = {**NEW, cuda: old[cuda], "ggml/src/ggml-cuda/a.cu": "", "ggml/src/ggml-cuda/new.cu": ""}
+    rows = buildfiles.drift_from_cmake(reader(old), reader(new), listed(old), listed(new), "llama.cpp/", [])
+    assert isinstance(rows, list)
+    [row] = [r for r in rows if r["target"] == "ggml-cuda"]
+    assert (row["added"], row["removed"]) == (["new.cu"], ["gone.cu"])
+    assert row["from"].startswith("the CMake text (the flags the trial configured with do not build this target")
