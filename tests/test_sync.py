@@ -377,3 +377,18 @@ def test_hook_sites_of_a_patch_that_did_not_apply_are_not_checked(project, upstr
     assert sites["d"]["status"] == "not_checked" and "0004 is conflict" in sites["d"]["reason"]
     assert sites["d"]["new_line"] is None
     assert res.needs_human
+
+
+def test_a_trial_build_names_the_profile_it_built_and_that_no_other_was(tmp_path, upstream, monkeypatch):
+    from forktool.sync import job
+
+    repo, c1, c2 = upstream
+    patches = [p for p in series_for(OLD_FILES) if p.id in ("0001", "0002", "0003", "0005", "0007")]
+    project = write_project(tmp_path / "proj", component_yaml(repo.working_tree_dir, c1), patches)
+    # the scratch build itself (a whole llama.cpp compile) runs in the slow tests; here what the trial says of it
+    monkeypatch.setattr(job, "run_build", lambda *a, **k: {"status": "ok", "profile": "cpu", "seconds": 12.5,
+                                                          "project": "p", "objects": 283, "outputs": {}})
+    rep = sync_cmds.sync(project, c2, accept=False, build=True, out=str(tmp_path / "out"))
+    text = "\n".join(rep.lines)
+    assert "build: the cpu profile built (283 object(s) compiled, 12.5 s); no other profile was built or compiled" \
+        in text and "build: ok" not in text

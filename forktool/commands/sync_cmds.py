@@ -44,7 +44,12 @@ def sync(project: Project, spec: str, accept: bool, build: bool, out: str) -> Re
         if b["added"] or b["removed"] or b["note"]:
             lines.append(f"build files {b['target']}: +{len(b['added'])} -{len(b['removed'])} {b['note']}".rstrip())
     lines.append("counts: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
-    lines.append(f"build: {res.build['status']}" + (f" ({res.build.get('reason')})" if res.build.get("reason") else ""))
+    if res.build["status"] == "ok":  # which profile was built, and that the others were not
+        lines.append(f"build: the {res.build['profile']} profile built ({res.build['objects']} object(s) compiled, "
+                     f"{res.build['seconds']} s); no other profile was built or compiled")
+    else:
+        lines.append(f"build: {res.build['status']}" + (f" ({res.build.get('reason')})" if res.build.get("reason")
+                                                        else ""))
     t = res.timings
     lines.append(f"time: fetch {t['fetch_s']:.1f} s{' (cached)' if t['fetch_from_cache'] else ''}, "
                  f"trial {t['trial_s']:.1f} s, total {t['total_s']:.1f} s")

@@ -56,6 +56,6 @@ def run_build(project: Project, scratch: Path, yaml_text: str, results: list[Pat
         data = json.loads(r.stdout)
     except json.JSONDecodeError:
         data = {}
-    return {"status": "ok", "seconds": round(time.monotonic() - t0, 1), "project": str(scratch),
+    return {"status": "ok", "profile": "cpu", "seconds": round(time.monotonic() - t0, 1), "project": str(scratch),
             "objects": len(data.get("objects", [])), "outputs": data.get("outputs", {})}
 
