@@ -1736,15 +1736,22 @@ def _sanitizer_stand_in(p: Path, lines: str) -> Path:
     return p
 
 
+def _sanitizer_in(tmp_path: Path, name: str, lines: str) -> Path:
+    return _sanitizer_stand_in(tmp_path / name, lines)
+
+
+def _sanitizer_args(tmp_path: Path, debug: str) -> list[str]:
+    """gates.sanitizer's arguments for one memcheck run with OPENCOTI_KV_DEBUG=debug (the stand-in given apart)."""
+    return ["--bin", str(tmp_path), "--model", str(tmp_path / "m.gguf"), "--work", str(tmp_path / "w"),
+            "--tools", "memcheck", "--limit", "5", "--debug", debug]
+
+
 def test_sanitizer_asked_to_carry_passes_only_where_the_run_read_carried_chunks(tmp_path: Path,
                                                                                capsys: pytest.CaptureFixture):
     from gates import sanitizer
 
-    def tool(name: str, carry_line: str) -> Path:
-        return _sanitizer_stand_in(tmp_path / name, carry_line)
-
-    base = ["--bin", str(tmp_path), "--model", str(tmp_path / "m.gguf"), "--work", str(tmp_path / "w"),
-            "--tools", "memcheck", "--limit", "5", "--debug", "tail-ring,ring-carry"]
+    tool = functools.partial(_sanitizer_in, tmp_path)
+    base = _sanitizer_args(tmp_path, "tail-ring,ring-carry")
     read = tool("read", 'echo "I tail ring: 3 carried chunk(s) read by graph 2"; ')
     out = tmp_path / "read.txt"
     assert sanitizer.main([*base, "--sanitizer", str(read), "--out", str(out)]) == 0
@@ -1767,11 +1774,8 @@ def test_sanitizer_asked_for_the_tail_mirror_passes_only_where_a_kept_copy_was_r
                                                                                      capsys: pytest.CaptureFixture):
     from gates import sanitizer
 
-    def tool(name: str, line: str) -> Path:
-        return _sanitizer_stand_in(tmp_path / name, line)
-
-    base = ["--bin", str(tmp_path), "--model", str(tmp_path / "m.gguf"), "--work", str(tmp_path / "w"),
-            "--tools", "memcheck", "--limit", "5", "--debug", "tail-mirror"]
+    tool = functools.partial(_sanitizer_in, tmp_path)
+    base = _sanitizer_args(tmp_path, "tail-mirror")
     kept = tool("kept", 'echo "I opencoti_tail_mirror_graph: OPENCOTI_KV_DEBUG tail-mirror: small tails kept in device'
                         ' memory across graphs, 2 layer copies (5.00 MiB)"; echo "I opencoti_tail_mirror_graph: tail'
                         ' mirror: 2 layer copies kept from earlier graphs read by graph 3"; ')
