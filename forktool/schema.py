@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from forktool.errors import ConfigError, ForktoolError, UnsafePathError
+from forktool.tree import file_kind as _kind
 
 if TYPE_CHECKING:
     from typing import Any
@@ -94,18 +95,6 @@ def read_regular(path: Path, what: str = "", limit: int = CONFIG_LIMIT, root: Pa
     if len(data) > limit:
         raise ConfigError(f"{label}: {path} grew past the {limit >> 20} MiB limit while being read", where=str(path))
     return data
-
-
-def _kind(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "directory"
-    if stat.S_ISFIFO(mode):
-        return "FIFO"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "device"
-    if stat.S_ISSOCK(mode):
-        return "socket"
-    return "special file"
 
 
 def decode(data: bytes, path: Path | str, label: str = "") -> str:

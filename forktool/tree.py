@@ -218,7 +218,8 @@ class NotRegularFileError(OSError):
     refusal (exit 1) naming the path."""
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a stat mode that is not a regular file is, in words."""
     return ("directory" if stat.S_ISDIR(mode) else "FIFO" if stat.S_ISFIFO(mode) else
             "socket" if stat.S_ISSOCK(mode) else "device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else
             "special file")
@@ -230,12 +231,12 @@ def read_file(path: Path) -> bytes:
     where a cache entry or a state file belongs is refused, never waited on."""
     st = os.stat(path)
     if not stat.S_ISREG(st.st_mode):
-        raise NotRegularFileError(errno.EINVAL, f"a {_kind(st.st_mode)} where a file belongs", str(path))
+        raise NotRegularFileError(errno.EINVAL, f"a {file_kind(st.st_mode)} where a file belongs", str(path))
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     with os.fdopen(fd, "rb") as f:
         mode = os.fstat(f.fileno()).st_mode
         if not stat.S_ISREG(mode):  # swapped since the stat
-            raise NotRegularFileError(errno.EINVAL, f"a {_kind(mode)} where a file belongs", str(path))
+            raise NotRegularFileError(errno.EINVAL, f"a {file_kind(mode)} where a file belongs", str(path))
         return f.read()
 
 
