@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
-from tests.helpers.project import Proj
+import pytest
+
+from forktool.commands.gates_cmds import ensure_reference_build
+from forktool.project import Project
+from tests.helpers.build import demo_pin
+from tests.helpers.cli import run_cli
+from tests.helpers.project import Proj, bare_project, make_upstream
 from tests.helpers.registry import REG, write_reg
 
 
@@ -263,3 +272,72 @@ def test_sigterm_to_forktool_stops_the_gate_it_runs_then_ends_forktool_by_it(rp:
     # it says so before it dies: the run was stopped, not checked
     assert b"forktool: SIGTERM received: stopped `sh -c sleep 60" in err
     assert b"it did not finish, so nothing it checks was checked" in err
+
+
+# the unpatched reference build (build/src-upstream, build/<profile>-upstream), on a one-program CMake upstream
+REF_CMAKE = """cmake_minimum_required(VERSION 3.16)
+project(demo C)
+set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
+add_executable(demo-cli src/main.c)
+"""
+REF_BUILD_YAML = """artifacts:
+  - name: cli
+    impact: host
+    paths: ["llama.cpp"]
+    targets: [demo-cli]
+    outputs: [bin/demo-cli]
+profiles:
+  cpu:
+    flags: [-DCMAKE_BUILD_TYPE=Release]
+    targets: [demo-cli]
+"""
+
+
+def reference_project(tmp_path: Path) -> Project:
+    if not (shutil.which("cmake") and shutil.which("make") and shutil.which("cc")):
+        pytest.skip("needs cmake, make and a C compiler")
+    up = tmp_path / "upstream"
+    commit = make_upstream(up, {"CMakeLists.txt": REF_CMAKE,
+                                "src/main.c": '#include <stdio.h>\nint main(void) { puts("upstream"); }\n'})
+    root = bare_project(tmp_path / "proj", demo_pin(up, commit).replace("[CMakeLists.txt, src, include]",
+                                                                         "[CMakeLists.txt, src]"))
+    (root / "registry").mkdir()
+    (root / "registry" / "build.yaml").write_text(REF_BUILD_YAML)
+    run_cli(root, ["vendor", "fetch"])
+    return Project(root)
+
+
+def run_reference(project: Project, capsys: pytest.CaptureFixture[str]) -> tuple[str, str]:
+    """What the reference program prints, and what forktool said on stderr while making it."""
+    bindir = ensure_reference_build(project, "cpu")
+    ran = subprocess.run([str(bindir / "demo-cli")], capture_output=True, text=True, check=True).stdout.strip()
+    return ran, capsys.readouterr().err
+
+
+def test_an_edited_reference_source_is_materialised_and_built_again(tmp_path: Path, monkeypatch, capsys):
+    monkeypatch.setenv("FORKTOOL_LAUNCHER", "none")
+    project = reference_project(tmp_path)
+    assert run_reference(project, capsys)[0] == "upstream"
+    main = project.root / "build" / "src-upstream" / "llama.cpp" / "src" / "main.c"
+    main.write_text('#include <stdio.h>\nint main(void) { puts("edited"); }\n')
+    ran, err = run_reference(project, capsys)
+    assert ran == "upstream"  # built from the pristine bytes, not from the edit
+    assert "build/src-upstream is not the pristine upstream" in err and "llama.cpp/src/main.c (modified)" in err
+    assert "upstream" in main.read_text() and "edited" not in main.read_text()
+    (main.parent / "extra.c").write_text("int x;\n")  # a file upstream does not have is a difference too
+    assert "llama.cpp/src/extra.c (added)" in run_reference(project, capsys)[1]
+    assert not (main.parent / "extra.c").exists()
+    assert "not the pristine upstream" not in run_reference(project, capsys)[1]  # checked, and found as it was
+
+
+def test_a_reference_binary_with_other_bytes_is_built_again(tmp_path: Path, monkeypatch, capsys):
+    monkeypatch.setenv("FORKTOOL_LAUNCHER", "none")
+    project = reference_project(tmp_path)
+    assert run_reference(project, capsys)[0] == "upstream"
+    cli = project.root / "build" / "cpu-upstream" / "bin" / "demo-cli"
+    st = cli.stat()
+    cli.write_bytes(b"#!/bin/sh\necho forged\n")  # newer than every object: make alone would keep it
+    os.utime(cli, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    ran, err = run_reference(project, capsys)
+    assert ran == "upstream"
+    assert "build/cpu-upstream holds outputs whose bytes are not the ones its build recorded" in err

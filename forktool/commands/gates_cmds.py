@@ -3,6 +3,7 @@ that skipped one is not a pass (exit 1): nothing it would have checked was check
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -15,6 +16,8 @@ from forktool import registry as rg
 from forktool.errors import ForktoolError, UsageError, check_id
 from forktool.output import Report
 from forktool.project import Project
+from forktool.tree import Manifest, atomic_write, diff_manifests, read_file, remove_tree, scan, sha256_file
+from forktool.tree import digest as tree_digest
 
 # A gate program made of parts (gates/gpu.py runs a subset of its gates a-h) names each part it ran, and that part's
 # verdict, on a line of its own; forktool reports those parts, so a pass never stands for a part that did not run.
@@ -124,7 +127,6 @@ def stale_build(project: Project, profile_name: str) -> str:
     binaries of another series, of local edits made since, or whose bytes are not the ones the build recorded."""
     from forktool import build as fbuild
     from forktool.commands import open_workspace
-    from forktool.tree import sha256_file
 
     cfg = fbuild.load_config(project)
     with open_workspace(project) as ws:
@@ -149,11 +151,37 @@ def stale_build(project: Project, profile_name: str) -> str:
     return ""
 
 
+REFERENCE_STAMP = ".forktool-pristine"  # in build/src-upstream: the pristine digest it was materialised from
+REFERENCE_RECORD = "forktool-reference.json"  # in build/<profile>-upstream: the digests of what make produced
+
+
+def reference_sources_differ(src_root: Path, manifest: Manifest, digest_: str) -> list[str]:
+    """Where build/src-upstream is not the pristine upstream it claims to be ([] when it is, byte for byte): files
+    changed, added or removed since it was materialised, or a tree that cannot be read as one."""
+    try:
+        have = scan(src_root)
+    except (OSError, ForktoolError) as e:
+        return [f"(it cannot be read: {e})"]
+    have.pop(REFERENCE_STAMP, None)
+    if tree_digest(have) == digest_:
+        return []
+    return [f"{rel} ({how})" for how, rel in diff_manifests(manifest, have)]
+
+
+def reference_outputs(bdir: Path, outputs: list[str]) -> dict[str, str]:
+    """sha256 of each output the reference build has (read whole: a stat cache would vouch for bytes it never read)."""
+    return {rel: sha256_file(bdir / rel) for rel in outputs if (bdir / rel).is_file()}
+
+
 def ensure_reference_build(project: Project, profile_name: str) -> Path:
     """An unpatched build of the same upstream with the same profile, for the gates that compare against it.
 
     The pristine tree is materialised from the cache into build/src-upstream (never the vendored tree) and
-    built into build/<profile>-upstream; later calls reuse both.
+    built into build/<profile>-upstream; later calls reuse both once they are checked: the sources are read again
+    and compared with the pristine manifest, and the outputs with the digests the last build of them recorded. A
+    source that differs (an edit, a file added or removed) or an output whose bytes are not the recorded ones makes
+    both be made again from scratch, saying why: a gate must not compare the window with something that is not
+    upstream.
     """
     from forktool import build as fbuild
     from forktool import vendor
@@ -162,12 +190,28 @@ def ensure_reference_build(project: Project, profile_name: str) -> Path:
     src_root = project.root / "build" / "src-upstream"
     bdir = project.root / "build" / f"{profile_name}-upstream"
     manifest, digest_ = vendor.read_pristine(project)
-    stamp_file = src_root / ".forktool-pristine"
-    if not stamp_file.is_file() or stamp_file.read_text() != digest_:
-        if src_root.exists():
-            shutil.rmtree(src_root)
+    outputs = [o for a in cfg.artifacts_in(profile) for o in a.outputs]
+    stamp_file = src_root / REFERENCE_STAMP
+    stamped = stamp_file.is_file() and not stamp_file.is_symlink() and stamp_file.read_text() == digest_
+    differ = reference_sources_differ(src_root, manifest, digest_) if stamped else []
+    if differ:
+        output.warn(f"build/src-upstream is not the pristine upstream {digest_[:12]}: "
+                    f"{', '.join(differ[:3])}{' ...' if len(differ) > 3 else ''}; materialising it and building the "
+                    "reference again from scratch")
+    if not stamped or differ:
+        for d in (src_root, bdir):
+            if d.is_symlink() or d.is_file():
+                d.unlink()
+            elif d.exists():
+                remove_tree(d)
         vendor.materialise_to(vendor.objects(project), manifest, src_root)
         stamp_file.write_text(digest_)
+    record_path = bdir / REFERENCE_RECORD
+    record = _read_reference_record(record_path)
+    if record is not None and (record.get("pristine") != digest_ or reference_outputs(bdir, outputs) != record.get("outputs")):
+        output.warn(f"build/{profile_name}-upstream holds outputs whose bytes are not the ones its build recorded; "
+                    "building the reference again from scratch")
+        remove_tree(bdir)
     src = src_root / "llama.cpp"
     env = {"GIT_CEILING_DIRECTORIES": str(src_root)}
     if not (bdir / "CMakeCache.txt").is_file():
@@ -175,9 +219,21 @@ def ensure_reference_build(project: Project, profile_name: str) -> Path:
             proc.run(["cmake", "-S", src, "-B", bdir, "-G", profile.generator, *fbuild.configure_flags(profile),
                       "-DLLAMA_BUILD_COMMIT=upstream"], env=env)
     jobs = str(os.cpu_count() or 2)
+    record_path.unlink(missing_ok=True)  # until make has finished, nothing vouches for the outputs
     with output.step(f"building the unpatched reference ({profile_name}) into {bdir}"):
         proc.stream(["make", "-C", bdir, f"-j{jobs}", *profile.targets], env=env)
+    atomic_write(record_path, json.dumps({"pristine": digest_, "outputs": reference_outputs(bdir, outputs)},
+                                         indent=1, sort_keys=True).encode())
     return bdir / "bin"
+
+
+def _read_reference_record(path: Path) -> dict | None:
+    """The reference build's record, or None where there is none a gate could trust (absent, unreadable, not JSON)."""
+    try:
+        raw = json.loads(read_file(path))
+    except (OSError, ValueError):
+        return None
+    return raw if isinstance(raw, dict) else None
 
 
 def gates(project: Project, patch_id: str | None, name: str | None, list_only: bool) -> Report:
