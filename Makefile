@@ -68,8 +68,13 @@ device-bin: setup
 	$(FT) vendor fetch
 	$(FT) apply
 	$(FT) build --profile cuda
+	@$(PY) -c 'import json, sys; s = json.load(open("build/cuda/forktool-build.json"))["stamp"]; \
+	  sys.exit(f"device-bin: build/cuda is of a tree with local edits ({s}): commit them to a patch first" \
+	           if s.endswith(".dirty") else 0)'
 	rm -rf $(DEVICE_BIN) && mkdir -p $(DEVICE_BIN)/wheels
 	cd build/cuda/bin && tar czf $(abspath $(DEVICE_BIN))/full-bin.tgz $(DEVICE_BIN_FILES)
+	bash gates/device_bin.sh --inputs > $(DEVICE_BIN)/inputs.sha256
+	$(PY) -c 'import json; print(json.load(open("build/cuda/forktool-build.json"))["stamp"])' > $(DEVICE_BIN)/build-stamp
 	$(PY) -m pip download -q --only-binary=:all: --platform manylinux2014_x86_64 --implementation cp \
 	  --python-version $(DEVICE_PYTHON) -d $(DEVICE_BIN)/wheels pyyaml
 	$(PY) -m pip download -q --no-deps --only-binary=:all: -d $(DEVICE_BIN)/wheels gguf

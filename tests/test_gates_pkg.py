@@ -2616,6 +2616,13 @@ def test_device_bin_unpacks_once_and_runs_the_command_with_bin_set(tmp_path: Pat
 
     pack()
     env = dict(os.environ, HOME=str(home))
+    (tmp_path / "patches").mkdir()
+    (tmp_path / "vendor").mkdir()
+    (tmp_path / "patches" / "series").write_text("0001-a.patch\n")
+    (tmp_path / "patches" / "0001-a.patch").write_text("the patch\n")
+    (tmp_path / "vendor" / "vendor.lock").write_text("{}\n")
+    inputs = subprocess.run(["bash", str(script), "--inputs"], cwd=tmp_path, capture_output=True, text=True, check=True)
+    (kit / "inputs.sha256").write_text(inputs.stdout)
     cmd = ["bash", str(script), str(kit), 'echo "$BIN"; echo "$LD_LIBRARY_PATH"; "$BIN/llama-completion"']
     r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
@@ -2629,7 +2636,8 @@ def test_device_bin_unpacks_once_and_runs_the_command_with_bin_set(tmp_path: Pat
     changed = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert changed.stdout.splitlines()[-1] == "second" and "unpacked" in changed.stderr
     # the command's exit status comes back
-    assert subprocess.run(["bash", str(script), str(kit), "exit 3"], env=env, capture_output=True).returncode == 3
+    assert subprocess.run(["bash", str(script), str(kit), "exit 3"], cwd=tmp_path, env=env,
+                          capture_output=True).returncode == 3
     missing = subprocess.run(["bash", str(script), str(tmp_path / "none"), "true"], env=env, capture_output=True,
                              text=True)
     assert missing.returncode == 2 and "full-bin.tgz missing (make device-bin writes it)" in missing.stderr
@@ -2637,3 +2645,49 @@ def test_device_bin_unpacks_once_and_runs_the_command_with_bin_set(tmp_path: Pat
         t.add(src, arcname="other")
     empty = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert empty.returncode == 2 and "holds no llama-completion" in empty.stderr
+
+
+def test_device_bin_runs_only_the_build_of_the_checkouts_series(tmp_path: Path):
+    """gates/device_bin.sh refuses (exit 2, before running anything) an archive built from other patches or another
+    pin than the checkout's, or one that does not say what it was built from; DEVICE_BIN_OTHER_SERIES=1 runs it,
+    saying that its results describe that build."""
+    import tarfile
+
+    script = Path(__file__).resolve().parent.parent / "gates" / "device_bin.sh"
+    kit, home = tmp_path / "kit", tmp_path / "home"
+    for d in (kit, home, tmp_path / "patches", tmp_path / "vendor"):
+        d.mkdir()
+    tool = tmp_path / "llama-completion"
+    tool.write_text("#!/bin/sh\necho ran\n")
+    tool.chmod(0o755)
+    with tarfile.open(kit / "full-bin.tgz", "w:gz") as t:
+        t.add(tool, arcname="llama-completion")
+    (tmp_path / "patches" / "series").write_text("0001-a.patch\n")
+    patch = tmp_path / "patches" / "0001-a.patch"
+    patch.write_text("the patch\n")
+    (tmp_path / "vendor" / "vendor.lock").write_text("{}\n")
+    env = dict(os.environ, HOME=str(home))
+    env.pop("DEVICE_BIN_OTHER_SERIES", None)
+    cmd = ["bash", str(script), str(kit), '"$BIN/llama-completion"']
+
+    def run(**extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(cmd, cwd=tmp_path, env=env | extra, capture_output=True, text=True, timeout=60)
+
+    unsaid = run()
+    assert unsaid.returncode == 2 and "holds no inputs.sha256" in unsaid.stderr and "ran" not in unsaid.stdout
+    built = subprocess.run(["bash", str(script), "--inputs"], cwd=tmp_path, capture_output=True, text=True,
+                           check=True).stdout
+    (kit / "inputs.sha256").write_text(built)
+    (kit / "build-stamp").write_text("0c1e5709+0001.abcdef12\n")
+    same = run()
+    assert same.returncode == 0 and same.stdout.strip() == "ran"
+    assert "the cuda build of 0c1e5709+0001.abcdef12" in same.stderr
+    patch.write_text("the patch, edited since the build\n")
+    other = run()
+    assert other.returncode == 2 and "ran" not in other.stdout
+    assert f"built from {built[:12]}" in other.stderr and "run make device-bin again" in other.stderr
+    (tmp_path / "vendor" / "vendor.lock").write_text('{"pin": "another"}\n')
+    assert run().returncode == 2  # another pin, too
+    anyway = run(DEVICE_BIN_OTHER_SERIES="1")
+    assert anyway.returncode == 0 and anyway.stdout.strip() == "ran"
+    assert "its results describe that build, not this tree" in anyway.stderr
