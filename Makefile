@@ -73,7 +73,7 @@ device-bin: setup
 	           if s.endswith(".dirty") else 0)'
 	rm -rf $(DEVICE_BIN) && mkdir -p $(DEVICE_BIN)/wheels
 	cd build/cuda/bin && tar czf $(abspath $(DEVICE_BIN))/full-bin.tgz $(DEVICE_BIN_FILES)
-	bash gates/device_bin.sh --inputs > $(DEVICE_BIN)/inputs.sha256
+	bash gates/series_inputs.sh > $(DEVICE_BIN)/inputs.sha256
 	$(PY) -c 'import json; print(json.load(open("build/cuda/forktool-build.json"))["stamp"])' > $(DEVICE_BIN)/build-stamp
 	$(PY) -m pip download -q --only-binary=:all: --platform manylinux2014_x86_64 --implementation cp \
 	  --python-version $(DEVICE_PYTHON) -d $(DEVICE_BIN)/wheels pyyaml

@@ -7,6 +7,7 @@ forktool command run meanwhile cannot change what the archives hold (it is refus
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -58,6 +59,12 @@ def positions(ws: Workspace, fixed: str) -> dict[str, list]:
     return dict(zip(position_names(fixed), ([], ws.patches[:i], ws.patches), strict=True))
 
 
+def series_inputs(root: Path) -> str:
+    """gates/series_inputs.sh's digest of root's patches and pin (one definition, in the script the device runs)."""
+    script = Path(__file__).resolve().parent / "series_inputs.sh"
+    return subprocess.run(["bash", str(script)], cwd=root, capture_output=True, text=True, check=True).stdout
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m gates.bundle", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("build/device-bundle"))
@@ -74,6 +81,8 @@ def main() -> int:
                 dest = a.out / f"{name}.tar.gz"
                 write_position(ws, patches, dest, epoch)
                 print(f"{dest} ({dest.stat().st_size >> 10} KiB)")
+            # what the archives were made from, which gates/device_build.sh checks against the carried checkout
+            (a.out / "inputs.sha256").write_text(series_inputs(project.root))
     except ForktoolError as e:
         print(f"gates.bundle: {e}", file=sys.stderr)
         return 1

@@ -6,31 +6,14 @@
 #   usage: gates/device_bin.sh DIR COMMAND...
 #   e.g.   gates/device_bin.sh build/device-bin 'python3 -m gates.kernel_profile --bin "$BIN" --no-ncu --debug "" no-ring-carry'
 # The archive is unpacked again only when its sha256 changed (HOME/.forktool-device-bin/.archive).
-# It runs only with the series it was built from: DIR/inputs.sha256 (written by `make device-bin` from this script's
-# --inputs) must equal the digest of the checkout's patches/series, patches/*.patch and vendor/vendor.lock, so a
-# measurement never describes a build of other patches than the tree it is reported for. DEVICE_BIN_OTHER_SERIES=1
-# runs it anyway (an older build on purpose), saying so.
-#   gates/device_bin.sh --inputs    the digest of this checkout's series inputs (run in the repository root)
+# It runs only the build of the carried checkout's own series (gates/series_inputs.sh --check: DIR/inputs.sha256,
+# written by `make device-bin`, against this checkout's patches and pin; DEVICE_OTHER_SERIES=1 runs an older build on
+# purpose, saying so), so a measurement never describes a build of other patches than the tree it is reported for.
 set -euo pipefail
-inputs() { sha256sum patches/series patches/*.patch vendor/vendor.lock | sha256sum | cut -c1-64; }
-if [ "${1:-}" = "--inputs" ]; then inputs; exit 0; fi
-[ $# -ge 2 ] || { echo "usage: $0 DIR COMMAND... | $0 --inputs" >&2; exit 2; }
+[ $# -ge 2 ] || { echo "usage: $0 DIR COMMAND..." >&2; exit 2; }
 dir=$1; shift
 [ -f "$dir/full-bin.tgz" ] || { echo "device_bin: $dir/full-bin.tgz missing (make device-bin writes it)" >&2; exit 2; }
-[ -f "$dir/inputs.sha256" ] || { echo "device_bin: $dir holds no inputs.sha256, so nothing says which series it was \
-built from: run make device-bin again" >&2; exit 2; }
-built=$(cat "$dir/inputs.sha256")
-here=$(inputs 2>/dev/null || echo "(unreadable: run in the repository root)")
-if [ "$built" != "$here" ]; then
-  if [ "${DEVICE_BIN_OTHER_SERIES:-}" != 1 ]; then
-    echo "device_bin: $dir/full-bin.tgz was built from other patches or another pin than this checkout's" \
-      "(built from ${built:0:12}, this checkout ${here:0:12}): run make device-bin again, or set" \
-      "DEVICE_BIN_OTHER_SERIES=1 to run that build anyway" >&2
-    exit 2
-  fi
-  echo "device_bin: running a build of other series inputs (${built:0:12}) than this checkout's (${here:0:12})," \
-    "as DEVICE_BIN_OTHER_SERIES=1 asks: its results describe that build, not this tree" >&2
-fi
+bash "$(dirname "$0")/series_inputs.sh" --check "$dir" || exit 2
 [ -f "$dir/build-stamp" ] && echo "device_bin: the cuda build of $(cat "$dir/build-stamp")" >&2
 BIN=$HOME/.forktool-device-bin
 sum=$(sha256sum "$dir/full-bin.tgz" | cut -d' ' -f1)

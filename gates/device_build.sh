@@ -5,7 +5,8 @@
 # A position whose archive has the same sha256 as at its last build is not rebuilt (OUT/<position>/.archive), as long
 # as its files are still the ones that build wrote (OUT/<position>/.manifest: every file's sha256 and every link's
 # target; a file changed, added or removed since means a rebuild, saying why); a position whose archive is not in the
-# bundle is not built (full is required).
+# bundle is not built (full is required). The bundle must be of the carried checkout's series: its inputs.sha256
+# (written by gates.bundle) is checked by gates/series_inputs.sh --check, DEVICE_OTHER_SERIES=1 overriding it.
 #   DEVICE_BUILD_SERVER=1  also build llama-server for the full series (the needle gate boots it)
 # usage: gates/device_build.sh BUNDLE_DIR OUT_DIR [JOBS]
 set -euo pipefail
@@ -20,6 +21,7 @@ server=${DEVICE_BUILD_SERVER:-0}
 if [ "$server" = 1 ]; then flags+=(-DLLAMA_BUILD_SERVER=ON); else flags+=(-DLLAMA_BUILD_SERVER=OFF); fi
 targets=(llama-completion llama-perplexity llama-bench ggml-cuda)
 [ -f "$bundle/full.tar.gz" ] || { echo "device_build: $bundle/full.tar.gz missing" >&2; exit 2; }
+bash "$(dirname "$0")/series_inputs.sh" --check "$bundle" || exit 2  # the carried checkout's own series only
 positions=(full)
 for v in before pre0089 upstream; do
   if [ -f "$bundle/$v.tar.gz" ]; then positions+=("$v"); fi

@@ -1638,6 +1638,13 @@ def test_bundle_archives_each_position_without_moving_the_tree(tmp_path: Path, s
     for name, digest in want.items():
         assert archive_tree_digest(out / f"{name}.tar.gz", "llama.cpp") == digest, name
     assert len(set(want.values())) == 3
+    # what the archives were made from, which gates/device_build.sh checks against the carried checkout
+    script = ROOT / "gates" / "series_inputs.sh"
+    check = subprocess.run(["bash", str(script), "--check", str(out)], cwd=root, capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    (root / "patches" / "series").write_text((root / "patches" / "series").read_text() + "# an edit after\n")
+    check = subprocess.run(["bash", str(script), "--check", str(out)], cwd=root, capture_output=True, text=True)
+    assert check.returncode == 2 and "made from other patches or another pin" in check.stderr
     # another forktool command holding the lock: refused, nothing written
     import fcntl
 
@@ -2431,6 +2438,20 @@ def test_gates_cpu_reports_each_required_check_per_model_as_a_part():
     assert gate_parts(result, {"a"}) == [("a.llama", "pass", ""), ("a.gemma3", "fail", "llama-perplexity exit 1")]
 
 
+def series_checkout(root: Path, *packed: Path) -> None:
+    """root given a checkout's series inputs (patches/series, a patch, vendor/vendor.lock), and each packed folder
+    the inputs.sha256 gates/series_inputs.sh computes for them, as `make device-bin` and gates.bundle write it."""
+    (root / "patches").mkdir(parents=True, exist_ok=True)
+    (root / "vendor").mkdir(parents=True, exist_ok=True)
+    (root / "patches" / "series").write_text("0001-a.patch\n")
+    (root / "patches" / "0001-a.patch").write_text("the patch\n")
+    (root / "vendor" / "vendor.lock").write_text("{}\n")
+    script = Path(__file__).resolve().parent.parent / "gates" / "series_inputs.sh"
+    digest = subprocess.run(["bash", str(script)], cwd=root, capture_output=True, text=True, check=True).stdout
+    for d in packed:
+        (d / "inputs.sha256").write_text(digest)
+
+
 def test_device_build_reuses_a_position_only_while_its_files_are_the_ones_it_built(tmp_path: Path):
     """gates/device_build.sh with cmake and make stood in for: a second call with the same archive reuses the build;
     once a file of it changed, a file was added or its manifest is gone, the position is rebuilt, saying why."""
@@ -2457,6 +2478,7 @@ def test_device_build_reuses_a_position_only_while_its_files_are_the_ones_it_bui
         t.add(src, arcname="llama.cpp")
     script = Path(__file__).resolve().parent.parent / "gates" / "device_build.sh"
     env = dict(os.environ, PATH=f"{tools}:{os.environ['PATH']}")
+    series_checkout(work, bundle)
 
     def build() -> str:
         r = subprocess.run(["bash", str(script), str(bundle), "out", "2"], cwd=work, env=env, capture_output=True,
@@ -2560,6 +2582,7 @@ def _device_out_reused(root: Path, bundle: Path) -> None:
     lines = [f"file ./{p.name} {hashlib.sha256(p.read_bytes()).hexdigest()}" for p in sorted(full.iterdir())]
     (full / ".manifest").write_text("\n".join(lines) + "\n")
     (full / ".archive").write_text(hashlib.sha256(b"not built here").hexdigest() + "\n")
+    series_checkout(root, bundle)
 
 
 @pytest.mark.parametrize(("args", "before"), [
@@ -2576,7 +2599,7 @@ def test_run_gpu_gates_lets_gpu_gates_args_name_the_before_build(tmp_path: Path,
 
     root = tmp_path / "work"
     (root / "gates").mkdir(parents=True)
-    for name in ("run_gpu_gates.sh", "device_build.sh"):
+    for name in ("run_gpu_gates.sh", "device_build.sh", "series_inputs.sh"):
         shutil.copy(Path(__file__).resolve().parent.parent / "gates" / name, root / "gates" / name)
     _device_out_reused(root, tmp_path / "bundle")
     fake = tmp_path / "python"
@@ -2616,13 +2639,7 @@ def test_device_bin_unpacks_once_and_runs_the_command_with_bin_set(tmp_path: Pat
 
     pack()
     env = dict(os.environ, HOME=str(home))
-    (tmp_path / "patches").mkdir()
-    (tmp_path / "vendor").mkdir()
-    (tmp_path / "patches" / "series").write_text("0001-a.patch\n")
-    (tmp_path / "patches" / "0001-a.patch").write_text("the patch\n")
-    (tmp_path / "vendor" / "vendor.lock").write_text("{}\n")
-    inputs = subprocess.run(["bash", str(script), "--inputs"], cwd=tmp_path, capture_output=True, text=True, check=True)
-    (kit / "inputs.sha256").write_text(inputs.stdout)
+    series_checkout(tmp_path, kit)
     cmd = ["bash", str(script), str(kit), 'echo "$BIN"; echo "$LD_LIBRARY_PATH"; "$BIN/llama-completion"']
     r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
@@ -2649,25 +2666,23 @@ def test_device_bin_unpacks_once_and_runs_the_command_with_bin_set(tmp_path: Pat
 
 def test_device_bin_runs_only_the_build_of_the_checkouts_series(tmp_path: Path):
     """gates/device_bin.sh refuses (exit 2, before running anything) an archive built from other patches or another
-    pin than the checkout's, or one that does not say what it was built from; DEVICE_BIN_OTHER_SERIES=1 runs it,
+    pin than the checkout's, or one that does not say what it was built from; DEVICE_OTHER_SERIES=1 runs it,
     saying that its results describe that build."""
     import tarfile
 
     script = Path(__file__).resolve().parent.parent / "gates" / "device_bin.sh"
     kit, home = tmp_path / "kit", tmp_path / "home"
-    for d in (kit, home, tmp_path / "patches", tmp_path / "vendor"):
+    for d in (kit, home):
         d.mkdir()
     tool = tmp_path / "llama-completion"
     tool.write_text("#!/bin/sh\necho ran\n")
     tool.chmod(0o755)
     with tarfile.open(kit / "full-bin.tgz", "w:gz") as t:
         t.add(tool, arcname="llama-completion")
-    (tmp_path / "patches" / "series").write_text("0001-a.patch\n")
+    series_checkout(tmp_path)
     patch = tmp_path / "patches" / "0001-a.patch"
-    patch.write_text("the patch\n")
-    (tmp_path / "vendor" / "vendor.lock").write_text("{}\n")
     env = dict(os.environ, HOME=str(home))
-    env.pop("DEVICE_BIN_OTHER_SERIES", None)
+    env.pop("DEVICE_OTHER_SERIES", None)
     cmd = ["bash", str(script), str(kit), '"$BIN/llama-completion"']
 
     def run(**extra: str) -> subprocess.CompletedProcess:
@@ -2675,9 +2690,8 @@ def test_device_bin_runs_only_the_build_of_the_checkouts_series(tmp_path: Path):
 
     unsaid = run()
     assert unsaid.returncode == 2 and "holds no inputs.sha256" in unsaid.stderr and "ran" not in unsaid.stdout
-    built = subprocess.run(["bash", str(script), "--inputs"], cwd=tmp_path, capture_output=True, text=True,
-                           check=True).stdout
-    (kit / "inputs.sha256").write_text(built)
+    series_checkout(tmp_path, kit)
+    built = (kit / "inputs.sha256").read_text()
     (kit / "build-stamp").write_text("0c1e5709+0001.abcdef12\n")
     same = run()
     assert same.returncode == 0 and same.stdout.strip() == "ran"
@@ -2685,9 +2699,9 @@ def test_device_bin_runs_only_the_build_of_the_checkouts_series(tmp_path: Path):
     patch.write_text("the patch, edited since the build\n")
     other = run()
     assert other.returncode == 2 and "ran" not in other.stdout
-    assert f"built from {built[:12]}" in other.stderr and "run make device-bin again" in other.stderr
+    assert f"made from {built[:12]}" in other.stderr and "make device-bin" in other.stderr
     (tmp_path / "vendor" / "vendor.lock").write_text('{"pin": "another"}\n')
     assert run().returncode == 2  # another pin, too
-    anyway = run(DEVICE_BIN_OTHER_SERIES="1")
+    anyway = run(DEVICE_OTHER_SERIES="1")
     assert anyway.returncode == 0 and anyway.stdout.strip() == "ran"
     assert "its results describe that build, not this tree" in anyway.stderr
