@@ -46,6 +46,8 @@ RE_PROMPT = re.compile(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens .*?([
 RE_EVAL = re.compile(r"\s eval time =\s*([\d.]+) ms /\s*(\d+) runs .*?([\d.]+) tokens per second")
 # llama's own count of the graphs it reused instead of building them again (its perf summary)
 RE_REUSED = re.compile(r"graphs reused =\s*(\d+)")
+# the build that ran, as common_params_print_info logs it: "build 5 (0c1e5709+0089.9b49f91e) with GNU 13.3.0 for ..."
+RE_BUILD = re.compile(r"\bbuild (\d+) \((\S+)\) with (.+)")
 # a comparison flag of OPENCOTI_KV_DEBUG that says, once a process, which way it ran ("OPENCOTI_KV_DEBUG flag: ...")
 RE_DEBUG_LINE = re.compile(r"OPENCOTI_KV_DEBUG [a-z0-9-]+: [^\n]*")
 RE_COMPUTE = re.compile(r"(\S+) compute buffer size =\s*([\d.]+) MiB")
@@ -180,6 +182,10 @@ def run(tag: str, argv: list[str], work: Path, env: dict | None = None, measure:
     m = RE_REUSED.search(text)
     if m:
         res["graphs_reused"] = int(m.group(1))
+    m = RE_BUILD.search(text)
+    if m:  # the build's stamp (upstream commit + the series' top patch and digest) and compiler, for attribution
+        res["build"] = m.group(2)
+        res["compiler"] = m.group(3).strip()
     res["debug_lines"] = sorted({m.group(0).strip() for m in RE_DEBUG_LINE.finditer(text)})
     # with two passes, the lines after the measurement are the cache the context runs with (a window or fully resident)
     last = text.rfind("two-pass compute reserve: measured")

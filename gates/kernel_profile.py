@@ -161,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     # the flags that log when they run (gates.gpu.FLAG_RAN), per configuration: one asked for and never logged did
     # not run, so its timings are the default's (flags_not_run in the result)
     ran: dict[str, set[str]] = {name: set() for name, _, _ in configs}
+    builds: set[str] = set()  # the builds' stamps the runs logged (one build: one stamp)
     # each repetition's time of each configuration (None where the run failed), and the place it ran in
     by_rep: dict[str, list[float | None]] = {name: [] for name, _, _ in configs}
     places: dict[str, list[int]] = {name: [] for name, _, _ in configs}
@@ -173,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                 reused[name].append([r["graphs_reused"], r["decode_runs"]])
             said[name].update(r.get("debug_lines", []))
             ran[name].update(flags_ran(r.get("text", "")))
+            builds.update([r["build"]] if "build" in r else [])
             places[name].append(place)
             ok = r["rc"] == 0 and bool(r.get("decode_ms_per_token"))
             by_rep[name].append(r["decode_ms_per_token"] if ok else None)
@@ -206,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         result["configs"][name] = entry
         log(f"profiled {name}: {entry.get('us_per_token')} us of attention kernels a token, "
             f"timed {entry['timed_median_ms']} ms a token")
+    result["builds"] = sorted(builds)
     for name, line in over_resident(result["configs"]).items():
         log(f"{name} over resident: {line}")
     a.out.write_text(json.dumps(result, indent=2))

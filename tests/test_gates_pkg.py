@@ -1956,6 +1956,9 @@ def test_kernel_profile_counts_the_timed_runs_whose_ring_read_carried_chunks(
         ' tail ring: 3 carried chunk(s) read by graph 4 (the first time in this context)" ;; esac',
         # a comparison flag's own line, once a process
         '[ -n "$OPENCOTI_KV_DEBUG" ] && echo "0.1 I f: OPENCOTI_KV_DEBUG $OPENCOTI_KV_DEBUG: the way it ran"',
+        # the build that ran, as llama logs it
+        'echo "0.0 I cmn  common_param: common_params_print_info: build 5 (0c1e5709+0089.9b49f91e) with GNU 13.3.0'
+        ' for Linux x86_64"',
         'echo "common_perf_print: prompt eval time =     700.00 ms / 35131 tokens (    0.02 ms per token, 50000.00'
         ' tokens per second)"',
         'echo "common_perf_print:        eval time =     100.00 ms /    63 runs   (    1.59 ms per token,   630.00'
@@ -1967,7 +1970,9 @@ def test_kernel_profile_counts_the_timed_runs_whose_ring_read_carried_chunks(
     out = tmp_path / "kp.json"
     assert kp.main(["--bin", str(bindir), "--work", str(tmp_path / "w"), "--out", str(out), "--no-ncu", "--reps", "2",
                     "--windows", "256", "--debug", "", "ring-carry"]) == 0
-    configs = json.loads(out.read_text())["configs"]
+    result = json.loads(out.read_text())
+    assert result["builds"] == ["0c1e5709+0089.9b49f91e"]  # which build every timed run was
+    configs = result["configs"]
     assert {k: v["carry_read_runs"] for k, v in configs.items()} == {
         "resident": 0, "window 256": 0, "window 256 ring-carry": 2}
     assert configs["window 256 ring-carry"]["timed_ms_per_token"] == [100.0 / 63, 100.0 / 63]
