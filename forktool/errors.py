@@ -88,8 +88,18 @@ def check_id(value: str | None, option: str) -> str | None:
 
 
 def check_line(value: str, option: str) -> str:
-    """Text that goes into one header line of a patch: no newline, carriage return or NUL (no header injection)."""
+    """Text that goes into one header line of a patch: no newline, carriage return or NUL (no header injection),
+    and UTF-8 only: returns the text to use (bytes the locale could not decode are read as UTF-8, or refused)."""
     if any(ch in value for ch in "\n\r\0") or any(ord(ch) < 32 and ch != "\t" for ch in value):
         raise UsageError(f"{option} must be a single line of text (no newline or control character)", where=option,
                          hint="put longer text in the patch message after creating it")
+    if any("\udc80" <= ch <= "\udcff" for ch in value):  # bytes the locale could not decode (surrogateescape)
+        import os
+
+        raw = os.fsencode(value)
+        try:
+            return raw.decode("utf-8")  # UTF-8 given in a locale that is not (LC_ALL=C with PYTHONUTF8=0)
+        except UnicodeDecodeError as e:
+            raise UsageError(f"{option} is not UTF-8 text (byte 0x{raw[e.start]:02x}); a patch header is UTF-8",
+                             where=option, hint="give the text as UTF-8") from None
     return value

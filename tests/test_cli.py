@@ -109,3 +109,19 @@ def test_version_names_the_tool_and_the_applied_series(rp: Proj):  # noqa: F811
     assert "+0070." in stamp and code == 0
     code, typer_out = capture(rp.root, cli.main, ["--version", "status"])  # through typer's eager option
     assert typer_out == out
+
+
+def test_a_title_or_author_that_is_not_utf8_is_a_usage_error_and_utf8_in_a_c_locale_is_kept(rp: Proj) -> None:
+    # argv bytes that are not UTF-8 reach Python as lone surrogates; writing them into the patch header was an
+    # internal error (exit 3) after the workspace was opened
+    series = (rp.root / "patches" / "series").read_bytes()
+    for opt in ("--title", "--author"):
+        code, out, err = rp.run("new", "x", opt, os.fsdecode(b"t\xffx <a@b>"), expect=2)
+        assert f"{opt} is not UTF-8 text (byte 0xff)" in err and "internal error" not in err
+    assert (rp.root / "patches" / "series").read_bytes() == series
+    # UTF-8 bytes decoded by an ASCII locale (LC_ALL=C with PYTHONUTF8=0) arrive as surrogates too: read as UTF-8
+    title = "t\u00eftle \u20ac"
+    as_ascii_locale = title.encode().decode("ascii", "surrogateescape")
+    pid = rp.json("new", "x", "--title", as_ascii_locale)["id"]
+    patch = next((rp.root / "patches").glob(f"{pid}-x.patch")).read_bytes()
+    assert f"Subject: [PATCH] {title}\n".encode() in patch

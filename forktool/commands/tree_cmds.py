@@ -184,7 +184,8 @@ def refresh(project: Project, pid: str) -> Report:
 def new(project: Project, slug: str, title: str, author: str, patch_id: str | None = None) -> Report:
     from forktool import authoring
 
-    check_line(title, "--title"), check_line(author, "--author"), check_id(patch_id, "--id")
+    title, author = check_line(title, "--title"), check_line(author, "--author")
+    check_id(patch_id, "--id")
     with open_workspace(project) as ws:
         res = authoring.new(ws, slug, title, author, patch_id)
     return Report(res, [f"created patches/{res['patch']} after {res['after'] or 'the start'}; "
