@@ -92,6 +92,7 @@ def _feasible(tree: Path, writes: list[Write]) -> None:
     must be, a directory where a file must be), so a committed plan always rolls forward."""
     deleted = {w.path for w in writes if w.data is None}
     written = {w.path for w in writes if w.data is not None}
+    _writable_dirs(tree, writes)
     for w in writes:
         if w.data is None:
             continue
@@ -115,6 +116,26 @@ def _feasible(tree: Path, writes: list[Write]) -> None:
             if os.path.lexists(p) and not p.is_dir() and parent not in deleted:
                 raise ForktoolError(f"{w.path} needs {parent} to be a directory, but it is a file", where=str(p),
                                     hint="nothing was changed; fix the patch that writes this path")
+
+
+def _writable_dirs(tree: Path, writes: list[Write]) -> None:
+    """Refuse, before anything is committed, a write or removal in a directory this process may not change (a
+    read-only directory in the tree): the rename into it would fail halfway through the plan. The nearest directory
+    that exists is the one checked (the plan creates the rest). A file's own mode does not matter: it is replaced
+    by a rename, never written in place."""
+    seen: dict[Path, bool] = {}
+    for w in writes:
+        d = (tree / w.path).parent
+        while d != tree and (d.is_symlink() or not d.is_dir()):  # missing, or a file the plan removes first
+            d = d.parent
+        if d not in seen:
+            seen[d] = os.access(d, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids)
+        if not seen[d]:
+            shown = d.relative_to(tree).as_posix() if d != tree else "."
+            raise ForktoolError(f"{w.path} cannot be {'written' if w.data is not None else 'removed'}: the directory "
+                                f"{shown} of the vendored tree is not writable", where=str(d),
+                                hint=f"nothing was changed; make it writable (`chmod u+w '{d}'`) and run the "
+                                "command again")
 
 
 def check_plan(tree: Path, writes: list[Write]) -> None:

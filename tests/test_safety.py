@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -221,3 +223,38 @@ def test_only_vendor_fetch_downloads_and_it_shows_pip_as_it_goes(tmp_path: Path,
         code, out, err = run_cli(root, argv, expect=1)
         assert "is not in the cache" in err and "forktool vendor fetch" in err and "pip" not in err
     assert not (fresh / "sdist").exists() and (root / "vendor" / "vendor.lock").read_bytes() == lock
+
+
+def _read_only(d: Path) -> Callable[[], None] | None:
+    """Make the directory d one this process may not change (chmod a-w; as root, whom modes do not stop, the
+    immutable attribute); returns how to undo it, or None where neither is possible."""
+    d.chmod(0o555)
+    if not os.access(d, os.W_OK):
+        return lambda: d.chmod(0o755)
+    d.chmod(0o755)
+    if shutil.which("chattr") and subprocess.run(["chattr", "+i", str(d)], capture_output=True).returncode == 0:
+        return lambda: subprocess.run(["chattr", "-i", str(d)], check=True)
+    return None
+
+
+def test_a_read_only_directory_in_the_tree_is_refused_before_the_plan_is_committed(applied: Proj) -> None:
+    # the rename into a directory the process may not change failed after the plan was committed: the tree was
+    # left half moved, behind a journal that blocked every command until the directory was made writable
+    undo = _read_only(applied.tree / "up" / "src")
+    if undo is None:
+        pytest.skip("cannot make a directory read-only here (root without chattr)")
+    before = _project_files(applied)
+    backups = sorted(os.listdir(applied.root / ".opencoti" / "vendor-backups"))
+    try:
+        for argv in (["unapply"], ["unapply", "--force"], ["apply", "--upto", "0070"]):
+            code, out, err = applied.run(*argv, expect=1)
+            assert "the directory up/src of the vendored tree is not writable" in err
+            assert "nothing was changed" in err and "chmod u+w" in err
+            assert _project_files(applied) == before
+            assert not (applied.root / ".opencoti" / "txn").exists()
+            assert sorted(os.listdir(applied.root / ".opencoti" / "vendor-backups")) == backups
+        applied.run("status")
+    finally:
+        undo()
+    applied.run("unapply")
+    applied.run("verify")
