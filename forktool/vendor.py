@@ -406,6 +406,23 @@ def materialise(project: Project, manifest: Manifest) -> None:
     materialise_to(objects(project), manifest, project.tree)
 
 
+def clean_materialise_temps(dest: Path) -> list[str]:
+    """Remove the temporary directories beside dest that a killed materialisation of dest left (named
+    `.NAME-PID-RANDOM` by materialise_to, PID gone); their names. Nothing of another shape is touched."""
+    shape = re.compile(rf"^\.{re.escape(dest.name)}-(\d+)-[0-9a-f]{{12}}$")
+    gone: list[str] = []
+    try:
+        entries = sorted(dest.parent.iterdir())
+    except OSError:
+        return gone
+    for p in entries:
+        m = shape.match(p.name)
+        if m and not _alive(int(m.group(1))) and p.is_dir() and not p.is_symlink():
+            remove_tree(p)
+            gone.append(p.name)
+    return gone
+
+
 def materialise_to(store: ObjectStore, manifest: Manifest, dest: Path) -> None:
     """The one materialiser: manifest's files and symlinks (each checked to stay inside) written to dest, which
     must not exist yet, through a temp dir renamed into place."""
@@ -414,7 +431,11 @@ def materialise_to(store: ObjectStore, manifest: Manifest, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     import shutil
 
-    tmp = make_temp_dir(dest.parent, f".{dest.name}-")
+    # the temp dir's name carries this process's id: one a kill left behind (a partial tree beside the real one,
+    # which git would show as untracked) is removed by the next materialisation there
+    prefix = f".{dest.name}-{os.getpid()}-"
+    clean_materialise_temps(dest)
+    tmp = make_temp_dir(dest.parent, prefix)
     try:
         for rel in sorted(manifest):
             p = resolve_inside(tmp, rel, "pristine manifest")

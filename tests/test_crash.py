@@ -92,3 +92,39 @@ def test_kill_inside_a_refresh_of_the_top(proj: Proj, point: str):
     assert proj.digest() == tree
     v = proj.sub("verify")
     assert v.returncode == 0, v.stderr
+
+
+# killed by SIGKILL on the third file written into a materialisation's temporary directory (on any forktool: the
+# kill is planted from outside, through sitecustomize, not through a fault point of forktool's own)
+KILL_IN_MATERIALISE = """
+import os, pathlib
+_write = pathlib.Path.write_bytes
+_seen = []
+def write_bytes(self, data):
+    if ".llamafile-" in str(self):
+        _seen.append(self)
+        if len(_seen) == 3:
+            os.kill(os.getpid(), 9)
+    return _write(self, data)
+pathlib.Path.write_bytes = write_bytes
+"""
+
+
+def test_a_materialisation_killed_halfway_leaves_no_partial_tree_behind(proj: Proj, tmp_path):
+    # a kill while the pristine tree was written left vendor/.llamafile-XXXX (a partial copy of the tree, which
+    # `git status` shows as untracked) that nothing ever removed
+    import shutil
+
+    three_patches(proj)
+    proj.run("apply")
+    shutil.rmtree(proj.tree)
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(KILL_IN_MATERIALISE)
+    r = proj.sub("apply", env={"PYTHONPATH": str(site)})
+    assert r.returncode == -9, r.stderr
+    left = [p.name for p in proj.tree.parent.iterdir() if p.name.startswith(".llamafile-")]
+    assert left and not proj.tree.exists()  # the kill came inside the materialisation
+    assert proj.sub("apply").returncode == 0
+    assert [p.name for p in proj.tree.parent.iterdir() if p.name.startswith(".")] == []
+    assert proj.sub("verify").returncode == 0
