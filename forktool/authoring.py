@@ -281,20 +281,30 @@ def new(ws: Workspace, slug: str, title: str, author: str, want: str | None = No
     header = make_header(title or slug, author=author,
                          date=time.strftime("%a, %d %b %Y %H:%M:%S +0000", time.gmtime()))
     data = header + b"---\n"
-    atomic_write(ws.project.patches_dir / name, data)
-    _insert_in_series(ws, pos, name)
     patch = parse_patch(data, name)
-    ws.state.applied.append({"id": pid, "name": name, "sha256": patch.sha256,
-                             "diff_sha256": patch.diff_sha256, "drift": []})
-    ws._write_state()
-    ws.patches.insert(pos, patch)
-    from forktool import regfile
+    from forktool import regfile, txn
+    from forktool.state import STATE_FILE, State, state_bytes
 
-    return {"patch": name, "id": pid, "after": top, "registry": regfile.keep(ws.project, ws.patches, {}, [pid], ())}
+    patches = [*ws.patches[:pos], patch, *ws.patches[pos:]]
+    state = State(ws.state.pristine_digest, [*ws.state.applied, {
+        "id": pid, "name": name, "sha256": patch.sha256, "diff_sha256": patch.diff_sha256, "drift": []}],
+        ws.state.files)
+    said, registry = regfile.keep_planned(ws.project, patches, {}, [pid], ())
+    # the patch, the series naming it, the state recording it as applied and its registry entry: one update of
+    # the project's own files, so a `new` cut short (a full disk, a kill) never leaves a patch that a second `new`
+    # would duplicate
+    root = ws.project.root
+    files = [(ws.project.patches_dir / name, data), (ws.project.series_file, _insert_in_series(ws, pos, name)),
+             (ws.state_dir / STATE_FILE, state_bytes(state)), *registry]
+    txn.commit(root, ws.project.project_journal_dir,
+               [txn.Write(path.relative_to(root).as_posix(), b, REGULAR) for path, b in files], {"new": pid})
+    ws.state = state
+    ws.patches[:] = patches
+    return {"patch": name, "id": pid, "after": top, "registry": said}
 
 
-def _insert_in_series(ws: Workspace, pos: int, name: str) -> None:
-    """Add name to patches/series after the entry at pos - 1, keeping comments where they are."""
+def _insert_in_series(ws: Workspace, pos: int, name: str) -> bytes:
+    """patches/series with name added after the entry at pos - 1, keeping comments where they are."""
     lines = ws.project.series_file.read_text().splitlines(keepends=True)
     if pos == 0:
         first = next((e.line for e in ws.entries), len(lines) + 1)
@@ -304,7 +314,7 @@ def _insert_in_series(ws: Workspace, pos: int, name: str) -> None:
     if lines and not lines[-1].endswith("\n"):
         lines[-1] += "\n"
     lines.insert(insert_at, name + "\n")
-    atomic_write(ws.project.series_file, "".join(lines).encode())
+    return "".join(lines).encode()
 
 
 def reanchor(ws: Workspace, end: int) -> list[str]:

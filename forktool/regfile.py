@@ -166,6 +166,15 @@ def update_text(text: str, want: rg.Registry, where: str = "registry/UPSTREAM_SY
 def write(path: Path, want: rg.Registry) -> bool:
     """Write `want` into the registry file in place (and its rendered UPSTREAM_SYNC.md); False when nothing
     changed."""
+    files = planned(path, want)
+    for target, data in files:
+        atomic_write(target, data)
+    return bool(files)
+
+
+def planned(path: Path, want: rg.Registry) -> list[tuple[Path, bytes]]:
+    """The files `write` would write for `want` (the registry and its rendered UPSTREAM_SYNC.md), with their bytes;
+    empty when both already hold them."""
     from forktool.regcheck import render_md
 
     text = path.read_text(encoding="utf-8")
@@ -173,10 +182,8 @@ def write(path: Path, want: rg.Registry) -> bool:
     md = path.with_suffix(".md")
     md_text = render_md(want)
     if new == text and md.is_file() and md.read_text(encoding="utf-8") == md_text:
-        return False
-    atomic_write(path, new.encode())
-    atomic_write(md, md_text.encode())
-    return True
+        return []
+    return [(path, new.encode()), (md, md_text.encode())]
 
 
 # ---------------------------------------------------------------- what the tool keeps
@@ -280,11 +287,22 @@ def keep(project: Project, patches: list[Patch], final: dict[str, bytes | None],
          rels: Iterable[str] | None = None, cache: Cache | None = None) -> str:
     """Bring the registry file up to date (see `kept`) and write it in place: 'updated', 'unchanged', or why it
     was not (no registry, or one that does not load: the registry check names that)."""
+    said, files = keep_planned(project, patches, final, only, rels, cache)
+    for target, data in files:
+        atomic_write(target, data)
+    return said
+
+
+def keep_planned(project: Project, patches: list[Patch], final: dict[str, bytes | None],
+                 only: Iterable[str] | None = None, rels: Iterable[str] | None = None, cache: Cache | None = None,
+                 ) -> tuple[str, list[tuple[Path, bytes]]]:
+    """What `keep` would say and the files it would write, written by the caller (in one journal with its own)."""
     path = project.registry_dir / "UPSTREAM_SYNC.yaml"
     if not path.is_file():
-        return "no registry"
+        return "no registry", []
     try:
         reg = rg.load(path)
     except ForktoolError as e:
-        return f"not updated: it does not load ({e.what})"
-    return "updated" if write(path, kept(project, reg, patches, final, only, rels, cache)) else "unchanged"
+        return f"not updated: it does not load ({e.what})", []
+    files = planned(path, kept(project, reg, patches, final, only, rels, cache))
+    return ("updated" if files else "unchanged"), files

@@ -128,3 +128,40 @@ def test_a_materialisation_killed_halfway_leaves_no_partial_tree_behind(proj: Pr
     assert proj.sub("apply").returncode == 0
     assert [p.name for p in proj.tree.parent.iterdir() if p.name.startswith(".")] == []
     assert proj.sub("verify").returncode == 0
+
+
+# killed by SIGKILL as the registry file is put in place (after the patch, series and state were written)
+KILL_AT_REGISTRY = """
+import os
+_replace = os.replace
+def replace(src, dst, *a, **k):
+    if os.fspath(dst).endswith("/registry/UPSTREAM_SYNC.yaml"):
+        os.kill(os.getpid(), 9)
+    return _replace(src, dst, *a, **k)
+os.replace = replace
+"""
+
+
+@pytest.mark.parametrize("point", ["staging", "registry"])
+def test_new_cut_short_is_all_or_nothing(rp: Proj, tmp_path, point: str):
+    # `new` wrote the patch, the series, the state and the registry one after the other: cut short (a full disk, a
+    # kill) it left a patch applied and in the series but not in the registry, and `new` run again, as its error
+    # said, made a second patch beside it
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(KILL_AT_REGISTRY)
+    env = {"FORKTOOL_FAULT": "staging"} if point == "staging" else {"PYTHONPATH": str(site)}
+    rp.run("apply")
+    series = (rp.root / "patches" / "series").read_text()
+    r = rp.sub("new", "x", env=env)
+    assert r.returncode in (137, -9), r.stderr
+    rp.run("status")  # finishes (or discards) what the kill left
+    now = (rp.root / "patches" / "series").read_text()
+    registry = (rp.root / "registry" / "UPSTREAM_SYNC.yaml").read_text()
+    patches = sorted(p.name for p in (rp.root / "patches").glob("*.patch"))
+    if point == "staging":  # killed before the plan was committed: nothing of it
+        assert now == series and "0071" not in registry and patches == ["0070-ctx-window.patch"]
+    else:  # committed: all of it
+        assert "0071-x.patch" in now and "0071-x.patch" in registry
+        assert patches == ["0070-ctx-window.patch", "0071-x.patch"]
+    assert rp.json("new", "x")["id"] == ("0071" if point == "staging" else "0072")
