@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from forktool.errors import ForktoolError
-from forktool.tree import atomic_write, read_file, sha256_bytes
+from forktool.tree import atomic_write, read_file, remove_tree, sha256_bytes
 
 
 class ObjectStore:
@@ -19,10 +19,28 @@ class ObjectStore:
     def has(self, sha: str) -> bool:
         return self.path(sha).is_file()
 
+    def intact(self, sha: str) -> bool:
+        """The object is there, a regular file, and its bytes hash to its name (read whole: never vouched for by a
+        stat)."""
+        try:
+            return sha256_bytes(read_file(self.path(sha))) == sha
+        except OSError:  # missing, unreadable, or not a regular file (read_file refuses a FIFO without waiting)
+            return False
+
+    def discard(self, sha: str) -> None:
+        """Remove what stands where the object belongs (a damaged copy), so the next put writes it whole."""
+        p = self.path(sha)
+        if p.is_dir() and not p.is_symlink():
+            remove_tree(p)
+        elif os.path.lexists(p):
+            p.unlink()
+
     def put(self, data: bytes) -> str:
         sha = sha256_bytes(data)
         p = self.path(sha)
-        if not p.is_file():
+        if not p.is_file():  # a copy there is taken as it is (every get checks it; vendor fetch repairs the pristine)
+            if os.path.lexists(p):
+                self.discard(sha)
             atomic_write(p, data)
         return sha
 

@@ -328,8 +328,14 @@ def fetch_pristine(project: Project, *, local_sdist: Path | None = None,
         p = pristine_path(project, cached_digest)
         if p.is_file():
             cached = load_pristine_manifest(p)
-            if all(objects(project).has(e.sha256) for e in cached.values()):
+            store = objects(project)
+            # every object read and hashed (23 MB, about 0.2 s): "from cache" vouches for bytes it has checked
+            damaged = sorted({e.sha256 for e in cached.values() if not store.intact(e.sha256)})
+            if not damaged:
                 return FetchResult(cached, cached_digest, len(cached), True, 0)
+            for sha in damaged:
+                store.discard(sha)
+            progress(f"{len(damaged)} cached object(s) of the pristine upstream missing or damaged: fetching it again")
     store = objects(project)
     manifest: Manifest = {}
     skipped = 0

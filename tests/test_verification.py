@@ -113,6 +113,30 @@ def test_a_changed_pristine_object_changes_the_verdict(rp: Proj):  # noqa: F811
     assert not v["ok"] and not v["cached"] and any("corrupt" in x["what"] for x in v["problems"])
 
 
+def test_vendor_fetch_repairs_a_damaged_pristine_object(rp: Proj):  # noqa: F811
+    # "from cache" vouches for bytes it has read: a damaged object (other bytes, or a FIFO where it belongs) is
+    # fetched again, not passed over because a file of that name exists
+    from forktool import vendor
+    from forktool.project import Project
+
+    rp.run("apply")
+    project = Project(rp.root)
+    manifest, _ = vendor.read_pristine(project)
+    store = vendor.objects(project)
+    victim = store.path(min(e.sha256 for e in manifest.values()))
+    good = victim.read_bytes()
+    victim.write_bytes(good + b"x")
+    _, out, err = rp.run("vendor", "fetch")
+    assert "missing or damaged: fetching it again" in out + err and "(from cache)" not in out + err
+    assert victim.read_bytes() == good and verdict(rp)["ok"]
+    victim.unlink()
+    os.mkfifo(victim)
+    _, out, err = rp.run("vendor", "fetch")
+    assert "missing or damaged" in out + err and victim.is_file() and victim.read_bytes() == good
+    _, out, err = rp.run("vendor", "fetch")  # whole again: from the cache, checked
+    assert "(from cache)" in out + err and "damaged" not in out + err
+
+
 def test_stat_index_hashes_only_what_changed(tmp_path: Path):
     root = tmp_path / "t"
     for i in range(20):
