@@ -404,3 +404,15 @@ def test_a_hunk_whose_context_stops_at_the_file_end_applies_only_there():
     patch = parse_patch(make_patch("0072-mid.patch", {"up/src/t.c": (body, mid)}).encode(), "0072-mid.patch")
     out, drift = apply_file(patch, patch.files[0], ("zero\n" + body + "more\n").encode())
     assert out == ("zero\n" + mid + "more\n").encode() and [d.offset for d in drift] == [1]
+
+
+def test_a_tree_written_where_there_was_none_names_no_backup(rp: Proj):
+    # the first apply after the tree was removed writes it whole: there was nothing to keep, and it says so
+    import shutil
+
+    shutil.rmtree(rp.root / "vendor" / "llamafile")
+    (rp.root / ".opencoti" / "state.json").unlink()
+    _, out, err = rp.run("apply")
+    assert "no backup (there was no tree to keep)" in out + err and "backup None" not in out + err
+    _, out, err = rp.run("unapply")
+    assert "; backup " in out + err and "None" not in out + err

@@ -15,7 +15,9 @@ def _moved(ws: Workspace, what: str, res: dict) -> Report:
     if res["forced"]:
         lines.append(f"[yellow]--force:[/yellow] backed up and overwrote {len(res['forced'])} locally changed file(s)")
     if res["written"]:
-        lines.append(f"{what}: wrote {len(res['written'])} file(s); backup [bold]{res['backup']}[/bold]")
+        # a tree written where there was none has nothing to back up, so no backup is named
+        taken = f"backup [bold]{res['backup']}[/bold]" if res["backup"] else "no backup (there was no tree to keep)"
+        lines.append(f"{what}: wrote {len(res['written'])} file(s); {taken}")
     else:
         lines.append(f"{what}: nothing to do, the tree is already there")
     for d in res["drift"]:
