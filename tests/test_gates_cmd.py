@@ -113,6 +113,18 @@ def test_a_gate_declared_in_parts_that_names_none_is_not_checked(rp: Proj):
     assert "not checked 0070 parts" in out + err and "nothing says what it checked" in out + err
 
 
+def test_a_gate_declared_in_parts_that_names_only_undeclared_ones_is_not_checked(rp: Proj):
+    # a part the registry does not declare is none of the gate's: 0 of its parts ran is never a pass
+    with_parts_gate(rp, "echo 'forktool-gate-part z: pass'", DECLARED)
+    code, out, err = rp.run("gates", "0070", "--json", expect=1)
+    doc = json.loads(out)
+    row = doc["gates"][0]
+    assert (row["result"], row["exit_code"], row["parts_not_run"]) == ("not checked", 0, ["a", "b", "c"])
+    assert row["reason"].startswith("it named none of its parts (a, b, c), only z") and doc["not_checked"] == 1
+    code, out, err = rp.run("gates", "0070", expect=1)
+    assert "not checked 0070 parts (0 s): 0 of its 3 parts ran" in out + err and "pass 0070" not in out + err
+    assert "z pass (a part the registry does not declare)" in out + err
+
 def test_gates_list_shows_each_declared_part(rp: Proj):
     with_parts_gate(rp, "true", DECLARED)
     _code, out, err = rp.run("gates", "--list")

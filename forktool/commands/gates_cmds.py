@@ -56,7 +56,8 @@ def judge(exit_code: int, parts: list[dict]) -> str:
 def gate_verdict(g: rg.Gate, exit_code: int, err_text: str, parts: list[dict], timed_out: bool) -> tuple[str, str]:
     """(result, reason) of a gate that ran: judge() on its exit code and parts, then what forktool knows besides. Past
     its timeout it failed; exit 2 is a program that could not run (its last line says what it lacks); a gate whose
-    registry declares parts and whose program named none says nothing of what it checked."""
+    registry declares parts and whose program named none of them (nothing, or only parts the registry does not
+    declare) says nothing of what it checked."""
     if timed_out:
         return "fail", f"timed out after {g.timeout} s"
     result = judge(exit_code, parts)
@@ -64,9 +65,13 @@ def gate_verdict(g: rg.Gate, exit_code: int, err_text: str, parts: list[dict], t
         last = next((ln.strip() for ln in reversed(err_text.splitlines()) if ln.strip()), "")
         return result, f"it could not run (exit {COULD_NOT_RUN}: something it needs is missing)" + (
             f": {last}" if last else "")
-    if g.parts and not parts and result == "pass":
-        return "not checked", (f"it exited 0 without naming any of its parts ({', '.join(n for n, _ in g.parts)}): "
-                               f"nothing says what it checked")
+    if g.parts and result == "pass" and not any(g.part_of(p["part"]) for p in parts):
+        declared = ", ".join(n for n, _ in g.parts)
+        if not parts:
+            return "not checked", f"it exited 0 without naming any of its parts ({declared}): nothing says what it checked"
+        # parts the registry does not declare say nothing of the gate's own: none of those ran
+        return "not checked", (f"it named none of its parts ({declared}), only {', '.join(p['part'] for p in parts)}, "
+                               "which the registry does not declare: nothing says what of the gate it checked")
     return result, ""
 
 
