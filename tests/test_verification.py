@@ -12,7 +12,7 @@ from forktool.tree import scan
 from tests.helpers.project import Proj
 
 KEYS = {"ok", "problems", "tree_digest", "series_digest", "applied", "exported", "full_series", "registry",
-        "advisories", "cached", "compiled"}
+        "advisories", "cached", "compiled", "not_checked"}
 
 
 def verdict(p: Proj, *extra: str) -> dict:
@@ -42,6 +42,22 @@ def test_json_carries_the_same_fields_pass_or_fail(rp: Proj):  # noqa: F811
     assert bad["tree_digest"] != ok["tree_digest"] and len(bad["tree_digest"]) == 64
     assert all(set(x) == {"where", "what"} and x["where"] and x["what"] for x in bad["problems"])
 
+
+def test_without_a_registry_verify_says_the_registry_was_not_checked(rp: Proj):  # noqa: F811
+    # the registry check is part of what verify: OK stands for: where the project keeps none, no marker in the tree
+    # was checked, and both outputs say so instead of OK
+    rp.run("apply")
+    assert verdict(rp)["not_checked"] == []
+    for name in ("UPSTREAM_SYNC.yaml", "UPSTREAM_SYNC.md"):
+        (rp.root / "registry" / name).unlink()
+    rp.edit("up/src/ctx.c", "int ctx_run(", "int stray; // opencoti-hook: nobody-registered\nint ctx_run(")
+    rp.run("refresh", "0070")  # a marker no registry lists, in the patch and the tree
+    v = verdict(rp)
+    assert (v["ok"], v["registry"], v["not_checked"]) == (True, None, ["registry"])
+    code, out, err = rp.run("verify")
+    assert "registry: not checked (no registry/UPSTREAM_SYNC.yaml" in err and "registry: OK" not in err
+    assert err.strip().splitlines()[-1].startswith("verify: OK") and "; registry not checked" in err
+    rp.run("registry", "check", expect=1)  # the command that checks the registry refuses the same project
 
 def test_every_difference_in_one_report(rp: Proj):  # noqa: F811
     rp.run("apply")

@@ -162,12 +162,14 @@ def loop_lines(st: dict) -> list[str]:
 
 
 def _verify_lines(v: dict) -> list[str]:
+    from forktool.commands.tree_cmds import registry_line
+
     if v.get("ok"):
         reg = v.get("registry")
         return ([f"{v['exported']} applied patch(es) re-exported byte for byte", f"tree digest {v['tree_digest'][:12]}"
                  + (" equals vendor.lock's record for this series" if v["full_series"] else " (series not fully applied)")]
-                + ([f"registry: OK ({reg['patches']} patches, {reg['hooks']} hooks, all markers at their sites)"]
-                   if reg else []) + [f"advisory: {a}" for a in v.get("advisories", [])] + ["verify: OK"])
+                + [output.plain(registry_line(reg))] + [f"advisory: {a}" for a in v.get("advisories", [])]
+                + ["verify: OK" + ("; registry not checked" if reg is None else "")])
     return [f"verify failed: {len(v['problems'])} difference(s)"] + \
         [f"  {p['where']}: {p['what']}" for p in v["problems"]]
 
@@ -202,9 +204,9 @@ def _finish_report(project: Project, st: dict, res: dict) -> tuple[list[str], li
             f"{c['profile']} {c['status']}" + (f" ({c['reason']})" if c["reason"] else f" ({c['units']} unit(s))")
             for c in compiled))
     if v.get("ok"):
-        tail.append("[green]verify: OK[/green]" + ("; the series is carried onto its edited patches"
-                                                   if st.get("kind") == "reanchor" else "; moved the pin to "
-                                                   + st["to_spec"]))
+        tail.append("[green]verify: OK[/green]" + ("; registry not checked" if v.get("registry") is None else "")
+                    + ("; the series is carried onto its edited patches" if st.get("kind") == "reanchor"
+                       else "; moved the pin to " + st["to_spec"]))
     else:
         tail.append(f"[red]verify failed[/red]: {len(v.get('problems', []))} difference(s); the sync stays in "
                     "progress")

@@ -117,6 +117,15 @@ def status(project: Project) -> Report:
 
 
 NOT_READ = "not checked"  # a profile's compile status under verify --no-cache
+NO_REGISTRY = "registry: not checked (no registry/UPSTREAM_SYNC.yaml, so no marker in the tree was checked)"
+
+
+def registry_line(registry: dict | None) -> str:
+    """What a passing verify says of the registry check (its summary): OK with its counts, or not checked where
+    the project keeps no registry."""
+    if registry is None:
+        return f"[yellow]{NO_REGISTRY}[/yellow]"
+    return f"registry: OK ({registry['patches']} patches, {registry['hooks']} hooks, all markers at their sites)"
 
 
 def verify(project: Project, use_cache: bool = True) -> Report:
@@ -127,6 +136,7 @@ def verify(project: Project, use_cache: bool = True) -> Report:
     with open_workspace(project, use_cache) as ws:
         v = run_verify(ws)
     data = v.to_json()
+    data["not_checked"] = ["registry"] if v.registry is None else []  # what verify's OK does not cover
     full = v.full_series
     compiled = data["compiled"] = profile_statuses(project, v.series_digest, v.tree_digest)
     if not use_cache:
@@ -149,18 +159,18 @@ def verify(project: Project, use_cache: bool = True) -> Report:
                  f"{v.exported} applied patch(es) re-exported byte for byte",
                  f"tree digest {v.tree_digest[:12]}" + (" equals vendor.lock's record for this series" if full
                                                         else " (series not fully applied)")]
-        if v.registry is not None:
-            lines.append(f"registry: OK ({v.registry['patches']} patches, {v.registry['hooks']} hooks, "
-                         "all markers at their sites)")
+        lines.append(registry_line(v.registry))
         lines += [f"[yellow]advisory:[/yellow] {a}" for a in v.advisories]
         lines += compile_lines
         lines.append("[green]verify: OK[/green]" + (f"; not compiled: {', '.join(by['not compiled'])}" if
                                                      by["not compiled"] else "")
                      + (f"; compile not checked: {', '.join(by[NOT_READ])}" if by[NOT_READ] else "")
+                     + ("; registry not checked" if v.registry is None else "")
                      + (" (cached verdict: no input changed)" if v.cached else ""))
         return Report(data, lines)
     data["error"] = f"verify found {len(v.problems)} difference(s)"
     lines = [f"[red]✗[/red] {output.escape(str(p))}" for p in v.problems]
+    lines += [f"[yellow]{NO_REGISTRY}[/yellow]"] * (v.registry is None)
     lines += [f"[yellow]advisory:[/yellow] {a}" for a in v.advisories] + compile_lines
     lines.append(f"[red]error:[/red] verify found {len(v.problems)} difference(s) "
                  f"(tree digest {v.tree_digest[:12]})")
