@@ -207,7 +207,11 @@ def verify_release(directory: Path) -> dict[str, Any]:
         if not m:
             problems.append(f"{SUMS}:{n}: malformed line")
             continue
-        sums[_safe_rel(m.group(2), f"{SUMS}:{n}")] = m.group(1)
+        rel = _safe_rel(m.group(2), f"{SUMS}:{n}")
+        if rel in sums:  # every line is a claim `sha256sum -c` checks: one kept over another would go unchecked
+            problems.append(f"{SUMS}:{n}: {rel} is listed again")
+            continue
+        sums[rel] = m.group(1)
     on_disk = {rel for rel, p in tree_entries(directory) if not p.is_dir()} - {SUMS}
     for rel in sorted(on_disk - set(sums)):
         problems.append(f"{rel}: present but not listed in {SUMS}")

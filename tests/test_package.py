@@ -115,6 +115,14 @@ def test_verify_catches_other_tampering(release: Path, tamper: str) -> None:
         pk.verify_release(release)
 
 
+def test_verify_refuses_a_path_listed_twice_in_the_sums(release: Path) -> None:
+    # `sha256sum -c SHA256SUMS` checks every line: a wrong line beside a right one for the same file is no match
+    sums = release / "SHA256SUMS"
+    sums.write_text("0" * 64 + "  bin/llama-cli\n" + sums.read_text())
+    with pytest.raises(VerifyError) as e:
+        pk.verify_release(release)
+    assert any(d.endswith(": bin/llama-cli is listed again") for d in e.value.details), e.value.details
+
 def test_verify_reads_the_archive_too(release: Path) -> None:
     assert pk.verify_release(release.with_name(release.name + ".tar.gz"))["ok"]
 
