@@ -218,3 +218,14 @@ def test_a_stop_without_a_cmake_tree_says_not_compiled(proj: Proj, monkeypatch: 
     _, _, err = proj.run("status")
     assert "compile check: cpu not compiled (the vendored tree has no llama.cpp/CMakeLists.txt)" in err
     assert "cpu compiled" not in err
+
+
+def test_a_check_of_every_profile_that_compiled_none_says_it_checked_nothing(rp: Proj) -> None:
+    # --all exits 0 where this machine cannot compile a profile (the sync workflow reads that exit), so the words
+    # and the JSON must say that nothing was checked
+    shutil.copy(Path(__file__).resolve().parents[1] / "registry" / "build.yaml", rp.root / "registry" / "build.yaml")
+    rp.run("apply")
+    _, out, err = rp.run("build", "--check", "--all")
+    assert "no profile was compiled: this check checked nothing" in out + err
+    data = rp.json("build", "--check", "--all")
+    assert data["not_compiled"] == ["cpu", "cuda"] and all(p["status"] == "not compiled" for p in data["profiles"])

@@ -103,7 +103,12 @@ def check(project: Project, profile: str | None, every: bool, jobs: int | None) 
     if any(r.status != bcheck.NOT_COMPILED for r in results):
         lines.append(f"recorded for series {results[0].series_digest[:12]}, tree {results[0].tree_digest[:12]} "
                      "(`forktool verify` reports it)")
-    return Report({"profiles": [r.to_json() for r in results], "ok": code == 0}, lines, exit_code=code)
+    unchecked = [r.profile for r in results if r.status == bcheck.NOT_COMPILED]
+    if unchecked and len(unchecked) == len(results) > 1:  # --all: exit 0 by design, so the words must say it
+        lines.append("[yellow]no profile was compiled: this check checked nothing[/yellow]")
+    # ok: nothing failed (and, by name, what was asked was compiled); not_compiled: the profiles it did not check
+    return Report({"profiles": [r.to_json() for r in results], "ok": code == 0, "not_compiled": unchecked}, lines,
+                  exit_code=code)
 
 
 def dispatch(project: Project, profile: str | None, plan: bool, check_only: bool, every: bool,
