@@ -127,6 +127,11 @@ CARRY_DROPPED = "tail ring: carried chunks dropped: a write into a mapped buffer
 # 0073's tail mirror (OPENCOTI_KV_DEBUG=tail-mirror) says, once a context, that a graph read layer copies of the tail
 # kept from the graphs before
 RE_MIRROR_KEPT = re.compile(r"tail mirror: (\d+) layer copies kept from earlier graphs read by graph")
+# what the copies did over a context, logged as it ends: graphs that read copies, those whose every copy was kept from
+# the graphs before, and the cells copied in before graphs against the cells read (a copy filled again for every graph
+# would log that the flag ran and time as the default)
+RE_MIRROR_SUMMARY = re.compile(r"tail-mirror: (\d+) graphs read layer copies, (\d+) with every copy kept from the "
+                               r"graphs before; (\d+) of the (\d+) cells they read were copied in before the graph")
 # the flags of OPENCOTI_KV_DEBUG that log, once a context, that they ran, and what it means when no run logged it:
 # a flag asked for that did not run has not been checked, whatever the runs say
 FLAG_RAN = {
@@ -182,6 +187,10 @@ def run(tag: str, argv: list[str], work: Path, env: dict | None = None, measure:
     m = RE_REUSED.search(text)
     if m:
         res["graphs_reused"] = int(m.group(1))
+    m = RE_MIRROR_SUMMARY.search(text)
+    if m:
+        res["mirror"] = {"graphs": int(m.group(1)), "kept": int(m.group(2)), "cells_filled": int(m.group(3)),
+                         "cells_read": int(m.group(4))}
     m = RE_BUILD.search(text)
     if m:  # the build's stamp (upstream commit + the series' top patch and digest) and compiler, for attribution
         res["build"] = m.group(2)

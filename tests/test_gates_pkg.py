@@ -94,6 +94,9 @@ def test_gpu_run_parses_a_completion_log(tmp_path: Path):
         "common_perf_print:        eval time =      26.69 ms /    31 runs   (    0.86 ms per token,  1161.48 tokens per second)",
         "common_perf_print:    graphs reused =         29",
         "0.01.2 I opencoti_copy_kv_rows: OPENCOTI_KV_DEBUG tail-copy-2d: K and V cells in one pitched copy",
+        "0.0 I cmn  common_param: common_params_print_info: build 5 (0c1e5709+0089.9b49f91e) with GNU 13.3.0 for Linux",
+        "0.02.1 I opencoti_fattn_ring_free: OPENCOTI_KV_DEBUG tail-mirror: 63 graphs read layer copies, 62 with every "
+        "copy kept from the graphs before; 2816 of the 2879 cells they read were copied in before the graph",
     ]))
     r = run("t", [str(tool)], tmp_path)
     assert r["rc"] == 0
@@ -104,9 +107,25 @@ def test_gpu_run_parses_a_completion_log(tmp_path: Path):
     assert (r["prompt_tokens"], r["prefill_tps"], r["decode_tps"]) == (35131, 61300.0, 1161.48)
     assert r["decode_ms_per_token"] == pytest.approx(26.69 / 31)
     assert (r["graphs_reused"], r["decode_runs"]) == (29, 31)
-    assert r["debug_lines"] == ["OPENCOTI_KV_DEBUG tail-copy-2d: K and V cells in one pitched copy"]
+    assert r["debug_lines"][0] == "OPENCOTI_KV_DEBUG tail-copy-2d: K and V cells in one pitched copy"
+    assert r["mirror"] == {"graphs": 63, "kept": 62, "cells_filled": 2816, "cells_read": 2879}
+    assert (r["build"], r["compiler"]) == ("0c1e5709+0089.9b49f91e", "GNU 13.3.0 for Linux")
     assert r["measure_pass"] and not r["fully_resident"]
     assert (tmp_path / "t.log").read_text().startswith(str(tool))
+
+
+def test_the_mirror_summary_the_gates_read_is_the_line_0073_logs():
+    # gates.gpu.RE_MIRROR_SUMMARY reads a line fattn.cu prints with printf: the format in the patch, rendered with
+    # numbers, must be what the pattern reads
+    from gates.gpu import RE_MIRROR_SUMMARY
+
+    patch = next((ROOT / "patches").glob("0073-*.patch")).read_text()
+    start = patch.index("OPENCOTI_KV_DEBUG tail-mirror: %llu graphs read")
+    call = patch[patch.rindex("GGML_LOG_INFO(", 0, start):patch.index("__func__", start)]
+    fmt = "".join(re.findall(r'"((?:[^"\\]|\\.)*)"', call))
+    line = fmt.replace("%llu", "7").replace("\\n", "")
+    m = RE_MIRROR_SUMMARY.search(line)
+    assert m and m.groups() == ("7", "7", "7", "7"), line
 
 
 def test_gpu_run_reads_the_cells_a_mapped_tail_really_keeps_in_device_memory(tmp_path: Path):
@@ -1994,6 +2013,7 @@ def test_kernel_profile_counts_the_timed_runs_whose_ring_read_carried_chunks(
                     "--windows", "256", "--debug", "tail-mirror,ring-carry"]) == 0
     mirror = json.loads(out.read_text())["configs"]["window 256 tail-mirror,ring-carry"]
     assert mirror["flags_ran"] == ["ring-carry"] and mirror["flags_not_run"] == ["tail-mirror"]
+    assert mirror["mirror_runs"] == []  # and no summary of kept copies either
     capsys.readouterr()
 
 
