@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from forktool.errors import ForktoolError
-from forktool.tree import atomic_write, read_file, remove_tree, sha256_bytes
+from forktool.tree import atomic_write, read_file, sha256_bytes
 
 
 class ObjectStore:
@@ -28,11 +28,10 @@ class ObjectStore:
             return False
 
     def discard(self, sha: str) -> None:
-        """Remove what stands where the object belongs (a damaged copy), so the next put writes it whole."""
+        """Remove a damaged copy of the object (other bytes, a link, a FIFO), so the next put writes it whole. A
+        directory there is left for its owner: put then refuses it, naming it."""
         p = self.path(sha)
-        if p.is_dir() and not p.is_symlink():
-            remove_tree(p)
-        elif os.path.lexists(p):
+        if os.path.lexists(p) and not (p.is_dir() and not p.is_symlink()):
             p.unlink()
 
     def put(self, data: bytes) -> str:
