@@ -305,23 +305,10 @@ def registry_notes(project: Project) -> tuple[str | None, dict[str, dict[str, st
     return sha256_file(path), out
 
 
-def _release_files(bdir: Path, outputs: list[str]) -> dict[str, Path]:
-    """bin/NAME -> file: the profile's outputs plus every shared library in bin/, each once, under its SONAME."""
-    files: dict[str, Path] = {f"bin/{Path(o).name}": (bdir / o).resolve() for o in outputs if ".so" not in o}
-    names: dict[Path, list[str]] = {}
-    for p in sorted((bdir / "bin").glob("*.so*")):
-        names.setdefault(p.resolve(), []).append(p.name)
-    for real, aliases in sorted(names.items()):
-        # libllama.so -> libllama.so.0 -> libllama.so.0.0.N: binaries load the middle one, which is the SONAME
-        soname = sorted((a for a in aliases if re.search(r"\.so\.\d+$", a)), key=len)
-        files[f"bin/{soname[0] if soname else real.name}"] = real
-    return files
-
-
 def spec_from_build(project: Project, cfg: BuildConfig, profile: Profile, applied: list[Any],
                     pristine_digest: str) -> ReleaseSpec:
     """The release of the last `forktool build` of this profile; refuses when it is not of the applied series."""
-    from forktool.build import build_dir, patch_impact, read_record, stamp
+    from forktool.build import RECORD, build_dir, patch_impact, read_record, release_files, stamp
 
     bdir = build_dir(project, profile.name)
     rec = read_record(bdir)
@@ -336,6 +323,20 @@ def spec_from_build(project: Project, cfg: BuildConfig, profile: Profile, applie
     moved = [o for o in outputs if not (bdir / o).is_file() or sha256_file(bdir / o) != rec["outputs"].get(o)]
     if moved:
         raise ForktoolError(f"{', '.join(moved)} changed since `forktool build` recorded it", where=str(bdir),
+                            hint=f"run `forktool build --profile {profile.name}` again")
+    # what ships is more than the outputs (every shared library in bin/, a tool's -impl library among them): each
+    # file, by its bytes, must be one the build recorded, and nothing it recorded may be gone
+    files = release_files(bdir, outputs)
+    recorded = rec.get("shipped")
+    if recorded is None:
+        raise ForktoolError(f"the last build of profile {profile.name} did not record the files a release ships "
+                            "(made by an older forktool)", where=str(bdir / RECORD),
+                            hint=f"run `forktool build --profile {profile.name}` again")
+    sums: dict[str, str | None] = {rel: sha256_file(f) if f.is_file() else None for rel, f in files.items()}
+    differ = sorted(rel for rel in set(sums) | set(recorded) if sums.get(rel) != recorded.get(rel))
+    if differ:
+        raise ForktoolError(f"{', '.join(differ)}: not what `forktool build` recorded (added, removed or changed "
+                            "since the build)", where=str(bdir),
                             hint=f"run `forktool build --profile {profile.name}` again")
     comp = project.vendor.components[0]
     st, number = stamp(comp.upstream_commit, [(p.id, p.name, p.sha256) for p in applied], False)
@@ -355,5 +356,5 @@ def spec_from_build(project: Project, cfg: BuildConfig, profile: Profile, applie
                   "flags": [*rec.get("flags", []), f"-DLLAMA_BUILD_COMMIT={st}", f"-DLLAMA_BUILD_NUMBER={number}"]},
     }
     name = f"llama.cpp-{st}-{profile.name}"
-    return ReleaseSpec(name, _release_files(bdir, outputs), project.tree, manifest, {"registry": reg},
+    return ReleaseSpec(name, files, project.tree, manifest, {"registry": reg},
                        source_date_epoch())

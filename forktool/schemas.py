@@ -220,6 +220,8 @@ BUILD_RECORD = {"type": "object", "properties": {
                                                                             "sha256": SHA256,
                                                                             "files": strings(REL_PATH)}}},
     "outputs": {"type": "object", "propertyNames": REL_PATH, "additionalProperties": SHA256},
+    # every file a release of this build ships (bin/NAME -> sha256): `forktool package` ships only these bytes
+    "shipped": {"type": "object", "propertyNames": REL_PATH, "additionalProperties": SHA256},
     "flags": strings(), "targets": strings(), "objects": COUNT,
     "seconds": {"type": "number", "minimum": 0, "maximum": 1e7},
     "make_seconds": {"type": "number", "minimum": 0, "maximum": 1e7},

@@ -178,3 +178,100 @@ def test_a_release_manifest_of_the_wrong_shape_is_refused(release: Path, tmp_pat
     err = capsys.readouterr().err
     assert "manifest.json" in err and "Traceback" not in err
     assert _listing(release) == before
+
+
+# ---------------------------------------------------------------- `forktool package` of a real (tiny) build
+
+_TOOL_CMAKE = """\
+cmake_minimum_required(VERSION 3.16)
+project(demo C)
+set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
+set(CMAKE_LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
+add_library(demo SHARED src/a.c)
+set_target_properties(demo PROPERTIES VERSION 0.0.1 SOVERSION 0)
+add_library(demo-cli-impl SHARED tools/impl.c)
+add_executable(demo-cli tools/main.c)
+target_link_libraries(demo-cli demo-cli-impl demo)
+"""
+# as in the real build.yaml: the tool's -impl library (llama-cli's code) is no artifact's output, yet it ships
+_TOOL_BUILD_YAML = """\
+artifacts:
+  - name: lib
+    impact: host
+    paths: ["llama.cpp/src"]
+    targets: [demo]
+    outputs: [bin/libdemo.so]
+  - name: tools
+    impact: host
+    paths: ["llama.cpp/tools", "llama.cpp/CMakeLists.txt"]
+    outputs: [bin/demo-cli]
+links:
+  tools: [lib]
+stamped: [tools]
+profiles:
+  cpu:
+    flags: [-DCMAKE_BUILD_TYPE=Release, -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON]
+    targets: [demo-cli]
+"""
+
+
+@pytest.fixture
+def built(tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    import shutil
+
+    from tests.helpers.cli import run_cli
+    from tests.helpers.project import make_upstream
+    from tests.helpers.sync import sync_patch
+
+    if not (shutil.which("cmake") and shutil.which("make") and shutil.which("cc")):
+        pytest.skip("needs cmake, make and a C compiler")
+    monkeypatch.setenv("FORKTOOL_LAUNCHER", "none")
+    files = {"CMakeLists.txt": _TOOL_CMAKE, "src/a.c": "int a(void) { return 1; }\n",
+             "tools/impl.c": "int a(void);\nint run(void) { return a() - 2; }\n",
+             "tools/main.c": "int run(void);\nint main(void) { return run(); }\n"}
+    up = tmp_path / "upstream"
+    commit = make_upstream(up, files)
+    root = tmp_path / "proj"
+    for d in ("vendor", "patches", "registry"):
+        (root / d).mkdir(parents=True)
+    (root / "registry" / "build.yaml").write_text(_TOOL_BUILD_YAML)
+    (root / "vendor" / "vendor.yaml").write_text(
+        f"components:\n  - name: llama.cpp\n    kind: git\n    url: {up}\n    commit: {commit}\n"
+        "    include: [CMakeLists.txt, src, tools]\n")
+    patch = sync_patch("0001-a.patch", "a: two", [("llama.cpp/src/a.c", files["src/a.c"].encode(),
+                                                     b"int a(void) { return 2; }\n")])
+    (root / "patches" / "0001-a.patch").write_bytes(patch.raw)
+    (root / "patches" / "series").write_text("0001-a.patch\n")
+    for argv in (["vendor", "fetch"], ["apply"], ["build", "-j", "1"]):
+        run_cli(root, argv)
+    return root
+
+
+@pytest.mark.parametrize("tamper", ["impl-replaced", "library-added", "soname-replaced", "library-removed"])
+def test_package_ships_only_files_the_build_recorded(built: Path, tamper: str) -> None:
+    from tests.helpers.cli import run_cli
+
+    bins = built / "build" / "cpu" / "bin"
+    _, out, _ = run_cli(built, ["package", "--out", "first", "--json"])
+    import json
+
+    assert sorted(json.loads((Path(json.loads(out)["dir"]) / "manifest.json").read_text())["files"]) == [
+        "RELEASE_NOTES.md", "bin/demo-cli", "bin/libdemo-cli-impl.so", "bin/libdemo.so.0",
+        f"{json.loads(out)['name']}-source.tar.gz"]
+    if tamper == "impl-replaced":  # the tool's own code, in a library no artifact lists as its output
+        (bins / "libdemo-cli-impl.so").write_bytes(b"\x7fELF not what make wrote")
+    elif tamper == "library-added":
+        (bins / "libextra.so").write_bytes(b"\x7fELF never built")
+    elif tamper == "soname-replaced":  # libdemo.so (the recorded output) still leads to the built file
+        (bins / "libdemo.so.0").unlink()
+        (bins / "libdemo.so.0").write_bytes(b"\x7fELF loaded by demo-cli")
+        (bins / "libdemo.so").unlink()
+        (bins / "libdemo.so").symlink_to("libdemo.so.0.0.1")
+    else:
+        (bins / "libdemo-cli-impl.so").unlink()
+    code, _, err = run_cli(built, ["package", "--out", "second"], expect=1)
+    assert "not what `forktool build` recorded" in err and "bin/lib" in err, err
+    assert not (built / "second").exists() or not any((built / "second").iterdir())
+    if tamper == "library-removed":
+        run_cli(built, ["build", "-j", "1"])  # the fix the error names: make writes it again
+        run_cli(built, ["package", "--out", "third"])

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         configure,
         last_error,
         make_env,
+        release_files,
         run_build,
     )
 
@@ -86,6 +87,7 @@ _HOME = {
     "patch_impact": "impact",
     "plan_lines": "plan",
     "read_record": "plan",
+    "release_files": "run",
     "run_build": "run",
     "stamp": "plan",
     "touched_paths": "impact",
@@ -106,6 +108,6 @@ __all__ = [
     "PatchImpact", "Plan", "Profile",
     "_flags_key", "_parse_profiles", "_which", "build_dir", "cache_stats", "cmake_argv", "cmake_inputs_digest",
     "configure", "configure_flags", "forget_unfinished", "launcher", "last_error", "load_config", "make_env", "make_plan",
-    "parse_ccache_stats", "parse_sccache_stats", "patch_impact", "plan_lines", "read_record", "run_build", "stamp",
-    "touched_paths",
+    "parse_ccache_stats", "parse_sccache_stats", "patch_impact", "plan_lines", "read_record", "release_files",
+    "run_build", "stamp", "touched_paths",
 ]

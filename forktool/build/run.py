@@ -30,7 +30,7 @@ from forktool.build.progress import MakeProgress
 from forktool.errors import ConfigError, ForktoolError
 from forktool.index import hash_indexed
 from forktool.project import Project
-from forktool.tree import atomic_write
+from forktool.tree import atomic_write, sha256_file
 
 _LINK_RE = re.compile(r"Linking \S+ (?:shared library|shared module|executable|static library) (\S+)")
 MAKE_LOG = "make.log"
@@ -87,8 +87,31 @@ def make_env(project: Project) -> dict[str, str]:
 OUTPUTS_INDEX = "forktool-outputs.index"  # stat index of the outputs: unchanged ones are not hashed again
 
 
-def _hash_outputs(bdir: Path, arts: list[ArtifactSpec]) -> dict[str, str]:
-    return hash_indexed(bdir, [o for a in arts for o in a.outputs], bdir / OUTPUTS_INDEX)[0]
+def release_files(bdir: Path, outputs: list[str]) -> dict[str, Path]:
+    """bin/NAME -> file: what `forktool package` ships of a build, the profile's outputs plus every shared library
+    in bin/ (a tool's `-impl` library, mtmd, ...), each once, under its SONAME."""
+    files: dict[str, Path] = {f"bin/{Path(o).name}": (bdir / o).resolve() for o in outputs if ".so" not in o}
+    names: dict[Path, list[str]] = {}
+    for p in sorted((bdir / "bin").glob("*.so*")):
+        names.setdefault(p.resolve(), []).append(p.name)
+    for real, aliases in sorted(names.items()):
+        # libllama.so -> libllama.so.0 -> libllama.so.0.0.N: binaries load the middle one, which is the SONAME
+        soname = sorted((a for a in aliases if re.search(r"\.so\.\d+$", a)), key=len)
+        files[f"bin/{soname[0] if soname else real.name}"] = real
+    return files
+
+
+def _hash_outputs(bdir: Path, arts: list[ArtifactSpec]) -> tuple[dict[str, str], dict[str, str]]:
+    """(output -> sha256, release path -> sha256 of every file a release of this build ships), from one stat index."""
+    outputs = [o for a in arts for o in a.outputs]
+    shipped = release_files(bdir, outputs)
+    top = bdir.resolve()
+    inside = {rel: p.relative_to(top).as_posix() for rel, p in shipped.items() if p.is_relative_to(top)}
+    sums = hash_indexed(bdir, outputs + sorted(set(inside.values())), bdir / OUTPUTS_INDEX)[0]
+    out = {o: sums[o] for o in outputs if o in sums}
+    ships = {rel: sums[inside[rel]] if rel in inside else sha256_file(p) for rel, p in shipped.items()
+             if (rel in inside and inside[rel] in sums) or (rel not in inside and p.is_file())}
+    return out, ships
 
 
 T = TypeVar("T")
@@ -181,7 +204,7 @@ def run_build(project: Project, cfg: BuildConfig, plan: Plan, jobs: int,
     pool.shutdown(wait=False)
     try:
         forget_unfinished(bdir)  # objects a run cut short may have left newer than their sources
-        before = _hash_outputs(bdir, in_profile)
+        before, _ = _hash_outputs(bdir, in_profile)
         stats0 = cache_stats(tool, where=False) if tool else None  # the location comes with the second reading
     except BaseException:
         if configuring is not None:
@@ -233,7 +256,7 @@ def run_build(project: Project, cfg: BuildConfig, plan: Plan, jobs: int,
                 first.cause, str(project.tree), [(p.id, p.files) for p in plan.patches]))
     stats1 = cache_stats(tool) if tool and stats0 else None
     cache = stats1.since(stats0) if stats1 and stats0 else None
-    after = _hash_outputs(bdir, in_profile)
+    after, shipped = _hash_outputs(bdir, in_profile)
     missing = [o for a in in_profile for o in a.outputs if o not in after]
     if missing:
         raise ConfigError(f"make finished but {', '.join(missing)} is missing", where=str(bdir),
@@ -246,7 +269,7 @@ def run_build(project: Project, cfg: BuildConfig, plan: Plan, jobs: int,
                          Path(tool).name if tool else None, cache, configure_seconds)
     record = {"profile": plan.profile.name, "stamp": plan.stamp, "dirty": plan.dirty,
               "applied": [{"id": p.id, "name": p.name, "sha256": p.sha256, "files": p.files} for p in plan.patches],
-              "outputs": after, "flags": plan.flags, "targets": list(plan.profile.targets),
+              "outputs": after, "shipped": shipped, "flags": plan.flags, "targets": list(plan.profile.targets),
               "objects": len(objects), "seconds": round(result.seconds, 3), "make_seconds": round(make_seconds, 3),
               "cache": cache.to_json() if cache else None}
     # checked as it is written, so the next build's read finds it known valid and need not load jsonschema
