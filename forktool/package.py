@@ -126,10 +126,37 @@ def sums_text(files: dict[str, str]) -> str:
     return "".join(f"{files[p]}  {p}\n" for p in sorted(files))
 
 
+def _refuse_odd_places(out_dir: Path, final: Path, arc: Path) -> None:
+    """Before anything is written: the output directory is a directory (or absent), and where the release's
+    directory and archive go there is nothing, or an older copy of the same kind (never a link, file or directory
+    where the other belongs)."""
+    hint = "move it away (forktool replaces only a release directory and archive it wrote) or pass another --out"
+    if os.path.lexists(out_dir) and not out_dir.is_dir():
+        what = "a symlink to nothing" if out_dir.is_symlink() else "not a directory"
+        raise ForktoolError(f"the output directory {out_dir} is {what}", where=str(out_dir),
+                            hint="pass --out a directory (or a path where one can be made)")
+    for path, kind in ((final, "the release directory"), (arc, "the release archive")):
+        if not os.path.lexists(path):
+            continue
+        if path.is_symlink():
+            raise ForktoolError(f"{path.name} is a symlink where {kind} belongs", where=str(path), hint=hint)
+        if kind == "the release directory" and not path.is_dir():
+            raise ForktoolError(f"{path.name} is a file where {kind} belongs", where=str(path), hint=hint)
+        if kind == "the release archive" and not path.is_file():
+            raise ForktoolError(f"{path.name} is not a regular file where {kind} belongs", where=str(path),
+                                hint=hint)
+
+
 def write_release(spec: ReleaseSpec, out_dir: Path) -> dict[str, Any]:
     """Write out_dir/<name>/ and out_dir/<name>.tar.gz, replacing an older copy only once the new one is whole."""
-    out_dir.mkdir(parents=True, exist_ok=True)
     final = out_dir / spec.name
+    arc = out_dir / f"{spec.name}.tar.gz"
+    _refuse_odd_places(out_dir, final, arc)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as e:
+        raise ForktoolError(f"cannot make the output directory {out_dir}: {e.strerror}", where=str(out_dir),
+                            hint="pass --out a directory (or a path where one can be made)") from e
     work = Path(tempfile.mkdtemp(prefix=f".{spec.name}.", dir=out_dir))
     try:
         stage = work / spec.name
@@ -162,7 +189,7 @@ def write_release(spec: ReleaseSpec, out_dir: Path) -> dict[str, Any]:
         if final.exists():
             shutil.rmtree(final)
         os.replace(stage, final)
-        os.replace(archive, out_dir / f"{spec.name}.tar.gz")
+        os.replace(archive, arc)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {"dir": str(final), "archive": str(out_dir / f"{spec.name}.tar.gz"),

@@ -275,3 +275,53 @@ def test_package_ships_only_files_the_build_recorded(built: Path, tamper: str) -
     if tamper == "library-removed":
         run_cli(built, ["build", "-j", "1"])  # the fix the error names: make writes it again
         run_cli(built, ["package", "--out", "third"])
+
+
+def _tree_listing(root: Path) -> dict[str, str]:
+    out = {}
+    for d, dirs, files in os.walk(root):
+        for n in dirs + files:
+            p = Path(d, n)
+            out[p.relative_to(root).as_posix()] = (os.readlink(p) if p.is_symlink() else
+                                                   p.read_bytes().hex() if p.is_file() else "dir")
+    return out
+
+
+@pytest.mark.parametrize("place", ["out-is-a-file", "out-is-a-dangling-link", "out-under-a-file", "dir-is-a-file",
+                                   "dir-is-a-link-to-a-dir", "dir-is-a-dangling-link", "archive-is-a-dir",
+                                   "archive-is-a-link"])
+def test_package_refuses_odd_output_places_and_writes_nothing(built: Path, tmp_path: Path, place: str) -> None:
+    from forktool.build import read_record, stamp
+    from tests.helpers.cli import run_cli
+
+    rec = read_record(built / "build" / "cpu")
+    name = f"llama.cpp-{rec['stamp']}-cpu"
+    assert rec["stamp"] == stamp("", [(a["id"], a["name"], a["sha256"]) for a in rec["applied"]], False)[0]
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep").write_text("mine\n")
+    if place == "out-is-a-file":
+        out.write_text("x\n")
+    elif place == "out-is-a-dangling-link":
+        out.symlink_to(tmp_path / "nothing")
+    elif place == "out-under-a-file":
+        out.write_text("x\n")
+        out = out / "sub"
+    else:
+        out.mkdir()
+        target = {"dir-is-a-file": out / name, "dir-is-a-link-to-a-dir": out / name,
+                  "dir-is-a-dangling-link": out / name, "archive-is-a-dir": out / f"{name}.tar.gz",
+                  "archive-is-a-link": out / f"{name}.tar.gz"}[place]
+        if place == "dir-is-a-file":
+            target.write_text("x\n")
+        elif place == "dir-is-a-link-to-a-dir":
+            target.symlink_to(elsewhere)
+        elif place == "archive-is-a-dir":
+            target.mkdir()
+        else:
+            target.symlink_to(tmp_path / "nothing")
+    before = _tree_listing(tmp_path)
+    code, _, err = run_cli(built, ["package", "--out", str(out)], expect=1)
+    assert "Traceback" not in err and "internal error" not in err and "next:" in err, err
+    assert _tree_listing(tmp_path) == before  # nothing written, the linked directory's content kept
+
