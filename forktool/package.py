@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import jinja2
 
-from forktool import archive, schema
+from forktool import archive, schema, txn
 from forktool.errors import ForktoolError, UnsafePathError, VerifyError
 from forktool.project import Project
 from forktool.series import series_digest, series_digest_of
@@ -147,8 +147,23 @@ def _refuse_odd_places(out_dir: Path, final: Path, arc: Path) -> None:
                                 hint=hint)
 
 
+def _clean_work_dirs(out_dir: Path, name: str) -> None:
+    """Remove the work directories of earlier runs for this release whose process is gone (a kill leaves one)."""
+    from forktool.vendor import _alive
+
+    mine = re.compile(rf"^\.{re.escape(name)}\.(\d+)-")
+    for p in out_dir.iterdir():
+        m = mine.match(p.name)
+        if m and not _alive(int(m.group(1))) and p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+
+
 def write_release(spec: ReleaseSpec, out_dir: Path) -> dict[str, Any]:
-    """Write out_dir/<name>/ and out_dir/<name>.tar.gz, replacing an older copy only once the new one is whole."""
+    """Write out_dir/<name>/ and out_dir/<name>.tar.gz, replacing an older copy only once the new one is whole.
+
+    The older directory is moved aside whole (one rename) before the new one is renamed in, so a kill never leaves
+    a half-removed release under the release's name; the work directory's name carries this process's id, and the
+    next run for the same release removes one whose process is gone."""
     final = out_dir / spec.name
     arc = out_dir / f"{spec.name}.tar.gz"
     _refuse_odd_places(out_dir, final, arc)
@@ -157,7 +172,8 @@ def write_release(spec: ReleaseSpec, out_dir: Path) -> dict[str, Any]:
     except (FileExistsError, NotADirectoryError) as e:
         raise ForktoolError(f"cannot make the output directory {out_dir}: {e.strerror}", where=str(out_dir),
                             hint="pass --out a directory (or a path where one can be made)") from e
-    work = Path(tempfile.mkdtemp(prefix=f".{spec.name}.", dir=out_dir))
+    _clean_work_dirs(out_dir, spec.name)
+    work = Path(tempfile.mkdtemp(prefix=f".{spec.name}.{os.getpid()}-", dir=out_dir))
     try:
         stage = work / spec.name
         stage.mkdir()
@@ -186,8 +202,9 @@ def write_release(spec: ReleaseSpec, out_dir: Path) -> dict[str, Any]:
                 os.chmod(p, 0o644)
         archive = work / f"{spec.name}.tar.gz"
         write_targz(stage, spec.name, archive, spec.epoch)
-        if final.exists():
-            shutil.rmtree(final)
+        if os.path.lexists(final):
+            os.rename(final, work / "replaced")  # whole, in one step; removed with the work directory
+        txn.fault("package-replacing")
         os.replace(stage, final)
         os.replace(archive, arc)
     finally:

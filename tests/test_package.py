@@ -325,3 +325,26 @@ def test_package_refuses_odd_output_places_and_writes_nothing(built: Path, tmp_p
     assert "Traceback" not in err and "internal error" not in err and "next:" in err, err
     assert _tree_listing(tmp_path) == before  # nothing written, the linked directory's content kept
 
+
+def test_a_kill_while_replacing_a_release_never_leaves_half_of_it(built: Path, tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from tests.helpers.cli import run_cli
+
+    out = tmp_path / "out"
+    _, first, _ = run_cli(built, ["package", "--out", str(out), "--json"])
+    release = Path(json.loads(first)["dir"])
+    env = dict(os.environ, FORKTOOL_ROOT=str(built), FORKTOOL_FAULT="package-replacing")
+    r = subprocess.run([sys.executable, "-m", "forktool", "package", "--out", str(out)], env=env,
+                       capture_output=True, text=True)
+    assert r.returncode == 137, r.stderr
+    # the older copy moved aside whole: nothing half-removed under the release's name
+    assert not os.path.lexists(release)
+    [work] = [p for p in out.iterdir() if p.name.startswith(".")]
+    assert pk.verify_release(work / "replaced")["ok"]
+    # the next run removes the work directory the kill left and writes the release again
+    run_cli(built, ["package", "--out", str(out)])
+    assert sorted(p.name for p in out.iterdir()) == [release.name, f"{release.name}.tar.gz"]
+    assert pk.verify_release(release)["ok"] and pk.verify_release(out / f"{release.name}.tar.gz")["ok"]
