@@ -306,3 +306,34 @@ def test_another_package_with_its_subdir_given(proj: Proj, tmp_path: Path, monke
     comp = finish(proj, "--to", "xllama==0.2.0", "--subdir", "third_party/llama.cpp", "--upstream-commit", COMMIT)
     assert comp["subdir"] == "third_party/llama.cpp"
     assert (proj.tree / "up/src/a.c").read_text().endswith("// the vendored copy\n")
+
+
+def test_a_trial_says_cached_only_for_a_cache_entry_that_holds_the_pinned_bytes(proj: Proj, tmp_path: Path,
+                                                                                 cache: Path):
+    # the shared cache's tarball/SHA256.tar written by someone else (another uid), with other bytes: it is fetched
+    # again, and the trial does not say its fetch came from the cache
+    import os
+
+    one_patch(proj)
+    up = tmp_path / "llama-src"
+    make_upstream(up, NEW)
+    archive = tmp_path / "up.tar"
+    git(up, "archive", "--format=tar", "--prefix=up-1/", "-o", str(archive), "HEAD")
+    sha = hashlib.sha256(archive.read_bytes()).hexdigest()
+
+    def trial(out: str) -> dict:
+        code, stdout, _ = proj.run("sync", "--to", str(archive), "--out", str(tmp_path / out), "--json", expect=None)
+        assert code in (0, 1)
+        return json.loads(stdout)["timings"]
+
+    assert trial("a")["fetch_from_cache"] is False
+    assert trial("b")["fetch_from_cache"] is True  # the entry the first trial wrote, checked
+    entry = cache / "tarball" / f"{sha}.tar"
+    entry.write_bytes(b"planted\n")
+    if os.geteuid() == 0:
+        os.chown(entry, 65534, 65534)
+    shutil.rmtree(proj.root / ".opencoti" / "cache" / "sync-component")
+    assert trial("c")["fetch_from_cache"] is False
+    assert hashlib.sha256(entry.read_bytes()).hexdigest() == sha  # fetched again over the planted bytes
+    _, _, err = proj.run("sync", "--to", str(archive), "--out", str(tmp_path / "d"), expect=None)
+    assert "(cached)" in err  # and now it is the pinned bytes: cached

@@ -201,8 +201,11 @@ def _by_spec(project: Project, comp: Component) -> Path:
 def _fetch_sdist(project: Project, comp: Component, progress: Callable[[str], None]) -> tuple[Component, Path, bool]:
     """The sdist for comp in the cache, its sha256 computed (PyPI never replaces a released file)."""
     if comp.sha256:  # the pin itself: vendor checks the pinned sha256
-        cached = vendor.sdist_path(project, comp).is_file()
-        return comp, vendor.download_sdist(project, comp), cached
+        # "cached" only for bytes checked here: a damaged or planted entry under the name is downloaded again
+        path = vendor.sdist_path(project, comp)
+        if path.is_file() and sha256_file(path) == comp.sha256:
+            return comp, path, True
+        return comp, vendor.download_sdist(project, comp), False
     if comp.version:
         known = _by_spec(project, comp)
         sha = known.read_text().strip() if known.is_file() else ""
@@ -318,8 +321,9 @@ def component_manifest(project: Project, comp: Component, progress: Callable[[st
     strip_top = comp.kind == "sdist"
     if comp.kind == "sdist":
         comp, path, from_cache = _fetch_sdist(project, comp, progress)
-    elif comp.kind == "tarball":
-        from_cache = (project.cache_dir / "tarball" / f"{comp.sha256}.tar").is_file()
+    elif comp.kind == "tarball":  # as for an sdist: cached only when the entry holds the pinned bytes
+        cached_tar = project.cache_dir / "tarball" / f"{comp.sha256}.tar"
+        from_cache = bool(comp.sha256) and cached_tar.is_file() and sha256_file(cached_tar) == comp.sha256
     if comp.subdir == DETECT:
         data, strip_top = vendor.component_archive(project, comp, progress=progress)
         comp = comp._replace(subdir=detect_subdir(data, strip_top, landmarks or set(), comp.spec))
