@@ -58,6 +58,16 @@ def run(call: Call) -> int:
                 output.error(f"no space left on the device: {e}\n  next: free some space and run the command again",
                              {"error": f"no space left on the device: {e}", "kind": "NoSpace"})
                 code = 1
+            elif isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                # a file or directory this user may not change (another user's cache entry, a read-only mount):
+                # an expected failure, named, never a traceback
+                what = f"{e.strerror}: {e.filename}" if e.filename else f"{e.strerror or e}"
+                output.error(f"{what}\n  next: this user may not change it (another user's file or directory, or a "
+                             "read-only filesystem): make it writable to you, or, inside the cache, point "
+                             "FORKTOOL_CACHE at a directory of your own; then run the command again",
+                             {"error": what, "where": e.filename, "kind": "PermissionDenied",
+                              "hint": "make it writable, or point FORKTOOL_CACHE at a directory of your own"})
+                code = 1
             else:  # a bug: say so, with the traceback, and exit 3
                 import traceback
 

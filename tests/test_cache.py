@@ -9,6 +9,7 @@ import marshal
 import shutil
 from pathlib import Path
 
+import pytest
 import yaml
 
 from forktool import cache as fcache
@@ -364,3 +365,45 @@ def test_a_fifo_planted_as_a_memo_or_the_stat_index_counts_as_no_entry(proj: Pro
         proj.run("unapply")
         proj.run("apply")
     assert proj.state_digest() == before
+
+
+@pytest.mark.parametrize("case", ["damaged-object", "unwritable-objects"])
+def test_a_cache_of_another_user_is_a_refusal_not_a_crash(tmp_path: Path, case: str):
+    # FORKTOOL_CACHE written by someone else (here root) and used by a user who may not change it (nobody): a damaged
+    # object forktool must replace, or an objects/ it may not write into, is exit 1 naming the path, no traceback
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    from tests.helpers.project import make_project
+
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv to act as another user")
+    base = Path(tempfile.mkdtemp(prefix="forktool-other-uid-", dir="/tmp"))
+    try:
+        shared = base / "cache"
+        os.environ["FORKTOOL_CACHE"] = str(shared)
+        try:
+            proj = make_project(base / "p", UPSTREAM)  # fills the cache as root
+        finally:
+            del os.environ["FORKTOOL_CACHE"]
+        shutil.rmtree(proj.tree)
+        (proj.root / ".opencoti" / "state.json").unlink()
+        if case == "damaged-object":
+            obj = next(p for p in (shared / "objects").rglob("*") if p.is_file())
+            obj.write_bytes(b"damaged\n")
+        else:  # the rest of the cache is the user's (its git mirror too); objects/ is another user's
+            shutil.rmtree(shared / "objects")
+            subprocess.run(["chown", "-R", "65534:65534", str(shared)], check=True)
+            (shared / "objects").mkdir()
+        subprocess.run(["chown", "-R", "65534:65534", str(base / "p")], check=True)
+        os.chmod(base, 0o755)
+        env = dict(os.environ, FORKTOOL_CACHE=str(shared), FORKTOOL_ROOT=str(proj.root), HOME=str(base))
+        r = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", sys.executable, "-m",
+                            "forktool", "vendor", "fetch"], env=env, capture_output=True, text=True, cwd=base)
+        assert r.returncode == 1, r.stderr
+        assert "Permission denied: " + str(shared / "objects") in r.stderr, r.stderr
+        assert "FORKTOOL_CACHE" in r.stderr and "Traceback" not in r.stderr and "internal error" not in r.stderr
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
