@@ -232,6 +232,12 @@ def verify_release(directory: Path) -> dict[str, Any]:
     if directory.is_file() and directory.name.endswith(".tar.gz"):
         with tempfile.TemporaryDirectory() as tmp:
             archive.extract_to_dir(directory, Path(tmp))  # checked member by member before the first write
+            # the reader keeps no directory entry: make the archive's directories too, so that one holding no
+            # listed file is seen as in a directory (the names passed the reader's checks above)
+            with tarfile.open(directory) as tar:
+                for member in tar:
+                    if member.isdir() and member.name.strip("/"):
+                        Path(tmp, member.name.strip("/")).mkdir(parents=True, exist_ok=True)
             tops = os.listdir(tmp)
             if len(tops) != 1:
                 raise VerifyError("the archive must hold exactly one release directory", where=str(directory))
@@ -256,9 +262,16 @@ def verify_release(directory: Path) -> dict[str, Any]:
             problems.append(f"{SUMS}:{n}: {rel} is listed again")
             continue
         sums[rel] = m.group(1)
-    on_disk = {rel for rel, p in tree_entries(directory) if not p.is_dir()} - {SUMS}
+    entries = tree_entries(directory)
+    # a symlink is an entry of its own even where it leads to a directory (os.walk does not enter it), and every real
+    # directory must hold a listed file: what `sha256sum -c` never looks at is still shipped with the directory
+    dirs = {rel for rel, p in entries if p.is_dir() and not p.is_symlink()}
+    on_disk = {rel for rel, _p in entries if rel not in dirs} - {SUMS}
     for rel in sorted(on_disk - set(sums)):
         problems.append(f"{rel}: present but not listed in {SUMS}")
+    needed = {"/".join(rel.split("/")[:k]) for rel in sums for k in range(1, rel.count("/") + 1)}
+    for rel in sorted(dirs - needed):
+        problems.append(f"{rel}/: a directory that holds no file listed in {SUMS}")
     for rel in sorted(set(sums) - on_disk):
         problems.append(f"{rel}: listed in {SUMS} but missing")
     for rel in sorted(set(sums) & on_disk):

@@ -348,3 +348,25 @@ def test_a_kill_while_replacing_a_release_never_leaves_half_of_it(built: Path, t
     run_cli(built, ["package", "--out", str(out)])
     assert sorted(p.name for p in out.iterdir()) == [release.name, f"{release.name}.tar.gz"]
     assert pk.verify_release(release)["ok"] and pk.verify_release(out / f"{release.name}.tar.gz")["ok"]
+
+
+@pytest.mark.parametrize("form", ["directory", "archive"])
+@pytest.mark.parametrize("extra", ["symlink-to-a-directory", "empty-directory"])
+def test_verify_catches_an_added_link_to_a_directory_or_an_empty_directory(release: Path, tmp_path: Path, form: str,
+                                                                         extra: str) -> None:
+    # os.walk lists a symlink to a directory among the directories and never enters it: it was taken for a
+    # directory and left out of the comparison, so the release verified with an entry SHA256SUMS does not list
+    if extra == "symlink-to-a-directory":
+        (release / "bin" / "plugins").symlink_to("." if form == "archive" else str(tmp_path))
+    else:
+        (release / "share" / "empty").mkdir(parents=True)
+    target = release
+    if form == "archive":
+        target = tmp_path / "re" / f"{release.name}.tar.gz"
+        target.parent.mkdir()
+        pk.write_targz(release, release.name, target, 0)
+    with pytest.raises(VerifyError) as e:
+        pk.verify_release(target)
+    want = "bin/plugins: present but not listed in SHA256SUMS" if extra == "symlink-to-a-directory" else \
+        "share/: a directory that holds no file listed in SHA256SUMS"
+    assert want in e.value.details, e.value.details
