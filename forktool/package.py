@@ -376,6 +376,15 @@ def spec_from_build(project: Project, cfg: BuildConfig, profile: Profile, applie
     if [(a["id"], a["sha256"]) for a in rec.get("applied", [])] != now or rec.get("dirty"):
         raise ForktoolError("the last build is not of the applied series", where=str(bdir),
                             hint=f"run `forktool build --profile {profile.name}` again")
+    comp = project.vendor.components[0]
+    st, number = stamp(comp.upstream_commit, [(p.id, p.name, p.sha256) for p in applied], False)
+    # the same patches on another upstream (a sync whose patches kept their bytes) are another build
+    if rec.get("stamp") != st or rec.get("pristine") != pristine_digest:
+        built = rec.get("pristine") or "an upstream it did not record (made by an older forktool)"
+        raise ForktoolError("the last build is not of the upstream the tree is made from", where=str(bdir),
+                            details=[f"built: stamp {rec.get('stamp')}, pristine {str(built)[:64]}",
+                                     f"tree: stamp {st}, pristine {pristine_digest}"],
+                            hint=f"run `forktool build --profile {profile.name}` again")
     outputs = [o for a in cfg.artifacts_in(profile) for o in a.outputs]
     moved = [o for o in outputs if not (bdir / o).is_file() or sha256_file(bdir / o) != rec["outputs"].get(o)]
     if moved:
@@ -395,8 +404,6 @@ def spec_from_build(project: Project, cfg: BuildConfig, profile: Profile, applie
         raise ForktoolError(f"{', '.join(differ)}: not what `forktool build` recorded (added, removed or changed "
                             "since the build)", where=str(bdir),
                             hint=f"run `forktool build --profile {profile.name}` again")
-    comp = project.vendor.components[0]
-    st, number = stamp(comp.upstream_commit, [(p.id, p.name, p.sha256) for p in applied], False)
     reg_digest, reg = registry_notes(project)
     patches = []
     for p in applied:

@@ -222,6 +222,8 @@ BUILD_RECORD = {"type": "object", "properties": {
     "outputs": {"type": "object", "propertyNames": REL_PATH, "additionalProperties": SHA256},
     # every file a release of this build ships (bin/NAME -> sha256): `forktool package` ships only these bytes
     "shipped": {"type": "object", "propertyNames": REL_PATH, "additionalProperties": SHA256},
+    # the pristine digest of the upstream the built tree was made from ('' when the caller did not say)
+    "pristine": {"type": "string", "pattern": r"^([0-9a-f]{64})?\Z", "x-error": "expected a sha256 or ''"},
     "flags": strings(), "targets": strings(), "objects": COUNT,
     "seconds": {"type": "number", "minimum": 0, "maximum": 1e7},
     "make_seconds": {"type": "number", "minimum": 0, "maximum": 1e7},

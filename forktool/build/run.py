@@ -180,8 +180,11 @@ def configure(project: Project, plan: Plan, env: dict[str, str], log: Any) -> fl
 
 
 def run_build(project: Project, cfg: BuildConfig, plan: Plan, jobs: int,
-              progress: Callable[[BuildEvent], None] | None = None) -> BuildResult:
-    """Configure when needed, make the plan's targets, check what kept its bytes; make's output goes to make.log."""
+              progress: Callable[[BuildEvent], None] | None = None, pristine: str = "") -> BuildResult:
+    """Configure when needed, make the plan's targets, check what kept its bytes; make's output goes to make.log.
+
+    pristine: the digest of the upstream the tree was made from, recorded so that a release (`forktool package`)
+    never ships a build of another upstream under the same patches."""
     t0 = time.monotonic()
     report = progress or (lambda _e: None)
     bdir = plan.build_dir
@@ -267,7 +270,7 @@ def run_build(project: Project, cfg: BuildConfig, plan: Plan, jobs: int,
     result = BuildResult(objects, linked, plan.configure_reason, time.monotonic() - t0, make_seconds, changed,
                          [a.name for a in kept_arts], unexpected, after, log_path,
                          Path(tool).name if tool else None, cache, configure_seconds)
-    record = {"profile": plan.profile.name, "stamp": plan.stamp, "dirty": plan.dirty,
+    record = {"profile": plan.profile.name, "stamp": plan.stamp, "dirty": plan.dirty, "pristine": pristine,
               "applied": [{"id": p.id, "name": p.name, "sha256": p.sha256, "files": p.files} for p in plan.patches],
               "outputs": after, "shipped": shipped, "flags": plan.flags, "targets": list(plan.profile.targets),
               "objects": len(objects), "seconds": round(result.seconds, 3), "make_seconds": round(make_seconds, 3),

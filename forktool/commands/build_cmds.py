@@ -33,7 +33,7 @@ def build(project: Project, profile: str, plan: bool, jobs: int | None) -> Repor
                 current = {"configure": e.text, "start": "make"}.get(e.kind, e.target)
                 bar.update(e.done, e.total, current, e.text, e.percent)
 
-            res = b.run_build(project, cfg, pl, jobs or os.cpu_count() or 1, show)
+            res = b.run_build(project, cfg, pl, jobs or os.cpu_count() or 1, show, pristine=ws.pristine_digest)
     by_target = res.objects_by_target()
     shown = ", ".join(f"{t}: {n}" for t, n in by_target.items())
     cmake = f"cmake {res.configure_seconds:.1f} s, " if res.configured else ""
