@@ -281,3 +281,29 @@ def test_a_finish_that_carried_no_patch_says_nothing_was_compiled(proj: Proj):
     assert [(d["id"], d["status"]) for d in data["done"]] == [("0002", "skipped")]
     assert [(c["profile"], c["status"]) for c in data["compile"]] == [("cpu", "not compiled"), ("cuda", "not compiled")]
     assert all("no patch was carried" in c["reason"] for c in data["compile"])
+
+
+def test_a_full_disk_at_the_finish_report_does_not_hide_a_finished_move(moved, monkeypatch):
+    # the finish is committed and verified (undo.json written, state.json gone) before report.md is written: a full
+    # disk there said "free some space and run the command again", and that `--continue` found no sync at all
+    import errno
+
+    from forktool.sync import loop
+
+    proj, commit, before = moved
+    proj.run("sync", "--to", commit, "--start", expect=1)
+    resolve(proj)
+
+    def full(*_a, **_k):
+        raise OSError(errno.ENOSPC, "No space left on device", str(proj.root / ".opencoti" / "sync" / "report.md"))
+
+    written = loop.write_report
+    monkeypatch.setattr(loop, "write_report", full)
+    code, out, err = proj.run("sync", "--continue", expect=0)
+    assert "verify: OK" in err and "details not written to .opencoti/sync/report.md (no space left on the device)" in err
+    assert "`forktool sync --undo`" in err and "run the command again" not in err
+    assert not (proj.root / ".opencoti" / "sync" / "state.json").exists()
+    monkeypatch.setattr(loop, "write_report", written)  # the disk has room again
+    proj.run("verify")
+    proj.run("sync", "--undo")
+    assert everything(proj) == before

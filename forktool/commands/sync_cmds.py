@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from forktool import output
+from forktool import output, schema
 from forktool import sync as s
 from forktool.errors import UsageError
 from forktool.output import Report
@@ -293,10 +293,23 @@ def loop_report(project: Project, res: dict) -> Report:
                          f"{', cached' if t.get('fetch_from_cache') else ''})" if "fetch_s" in t else ""))
         return Report(data, lines, exit_code=1)
     short, detail, path = _finish_report(project, st, res)
-    loop.write_report(project, "\n".join(detail) + "\n")
+    written: Path | None = path
+    try:
+        loop.write_report(project, "\n".join(detail) + "\n")
+    except OSError as e:
+        # the finish is committed (and, verified, already the undo record): a full disk or an unwritable
+        # .opencoti/sync must not make it look undone, nor send the user to a `--continue` that finds no sync
+        why = "no space left on the device" if schema.is_no_space(e) else (e.strerror or str(e))
+        where = path.relative_to(project.root)
+        short = [line for line in short if not line.startswith(f"details: {where}")]
+        short.append(f"[yellow]details not written to {where} ({why}); the move itself is "
+                     + ("finished: undo it with `forktool sync --undo` (until the next sync)"
+                        if res.get("verify", {}).get("ok") else "held at its finish") + "[/yellow]")
+        written = None
     data.update(hooks=st.get("hooks", {}).get("sites", []), registry_diff=loop.registry_diff(project, st),
                 verify=dict(res.get("verify", {}), lines=_verify_lines(res.get("verify", {}))),
-                build_plan=res.get("build_plan", {}), report=str(path), compile=st.get("compile", []))
+                build_plan=res.get("build_plan", {}), report=str(written) if written else None,
+                compile=st.get("compile", []))
     t = data["timings"]
     if "tool_s" in t:
         short.append(f"time: {t['tool_s']:.1f} s" + (f" (fetch {t['fetch_s']:.1f} s)" if "fetch_s" in t else ""))
