@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from forktool.tree import digest, scan
-from tests.helpers.build import DEMO_BUILD_YAML, DEMO_HEADER, demo_cmake, demo_pin
+from tests.helpers.build import DEMO_BUILD_YAML, DEMO_HEADER, demo_cmake, demo_project
 from tests.helpers.cli import run_cli
-from tests.helpers.project import Proj, git, make_upstream
+from tests.helpers.project import Proj, git
 from tests.helpers.sync import sync_patch as make_patch
 
 pytestmark = pytest.mark.skipif(not (shutil.which("cmake") and shutil.which("make") and shutil.which("cc")),
@@ -30,13 +30,7 @@ OTHER_PATCHED = UPSTREAM["src/other.c"] + "int other2(void) { return 3; }\n"
 
 @pytest.fixture
 def proj(tmp_path: Path, cache: Path) -> Proj:
-    up = tmp_path / "upstream"
-    commit = make_upstream(up, UPSTREAM)
-    root = tmp_path / "proj"
-    for d in ("vendor", "patches", "registry"):
-        (root / d).mkdir(parents=True)
-    (root / "registry" / "build.yaml").write_text(DEMO_BUILD_YAML)
-    (root / "vendor" / "vendor.yaml").write_text(demo_pin(up, commit))
+    root, up = demo_project(tmp_path, UPSTREAM, DEMO_BUILD_YAML)
     (root / "patches" / "series").write_text("# test series\n")
     run_cli(root, ["vendor", "fetch"])
     p = Proj(root, up)

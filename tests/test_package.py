@@ -12,6 +12,7 @@ import pytest
 from forktool import cli
 from forktool import package as pk
 from forktool.errors import VerifyError
+from tests.helpers.build import BUILD_YAML, demo_project
 from tests.helpers.project import bare_project
 
 
@@ -194,25 +195,7 @@ add_executable(demo-cli tools/main.c)
 target_link_libraries(demo-cli demo-cli-impl demo)
 """
 # as in the real build.yaml: the tool's -impl library (llama-cli's code) is no artifact's output, yet it ships
-_TOOL_BUILD_YAML = """\
-artifacts:
-  - name: lib
-    impact: host
-    paths: ["llama.cpp/src"]
-    targets: [demo]
-    outputs: [bin/libdemo.so]
-  - name: tools
-    impact: host
-    paths: ["llama.cpp/tools", "llama.cpp/CMakeLists.txt"]
-    outputs: [bin/demo-cli]
-links:
-  tools: [lib]
-stamped: [tools]
-profiles:
-  cpu:
-    flags: [-DCMAKE_BUILD_TYPE=Release, -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON]
-    targets: [demo-cli]
-"""
+_TOOL_BUILD_YAML = BUILD_YAML.replace("  tiny:\n", "  cpu:\n")
 
 
 @pytest.fixture
@@ -220,7 +203,6 @@ def built(tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     import shutil
 
     from tests.helpers.cli import run_cli
-    from tests.helpers.project import make_upstream
     from tests.helpers.sync import sync_patch
 
     if not (shutil.which("cmake") and shutil.which("make") and shutil.which("cc")):
@@ -229,15 +211,7 @@ def built(tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     files = {"CMakeLists.txt": _TOOL_CMAKE, "src/a.c": "int a(void) { return 1; }\n",
              "tools/impl.c": "int a(void);\nint run(void) { return a() - 2; }\n",
              "tools/main.c": "int run(void);\nint main(void) { return run(); }\n"}
-    up = tmp_path / "upstream"
-    commit = make_upstream(up, files)
-    root = tmp_path / "proj"
-    for d in ("vendor", "patches", "registry"):
-        (root / d).mkdir(parents=True)
-    (root / "registry" / "build.yaml").write_text(_TOOL_BUILD_YAML)
-    (root / "vendor" / "vendor.yaml").write_text(
-        f"components:\n  - name: llama.cpp\n    kind: git\n    url: {up}\n    commit: {commit}\n"
-        "    include: [CMakeLists.txt, src, tools]\n")
+    root, _ = demo_project(tmp_path, files, _TOOL_BUILD_YAML, include="CMakeLists.txt, src, tools")
     patch = sync_patch("0001-a.patch", "a: two", [("llama.cpp/src/a.c", files["src/a.c"].encode(),
                                                      b"int a(void) { return 2; }\n")])
     (root / "patches" / "0001-a.patch").write_bytes(patch.raw)

@@ -125,6 +125,22 @@ def demo_cmake(*sources: str) -> str:
             f"add_library(demo SHARED {' '.join(sources)})\ntarget_include_directories(demo PRIVATE include)\n")
 
 
+def demo_project(tmp_path: Path, files: dict[str, str], build_yaml: str, include: str = "CMakeLists.txt, src, include"
+                 ) -> tuple[Path, Path]:
+    """(project root, upstream): a git upstream of files under tmp_path/upstream, vendored whole as llama.cpp/ (the
+    include filter given) by a project at tmp_path/proj with build_yaml and no patch yet."""
+    from tests.helpers.project import make_upstream
+
+    up = tmp_path / "upstream"
+    commit = make_upstream(up, files)
+    root = tmp_path / "proj"
+    for d in ("vendor", "patches", "registry"):
+        (root / d).mkdir(parents=True)
+    (root / "registry" / "build.yaml").write_text(build_yaml)
+    (root / "vendor" / "vendor.yaml").write_text(demo_pin(up, commit).replace("CMakeLists.txt, src, include", include))
+    return root, up
+
+
 def demo_pin(url: Path, commit: str) -> str:
     """vendor.yaml vendoring the demo upstream (its git repository at url, at commit) as llama.cpp/."""
     return (f"components:\n  - name: llama.cpp\n    kind: git\n    url: {url}\n    commit: {commit}\n"
