@@ -221,6 +221,19 @@ def built(tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return root
 
 
+def test_a_gate_refuses_a_build_whose_unlisted_library_was_replaced(built: Path) -> None:
+    # a gate runs the build's binaries, which load libraries no artifact lists as an output (a tool's -impl library)
+    from forktool.commands.gates_cmds import stale_build
+    from forktool.project import Project
+
+    assert stale_build(Project(built), "cpu") == ""
+    impl = built / "build" / "cpu" / "bin" / "libdemo-cli-impl.so"
+    impl.write_bytes(impl.read_bytes() + b"\0")
+    assert stale_build(Project(built), "cpu") == "has bin/libdemo-cli-impl.so with other bytes than its build recorded"
+    impl.unlink()
+    assert "other libraries than its build recorded (bin/libdemo-cli-impl.so)" in stale_build(Project(built), "cpu")
+
+
 @pytest.mark.parametrize("tamper", ["impl-replaced", "library-added", "soname-replaced", "library-removed"])
 def test_package_ships_only_files_the_build_recorded(built: Path, tamper: str) -> None:
     from tests.helpers.cli import run_cli

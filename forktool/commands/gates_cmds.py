@@ -153,6 +153,16 @@ def stale_build(project: Project, profile_name: str) -> str:
         path = pl.build_dir / rel
         if not path.is_file() or sha256_file(path) != want:
             return f"has {rel} with other bytes than its build recorded"
+    # the libraries the binaries load, listed output or not (a tool's -impl library): what the build recorded shipping
+    shipped = rec.get("shipped")
+    if isinstance(shipped, dict):
+        now = fbuild.release_files(pl.build_dir, sorted(rec.get("outputs") or {}))
+        if set(now) != set(shipped):
+            odd = sorted(set(now) ^ set(shipped))
+            return f"has other libraries than its build recorded ({', '.join(odd[:3])})"
+        for rel, path in sorted(now.items()):
+            if not path.is_file() or sha256_file(path) != shipped[rel]:
+                return f"has {rel} with other bytes than its build recorded"
     return ""
 
 
