@@ -184,8 +184,11 @@ def reference_sources_differ(src_root: Path, manifest: Manifest, digest_: str) -
 
 
 def reference_outputs(bdir: Path, outputs: list[str]) -> dict[str, str]:
-    """sha256 of each output the reference build has (read whole: a stat cache would vouch for bytes it never read)."""
-    return {rel: sha256_file(bdir / rel) for rel in outputs if (bdir / rel).is_file()}
+    """sha256 of each file the reference's binaries are (its outputs and every shared library in bin/, as a release
+    of it would ship them), read whole: a stat cache would vouch for bytes it never read."""
+    from forktool.build import release_files
+
+    return {rel: sha256_file(p) for rel, p in release_files(bdir, outputs).items() if p.is_file()}
 
 
 def ensure_reference_build(project: Project, profile_name: str) -> Path:
@@ -223,7 +226,8 @@ def ensure_reference_build(project: Project, profile_name: str) -> Path:
         stamp_file.write_text(digest_)
     record_path = bdir / REFERENCE_RECORD
     record = _read_reference_record(record_path)
-    if record is not None and (record.get("pristine") != digest_ or reference_outputs(bdir, outputs) != record.get("outputs")):
+    if record is not None and (record.get("pristine") != digest_
+                               or reference_outputs(bdir, outputs) != record.get("outputs")):
         output.warn(f"build/{profile_name}-upstream holds outputs whose bytes are not the ones its build recorded; "
                     "building the reference again from scratch")
         remove_tree(bdir)
