@@ -124,20 +124,10 @@ RE_SPAN = re.compile(r"attention span (\d+) of (\d+) cells")
 # dropped because a write into a mapped buffer came in between
 RE_CARRY_READ = re.compile(r"tail ring: (\d+) carried chunk\(s\) read by graph")
 CARRY_DROPPED = "tail ring: carried chunks dropped: a write into a mapped buffer"
-# 0073's tail mirror (OPENCOTI_KV_DEBUG=tail-mirror) says, once a context, that a graph read layer copies of the tail
-# kept from the graphs before
-RE_MIRROR_KEPT = re.compile(r"tail mirror: (\d+) layer copies kept from earlier graphs read by graph")
-# what the copies did over a context, logged as it ends: graphs that read copies, those whose every copy was kept from
-# the graphs before, and the cells copied in before graphs against the cells read (a copy filled again for every graph
-# would log that the flag ran and time as the default)
-RE_MIRROR_SUMMARY = re.compile(r"tail-mirror: (\d+) graphs read layer copies, (\d+) with every copy kept from the "
-                               r"graphs before; (\d+) of the (\d+) cells they read were copied in before the graph")
 # the flags of OPENCOTI_KV_DEBUG that log, once a context, that they ran, and what it means when no run logged it:
 # a flag asked for that did not run has not been checked, whatever the runs say
 FLAG_RAN = {
     "ring-carry": (RE_CARRY_READ, "no 'tail ring: ... carried chunk(s) read' line was logged: the carry did not run"),
-    "tail-mirror": (RE_MIRROR_KEPT, "no 'tail mirror: ... kept from earlier graphs read' line was logged: no tail "
-                                    "copy was read across graphs"),
 }
 
 
@@ -187,10 +177,6 @@ def run(tag: str, argv: list[str], work: Path, env: dict | None = None, measure:
     m = RE_REUSED.search(text)
     if m:
         res["graphs_reused"] = int(m.group(1))
-    m = RE_MIRROR_SUMMARY.search(text)
-    if m:
-        res["mirror"] = {"graphs": int(m.group(1)), "kept": int(m.group(2)), "cells_filled": int(m.group(3)),
-                         "cells_read": int(m.group(4))}
     m = RE_BUILD.search(text)
     if m:  # the build's stamp (upstream commit + the series' top patch and digest) and compiler, for attribution
         res["build"] = m.group(2)
@@ -587,7 +573,6 @@ def gate_c(a: argparse.Namespace, model: Path, work: Path) -> dict:
                                                  if "carry_dropped_on_write" in w)}
     log(f"gate c: carried chunks read in {out['carry']['rows_read']} window run(s), a stale carry dropped in "
         f"{out['carry']['rows_dropped_on_write']}")
-    out["mirror"] = {"rows_kept": sum("tail-mirror" in w.get("flags_ran", []) for w in out["windows"])}
     missing = flags_not_run(a.window_debug, {f for w in out["windows"] for f in w.get("flags_ran", [])})
     if ok and missing:
         out["pass"] = False

@@ -162,8 +162,6 @@ def main(argv: list[str] | None = None) -> int:
     # not run, so its timings are the default's (flags_not_run in the result)
     ran: dict[str, set[str]] = {name: set() for name, _, _ in configs}
     builds: set[str] = set()  # the builds' stamps the runs logged (one build: one stamp)
-    # per timed run of a configuration with tail-mirror: what its copies did (graphs, kept, cells filled, cells read)
-    mirror: dict[str, list[dict]] = {name: [] for name, _, _ in configs}
     # each repetition's time of each configuration (None where the run failed), and the place it ran in
     by_rep: dict[str, list[float | None]] = {name: [] for name, _, _ in configs}
     places: dict[str, list[int]] = {name: [] for name, _, _ in configs}
@@ -177,7 +175,6 @@ def main(argv: list[str] | None = None) -> int:
             said[name].update(r.get("debug_lines", []))
             ran[name].update(flags_ran(r.get("text", "")))
             builds.update([r["build"]] if "build" in r else [])
-            mirror[name] += [r["mirror"]] if "mirror" in r else []
             places[name].append(place)
             ok = r["rc"] == 0 and bool(r.get("decode_ms_per_token"))
             by_rep[name].append(r["decode_ms_per_token"] if ok else None)
@@ -192,8 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                                        if times[name] else None, "timed_by_rep": by_rep[name],
                                        "places": places[name], "carry_read_runs": carried[name],
                                        "graphs_reused_of_decodes": reused[name], "debug_lines": sorted(said[name]),
-                                       "flags_ran": sorted(ran[name]), "flags_not_run": flags_not_run(debug, ran[name]),
-                                       "mirror_runs": mirror[name]}
+                                       "flags_ran": sorted(ran[name]), "flags_not_run": flags_not_run(debug, ran[name])}
             continue
         cmd, env = argv_env(cells, debug, a.profile_n)
         log_file = a.work / f"kprof-{name.replace(' ', '-')}.csv"
@@ -205,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         entry: dict = {"window": cells, "debug": debug, "ncu_rc": r["rc"], "carry_read_runs": carried[name],
                        "graphs_reused_of_decodes": reused[name], "debug_lines": sorted(said[name]),
                        "flags_ran": sorted(ran[name]), "flags_not_run": flags_not_run(debug, ran[name]),
-                       "mirror_runs": mirror[name], "timed_ms_per_token": times[name], "timed_by_rep": by_rep[name],
+                       "timed_ms_per_token": times[name], "timed_by_rep": by_rep[name],
                        "places": places[name],
                        "timed_median_ms": round(statistics.median(times[name]), 4) if times[name] else None}
         if rows:

@@ -38,7 +38,7 @@ WIDE_MODEL_ARGS = ["--arch", "llama", "--layers", "2", "--n-embd", "2048", "--n-
                    "--head-dim", "128", "--n-ff", "2048", "--ctx", "4096", "--vocab", "512"]
 # ggml-cuda's CUDA error names the function and line on its "current device" line
 KEEP = ("=========", "position window", "mapped into", "prompt eval time", "eval time", "GGML_ASSERT", "error:",
-        "current device", "tail ring:", "tail mirror:", "OPENCOTI_KV_DEBUG ")
+        "current device", "tail ring:", "OPENCOTI_KV_DEBUG ")
 
 
 def verdict(rc: int | None, text: str) -> dict:
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         # (--debug ring-carry) that never read one has not put the carry's copies under the tool
         results[tool]["carry_read"] = bool(RE_CARRY_READ.search(text))
         results[tool]["carry_dropped_on_write"] = CARRY_DROPPED in text
-        # so does the tail mirror whether a graph read copies kept from the graphs before (--debug tail-mirror)
+        # a flag of gates.gpu.FLAG_RAN asked for and never logged did not run under the tool
         results[tool]["flags_ran"] = flags_ran(text)
         missing = flags_not_run(a.debug, set(results[tool]["flags_ran"]))
         if results[tool]["verdict"] == "pass" and missing:

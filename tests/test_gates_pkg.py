@@ -95,8 +95,6 @@ def test_gpu_run_parses_a_completion_log(tmp_path: Path):
         "common_perf_print:    graphs reused =         29",
         "0.01.2 I opencoti_copy_kv_rows: OPENCOTI_KV_DEBUG tail-copy-2d: K and V cells in one pitched copy",
         "0.0 I cmn  common_param: common_params_print_info: build 5 (0c1e5709+0089.9b49f91e) with GNU 13.3.0 for Linux",
-        "0.02.1 I opencoti_fattn_ring_free: OPENCOTI_KV_DEBUG tail-mirror: 63 graphs read layer copies, 62 with every "
-        "copy kept from the graphs before; 2816 of the 2879 cells they read were copied in before the graph",
     ]))
     r = run("t", [str(tool)], tmp_path)
     assert r["rc"] == 0
@@ -108,24 +106,23 @@ def test_gpu_run_parses_a_completion_log(tmp_path: Path):
     assert r["decode_ms_per_token"] == pytest.approx(26.69 / 31)
     assert (r["graphs_reused"], r["decode_runs"]) == (29, 31)
     assert r["debug_lines"][0] == "OPENCOTI_KV_DEBUG tail-copy-2d: K and V cells in one pitched copy"
-    assert r["mirror"] == {"graphs": 63, "kept": 62, "cells_filled": 2816, "cells_read": 2879}
     assert (r["build"], r["compiler"]) == ("0c1e5709+0089.9b49f91e", "GNU 13.3.0 for Linux")
     assert r["measure_pass"] and not r["fully_resident"]
     assert (tmp_path / "t.log").read_text().startswith(str(tool))
 
 
-def test_the_mirror_summary_the_gates_read_is_the_line_0073_logs():
-    # gates.gpu.RE_MIRROR_SUMMARY reads a line fattn.cu prints with printf: the format in the patch, rendered with
-    # numbers, must be what the pattern reads
-    from gates.gpu import RE_MIRROR_SUMMARY
+def test_the_carry_line_the_gates_read_is_the_line_0073_logs():
+    # gates.gpu.RE_CARRY_READ reads a line fattn.cu prints with printf: the format in the patch, rendered with
+    # numbers, must be what the pattern reads (a carry asked for and never logged is "not checked")
+    from gates.gpu import RE_CARRY_READ
 
     patch = next((ROOT / "patches").glob("0073-*.patch")).read_text()
-    start = patch.index("OPENCOTI_KV_DEBUG tail-mirror: %llu graphs read")
+    start = patch.index("tail ring: %zu carried chunk(s) read by graph")
     call = patch[patch.rindex("GGML_LOG_INFO(", 0, start):patch.index("__func__", start)]
     fmt = "".join(re.findall(r'"((?:[^"\\]|\\.)*)"', call))
-    line = fmt.replace("%llu", "7").replace("\\n", "")
-    m = RE_MIRROR_SUMMARY.search(line)
-    assert m and m.groups() == ("7", "7", "7", "7"), line
+    line = fmt.replace("%zu", "3").replace("%llu", "7").replace("\\n", "")
+    m = RE_CARRY_READ.search(line)
+    assert m and m.group(1) == "3", line
 
 
 def test_gpu_run_reads_the_cells_a_mapped_tail_really_keeps_in_device_memory(tmp_path: Path):
@@ -868,30 +865,6 @@ def test_gate_c_with_the_carry_asked_for_needs_a_run_that_read_carried_chunks(tm
     # not asked for: the rows judge alone, and the count says the carry did not run
     res = gate_c(args(), tmp_path / "m.gguf", tmp_path)
     assert res["pass"] and "verdict" not in res and res["carry"]["rows_read"] == 0
-
-
-def test_gate_c_with_the_tail_mirror_asked_for_needs_a_run_that_read_a_kept_copy(tmp_path: Path):
-    from gates.gpu import gate_c
-
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    perplexity = functools.partial(_flag_perplexity, bin_dir, "tail-mirror")  # a window run, the flag's lines
-    args = functools.partial(_gate_c_decode_args, bin_dir)
-
-    perplexity('echo "opencoti_tail_mirror_graph: tail mirror: 8 layer copies kept from earlier graphs read by graph'
-               ' 3 (the first time in this context)"')
-    res = gate_c(args("--window-debug", "tail-mirror"), tmp_path / "m.gguf", tmp_path)
-    assert res["pass"] and "verdict" not in res and res["mirror"] == {"rows_kept": 2}
-    assert all(w["flags_ran"] == ["tail-mirror"] for w in res["windows"])
-    # asked for, and no run read a copy kept across graphs: not checked, though every row is within the bound
-    perplexity("true")
-    res = gate_c(args("--window-debug", "tail-mirror,ring-carry"), tmp_path / "m.gguf", tmp_path)
-    assert not res["pass"] and res["verdict"] == "not checked" and all(w["pass"] for w in res["windows"])
-    assert "names tail-mirror" in res["why_not_checked"] and "no tail copy was read across graphs" in \
-        res["why_not_checked"] and "the carry did not run" in res["why_not_checked"]
-    # not asked for: the rows judge alone
-    res = gate_c(args(), tmp_path / "m.gguf", tmp_path)
-    assert res["pass"] and "verdict" not in res and res["mirror"] == {"rows_kept": 0}
 
 
 def fake_perplexity_kld(bin_dir: Path, tmp_path: Path) -> None:
@@ -1796,29 +1769,6 @@ def test_sanitizer_asked_to_carry_passes_only_where_the_run_read_carried_chunks(
     assert json.loads(capsys.readouterr().out)["tools"]["memcheck"]["carry_read"] is False
 
 
-def test_sanitizer_asked_for_the_tail_mirror_passes_only_where_a_kept_copy_was_read(tmp_path: Path,
-                                                                                     capsys: pytest.CaptureFixture):
-    from gates import sanitizer
-
-    tool = functools.partial(_sanitizer_in, tmp_path)
-    base = _sanitizer_args(tmp_path, "tail-mirror")
-    kept = tool("kept", 'echo "I opencoti_tail_mirror_graph: OPENCOTI_KV_DEBUG tail-mirror: small tails kept in device'
-                        ' memory across graphs, 2 layer copies (5.00 MiB)"; echo "I opencoti_tail_mirror_graph: tail'
-                        ' mirror: 2 layer copies kept from earlier graphs read by graph 3"; ')
-    out = tmp_path / "kept.txt"
-    assert sanitizer.main([*base, "--sanitizer", str(kept), "--out", str(out)]) == 0
-    res = json.loads(capsys.readouterr().out)["tools"]["memcheck"]
-    assert res["verdict"] == "pass" and res["flags_ran"] == ["tail-mirror"]
-    text = out.read_text()  # both of the mirror's lines are kept in the file
-    assert "tail mirror: 2 layer copies kept" in text and "OPENCOTI_KV_DEBUG tail-mirror: small tails kept" in text
-    # the same clean run whose graphs never read a kept copy: the mirror was not under the tool
-    silent = tool("silent", "")
-    assert sanitizer.main([*base, "--sanitizer", str(silent), "--out", str(tmp_path / "silent.txt")]) == 1
-    res = json.loads(capsys.readouterr().out)["tools"]["memcheck"]
-    assert res["verdict"] == "not checked" and "no tail copy was read across graphs" in res["why"]
-    assert "memcheck: not checked" in (tmp_path / "silent.txt").read_text()
-
-
 def test_sanitizer_wide_passes_only_where_the_window_kept_cells_in_device_memory(tmp_path: Path,
                                                                                 capsys: pytest.CaptureFixture):
     from gates import sanitizer
@@ -1969,9 +1919,10 @@ def test_kernel_profile_counts_the_timed_runs_whose_ring_read_carried_chunks(
 
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    # a stand-in llama-completion: a forced window's ring reads carried chunks only where ring-carry is asked for
+    # a stand-in llama-completion: a 256-cell window's ring reads carried chunks only where ring-carry is asked for
+    # (a 512-cell one never does)
     fake_tool(bindir / "llama-completion", "\n".join([
-        'case ",$OPENCOTI_KV_DEBUG," in *,ring-carry,*) [ -n "$LLAMA_ARG_KV_WINDOW_CELLS" ] && echo "ggml_cuda:'
+        'case ",$OPENCOTI_KV_DEBUG," in *,ring-carry,*) [ "$LLAMA_ARG_KV_WINDOW_CELLS" = 256 ] && echo "ggml_cuda:'
         ' tail ring: 3 carried chunk(s) read by graph 4 (the first time in this context)" ;; esac',
         # a comparison flag's own line, once a process
         '[ -n "$OPENCOTI_KV_DEBUG" ] && echo "0.1 I f: OPENCOTI_KV_DEBUG $OPENCOTI_KV_DEBUG: the way it ran"',
@@ -2010,10 +1961,9 @@ def test_kernel_profile_counts_the_timed_runs_whose_ring_read_carried_chunks(
     capsys.readouterr()
     # a flag asked for that never logs its line did not run: the configuration says so
     assert kp.main(["--bin", str(bindir), "--work", str(tmp_path / "w2"), "--out", str(out), "--no-ncu", "--reps", "1",
-                    "--windows", "256", "--debug", "tail-mirror,ring-carry"]) == 0
-    mirror = json.loads(out.read_text())["configs"]["window 256 tail-mirror,ring-carry"]
-    assert mirror["flags_ran"] == ["ring-carry"] and mirror["flags_not_run"] == ["tail-mirror"]
-    assert mirror["mirror_runs"] == []  # and no summary of kept copies either
+                    "--windows", "512", "--debug", "tail-ring,ring-carry"]) == 0
+    silent = json.loads(out.read_text())["configs"]["window 512 tail-ring,ring-carry"]
+    assert silent["flags_ran"] == [] and silent["flags_not_run"] == ["ring-carry"]
     capsys.readouterr()
 
 
