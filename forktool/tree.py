@@ -240,14 +240,17 @@ def read_file(path: Path) -> bytes:
         return f.read()
 
 
-def atomic_write(path: Path, data: bytes, mode: str = REGULAR, *, durable: bool = True) -> None:
-    """Write via a temp file in the same directory and os.replace it into place.
+def atomic_write(path: Path, data: bytes, mode: str = REGULAR, *, durable: bool = True,
+                 temp_dir: Path | None = None) -> None:
+    """Write via a temp file in the same directory (or temp_dir, on the same filesystem) and os.replace it into place.
 
     durable=False skips the fsync: for caches only (a stat index, a derived value), whose loss or truncation after
     a crash costs a recomputation and is detected by their own checks; never for state, plans or backups.
+    temp_dir: where a kill before the rename leaves the temp file (a journal puts it inside itself, so that its
+    removal takes it).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = make_temp(path.parent)
+    fd, tmp = make_temp(temp_dir or path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

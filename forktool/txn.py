@@ -349,7 +349,9 @@ def _roll_forward(tree: Path, state_dir: Path, plan: dict[str, Any]) -> None:
                 _fault("replacing")
         run_all(lambda e: _move(tree, tdir, e, made), later)
         remove_empty_parents(tree, removed)
-        _write_state(tdir, state_dir, json.dumps(plan["state"], indent=1, sort_keys=True).encode())
+        # the temp file inside the journal: a kill before the rename leaves it where the journal's removal takes it
+        atomic_write(state_dir / "state.json", json.dumps(plan["state"], indent=1, sort_keys=True).encode(),
+                     temp_dir=tdir)
     except OSError as e:
         what = "no space left on the device" if schema.is_no_space(e) else str(e)
         raise ForktoolError(
@@ -359,24 +361,6 @@ def _roll_forward(tree: Path, state_dir: Path, plan: dict[str, Any]) -> None:
         ) from None
     _fault("state-written")
     _drop(tdir)
-
-
-def _write_state(tdir: Path, state_dir: Path, data: bytes) -> None:
-    """state.json replaced whole, through a temporary file inside the journal: a kill before the rename leaves that
-    file where the journal's removal takes it (recovery writes the state again), never beside state.json."""
-    tmp = tdir / "state.json.new"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, state_dir / "state.json")
-    except BaseException:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _drop(tdir: Path) -> None:

@@ -52,7 +52,9 @@ def test_an_undo_killed_while_the_journal_writes_its_state_leaves_no_temporary_f
                        env=dict(os.environ, FORKTOOL_ROOT=str(proj.root)))
     assert r.returncode == 137, r.stderr
     left = _temps(proj)  # what a real kill -9 leaves: the journal, with the state's temporary file inside it
-    assert ".opencoti/sync/txn/state.json.new" in left and ".opencoti/sync/txn/plan.json" in left, left
+    assert ".opencoti/sync/txn/plan.json" in left, left
+    assert [p for p in left if p.startswith(".opencoti/sync/txn/.forktool-") and p.endswith(".tmp")], left
+    assert not [p for p in left if not p.startswith(".opencoti/sync/txn/")], left  # nothing beside state.json
     r = proj.sub("sync", "--undo")
     assert r.returncode == 0, r.stderr
     assert "finished an interrupted update" in r.stderr, r.stderr
