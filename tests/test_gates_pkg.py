@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 MODULES = ["gates.cpu", "gates.gpu", "gates.needle", "gates.demo", "gates.make_model", "gates.bundle", "gates.model_bench",
            "gates.sanitizer", "gates.tail_models", "gates.kernel_profile", "gates.room_probe",
-           "gates.stream_probe", "gates.bench_noise", "gates.host_build"]
+           "gates.stream_probe", "gates.bench_noise", "gates.host_build", "gates.device_pieces"]
 
 
 def run_module(mod: str, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -1898,7 +1898,24 @@ def test_kernel_profile_sets_each_window_against_resident_with_or_without_the_pr
     lines = kp.over_resident(configs)
     assert configs["window 256"]["over_resident"]["decode_ratio_runs"] == [0.8, 1.0]
     assert configs["window 256"]["over_resident"]["decode_ratio_paired_median"] == 0.9
-    assert lines["window 256"].endswith("paired median 0.9 of 2")
+    assert lines["window 256"].endswith("paired median 0.9 of 2; against 0.9: not decided: its 2 runs (0.8-1) fall "
+                                       "on both sides of it")
+    assert configs["window 256"]["over_resident"]["vs_small_tail_target"].startswith("not decided")
+    # many runs decide item 3's small-tail target where the runs around the median lie on one side of 0.9, though
+    # the smallest and largest do not
+    runs = [0.82, 0.86] + [0.91 + 0.002 * i for i in range(17)] + [0.97]
+    configs = {"resident": {"timed_median_ms": 1.0, "timed_by_rep": [1.0] * len(runs)},
+               "window 34816": {"timed_median_ms": 1.1, "timed_by_rep": [1.0 / r for r in runs]}}
+    kp.over_resident(configs)
+    verdict = configs["window 34816"]["over_resident"]["vs_small_tail_target"]
+    assert verdict.startswith("met in runs ") and verdict.endswith("of 20 by size" + verdict.split("of 20 by size")[1])
+    assert "all 20: 0.82-0.97" in verdict
+    configs["window 34816"]["timed_by_rep"] = [1.0 / (r - 0.025) for r in runs]  # the same runs 0.025 lower
+    kp.over_resident(configs)
+    assert configs["window 34816"]["over_resident"]["vs_small_tail_target"].startswith("not decided")
+    configs["window 34816"]["timed_by_rep"] = [1.0 / (r - 0.05) for r in runs]
+    kp.over_resident(configs)
+    assert configs["window 34816"]["over_resident"]["vs_small_tail_target"].startswith("missed in runs ")
 
 
 def test_timed_runs_rotate_which_configuration_leads_each_repetition():
