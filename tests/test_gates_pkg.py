@@ -437,7 +437,8 @@ def test_gate_d_judges_the_tail_targets_on_the_medians_of_interleaved_runs(tmp_p
     monkeypatch.setenv("SEQ", str(tmp_path / "seq"))
     monkeypatch.setattr(gpu, "link_bandwidth", lambda: {"pinned_gbps": 50.0})
     a = gpu.parse_args(["--full-bin", str(bin_dir), "--pre-bin", str(bin_dir), "--upstream-bin", str(bin_dir),
-                        "--work", str(tmp_path), "--out", str(tmp_path), "--targets", "--shares", "0.5", "1.0"])
+                        "--work", str(tmp_path), "--out", str(tmp_path), "--targets", "--shares", "0.5", "1.0",
+                        "--small-tail-reps", "3"])
     res = gpu.gate_d(a, tmp_path / "m.gguf", tmp_path, tmp_path)
     single, med = res["targets"]["tail"]["small_tail"], res["targets"]["tail_medians"]["small_tail"]
     assert single["decode_tps"] == 700.0 and single["met"] is False
@@ -460,6 +461,50 @@ def test_gate_d_judges_the_tail_targets_on_the_medians_of_interleaved_runs(tmp_p
     assert large["ratio_runs"] == [round(82 / limit, 3)] * 3 and large["met_in_every_run"] is True
     assert large["runs_verdict"] == f"met in each of 3 runs ({round(82 / limit, 4):g}-{round(82 / limit, 4):g})"
     assert (tmp_path / "seq").read_text() == ""  # the small tail ran once in the curve and twice repeated
+
+
+def test_gate_d_runs_the_small_tail_and_resident_in_more_pairs_than_the_other_points(tmp_path: Path,
+                                                                                  monkeypatch: pytest.MonkeyPatch):
+    # resident 1000 tok/s; the small tail swings on both sides of 0.9 run to run, but the runs around the median of
+    # 11 lie above it: three runs would not decide, eleven do
+    small = [800, 950, 910, 930, 780, 920, 960, 915, 925, 940, 905]
+    (tmp_path / "seq").write_text("".join(f"{x}\n" for x in small))
+    gpu, bin_dir = fake_gpu_bin(tmp_path, monkeypatch, [
+        'c=${LLAMA_ARG_KV_WINDOW_CELLS:-full}; case "$*" in *-nkvo*) c=nkvo;; esac; echo "$c" >> "$ORDER"',
+        'case "$c" in nkvo) tg=12.00;;',
+        '  full) tg=1000.00; echo "llama_kv_cache: position window = FULLY RESIDENT (131072 / 131072 cells on CUDA0)";;',
+        '  34816) tg=$(head -n1 "$SEQ").00; sed -i 1d "$SEQ"; '
+        'echo "llama_kv_cache: position window = $c / 131072 cells resident + host tail $((131072 - c)) cells '
+        '(1.00 MiB host)";;',
+        '  *) tg=82.00; echo "llama_kv_cache: position window = $c / 131072 cells resident + host tail '
+        '$((131072 - c)) cells (1.00 MiB host)";; esac',
+        'echo "common_perf_print: prompt eval time =  573.10 ms / 35131 tokens (0.02 ms per token, 31000.00 tokens per second)"',
+        'echo "common_perf_print:        eval time =  70.00 ms /    63 runs   (1.00 ms per token,  $tg tokens per second)"'])
+    monkeypatch.setenv("SEQ", str(tmp_path / "seq"))
+    monkeypatch.setenv("ORDER", str(tmp_path / "order"))
+    a = gpu.parse_args(["--full-bin", str(bin_dir), "--pre-bin", str(bin_dir), "--upstream-bin", str(bin_dir),
+                        "--work", str(tmp_path), "--out", str(tmp_path), "--targets", "--shares", "0.5", "1.0",
+                        "--target-reps", "3", "--small-tail-reps", "11"])
+    res = gpu.gate_d(a, tmp_path / "m.gguf", tmp_path, tmp_path)
+    assert (tmp_path / "seq").read_text() == ""  # every small-tail run was made: 1 in the curve, 2 repeats, 8 pairs
+    med = res["targets"]["tail_medians"]
+    assert med["runs"] == 3 and med["small_tail_runs"] == 11
+    t = med["small_tail"]
+    assert t["ratio_runs"] == [x / 1000 for x in small]
+    assert t["runs_verdict"].startswith("met in runs 4-8 of 11 by size"), t["runs_verdict"]
+    # the other points ran 3 times each; the pairs after them take turns leading
+    order = (tmp_path / "order").read_text().split()
+    assert order.count("nkvo") == 3 and order.count("256") == 3
+    pairs = order[-16:]
+    assert [pairs[i:i + 2] for i in range(0, 16, 2)] == [["34816", "full"], ["full", "34816"]] * 4
+    # three runs of the same swing would not have decided it
+    assert tail_models_verdict(small[:3]).startswith("not decided")
+
+
+def tail_models_verdict(ratios_tps: list[int]) -> str:
+    from gates import tail_models
+
+    return tail_models.add_runs({"target": 0.9, "met": True}, [x / 1000 for x in ratios_tps])["runs_verdict"]
 
 
 def test_tail_target_runs_verdict_up_to_five_runs_says_met_or_missed_only_where_every_run_agrees():
