@@ -5,7 +5,7 @@
 # skips a position whose archive is unchanged); a gate whose estimate no longer fits is skipped, saying so. Every
 # gate's forktool report, JSON, curves and logs, and the build logs, are packed into OUT/gates.tgz.
 #   usage: gates/run_within.sh OUT LIMIT_S GATE[:EST_S[:GPU_GATES_ARGS]]...
-#   e.g.   gates/run_within.sh "$OUT" 585 a:480 b:175 c:260 d:150
+#   e.g.   gates/run_within.sh "$OUT" 585 a:480 b:175 c:260 d:200
 #   FORKTOOL   how to run forktool (default: python3 -m forktool)
 #   KIT        a folder `make device-kit` wrote elsewhere (carried to a machine without network): its bundle/ is
 #              the GPU_GATES_BUNDLE, its wheels/ are installed once into ~/.forktool-kit (pip --no-index) for
