@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from gates import tail_models
@@ -985,13 +985,16 @@ def budget_goals(rows: list[dict], share: float = 0.95, nkvo_factor: float = 10.
     return goals
 
 
-def write_budget_csv(path: Path, rows: list[dict], ctxs: list[int]) -> list[dict]:
-    """Write the rows, keeping the rows of other contexts an earlier call wrote there (one context per call)."""
+def write_budget_csv(path: Path, rows: list[dict], measured: Collection[int | tuple[int, int]]) -> list[dict]:
+    """Write the rows, keeping the rows an earlier call wrote there at the points this call does not measure: a
+    context in `measured` replaces all of that context's rows, a (ctx, budget) pair only that budget's, so a curve
+    too long for one call is measured a few budgets a call (every row of a point comes from one call)."""
     kept: list[dict] = []
     if path.is_file():
         with open(path, newline="") as f:
             for r in csv.DictReader(f):
-                if int(r["ctx"]) not in ctxs:
+                ctx, budget = int(r["ctx"]), int(r["budget_mib"])
+                if ctx not in measured and (ctx, budget) not in measured:
                     kept.append(r | {"ctx": int(r["ctx"]), "budget_mib": int(r["budget_mib"]),
                                      "kv_ctx": int(r["kv_ctx"]) if r["kv_ctx"] else r["kv_ctx"],
                                      "fits_budget": r["fits_budget"] == "True"})
@@ -1049,9 +1052,12 @@ def gate_g(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
 
     allrows: list[dict] = []  # this call's rows with the other contexts' rows the CSV already held, as written
 
+    # the points this call measures: the rows of the CSV's other points (other contexts, other budgets) are kept
+    points = {(ctx, b) for ctx in a.budget_ctxs for b in (a.budgets_1m if ctx > 131072 else a.budgets_128k)}
+
     def measured(new: list[dict]) -> None:
         rows.extend(new)
-        allrows[:] = write_budget_csv(csv_path, rows, a.budget_ctxs)
+        allrows[:] = write_budget_csv(csv_path, rows, points)
 
     for ctx in a.budget_ctxs:
         budgets = sorted(a.budgets_1m if ctx > 131072 else a.budgets_128k)

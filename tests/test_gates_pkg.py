@@ -764,6 +764,12 @@ def test_write_budget_csv_keeps_the_rows_of_contexts_measured_in_an_earlier_call
     # measuring a context again replaces its rows
     again = write_budget_csv(path, [dict(second[0], budget_mib=3100)], [1048576])
     assert [(r["ctx"], r["budget_mib"]) for r in again] == [(131072, 2000), (1048576, 3100)]
+    # a curve too long for one call, a few budgets a call: a (ctx, budget) point replaces that point's rows only
+    more = write_budget_csv(path, [dict(second[0], budget_mib=5000, decode_tps=7.0)], {(1048576, 5000)})
+    assert [(r["ctx"], r["budget_mib"]) for r in more] == [(131072, 2000), (1048576, 3100), (1048576, 5000)]
+    redo = write_budget_csv(path, [dict(second[0], budget_mib=3100, decode_tps=9.0)], {(1048576, 3100)})
+    assert [(r["ctx"], r["budget_mib"], float(r["decode_tps"])) for r in redo] == [
+        (131072, 2000, 2.0), (1048576, 3100, 9.0), (1048576, 5000, 7.0)]
 
 
 def test_gate_g_measures_every_configuration_at_every_budget(tmp_path: Path):
@@ -803,6 +809,15 @@ def test_gate_g_measures_every_configuration_at_every_budget(tmp_path: Path):
     meta = json.loads((out / "budget_curve.json").read_text())
     assert meta["contexts"]["131072"]["prompt_tokens"] == 35131
     assert {g["budget_mib"] for g in res["goals"]} == {2000, 3000}
+    # a second call measures another budget of the same context into the same folder: the curve keeps both calls'
+    # points, and the goals are judged at every one of them
+    a2 = parse_args(["--full-bin", str(bin_dir), "--pre-bin", str(bin_dir), "--upstream-bin", str(bin_dir),
+                     "--budget-ctxs", "131072", "--budgets-128k", "4000", "--curve-words", "50"])
+    res2 = gate_g(a2, tmp_path / "m.gguf", tmp_path, out)
+    rows2 = list(csv.DictReader(open(out / "budget_curve.csv", newline="")))
+    assert {(r["config"], r["budget_mib"]) for r in rows2} == {(c, b) for c in configs for b in ("2000", "3000", "4000")}
+    assert [r for r in rows2 if r["budget_mib"] != "4000"] == rows
+    assert {g["budget_mib"] for g in res2["goals"]} == {2000, 3000, 4000}
 
 
 def test_window_config_names_give_the_cache_type_and_the_settings():
