@@ -507,6 +507,14 @@ def load_sync_state(path: Path, state_dir: Path) -> dict[str, Any] | None:
     return st
 
 
+def load_sync_ended(path: Path, state_dir: Path) -> dict[str, Any] | None:
+    """.opencoti/sync/ended.json (how the last sync ended: undone or aborted) checked; None when there is none."""
+    if not os.path.lexists(path):
+        return None
+    return load_json(path, "sync-ended", root=state_dir, limit=STATE_LIMIT,
+                     hint=f"it only tells `forktool sync --undo` how the last sync ended: delete {path}")
+
+
 def check_state_covers(path: Path, applied: list[dict], files: dict[str, Any], patches: dict[str, Any]) -> None:
     """Every file an applied (unchanged) patch touches is recorded in the state: a cut state is refused, not
     mistaken for local edits."""

@@ -314,6 +314,16 @@ SYNC_STATE = obj({
 }, ["version", "stage", "component", "from_spec", "to_spec", "to", "old_pristine_digest", "new_pristine_digest",
     "tree_digest_before", "backups", "original", "position", "done", "stop", "started"])
 
+# .opencoti/sync/ended.json: how the last sync ended without a finish `--undo` could take back (undone or aborted),
+# so that a second `--undo` says the first one finished rather than "no finished sync"
+SYNC_ENDED = obj({
+    "version": {"const": 1, "type": "integer", "x-error": "unsupported sync record version (expected 1)"},
+    "how": {"enum": ["undone", "aborted"]},
+    "from_spec": SPEC, "to_spec": SPEC, "at": LINE,
+    "tree_digest_before": SHA256,  # the tree before the sync's start
+    "tree_digest": SHA256,         # the tree as the undo or abort left it
+}, ["version", "how", "from_spec", "to_spec", "at", "tree_digest_before", "tree_digest"])
+
 # ---------------------------------------------------------------- a release's manifest.json (`forktool package`)
 
 _RELEASE_PATCH = {"type": "object", "required": ["id", "name", "sha256"],
@@ -351,5 +361,5 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "vendor-lock": VENDOR_LOCK, "registry": REGISTRY, "build": BUILD, "build-artifact": ARTIFACT,
         "build-profile": PROFILE, "build-record": BUILD_RECORD,
         "state": STATE, "journal": JOURNAL, "backup": BACKUP, "pristine": PRISTINE, "sync-state": SYNC_STATE,
-        "release": RELEASE,
+        "sync-ended": SYNC_ENDED, "release": RELEASE,
     }.items()}

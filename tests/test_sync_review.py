@@ -104,9 +104,19 @@ def test_undo_puts_everything_back_to_the_byte(reg_moved):
     assert data["stage"] == "undone" and data["tree_digest"] == before["tree"]
     assert snapshot(proj) == before
     proj.run("verify")
-    _, _, err = proj.run("sync", "--undo", expect=1)
-    assert "no finished sync to undo" in err
+    # a second undo (say, after the first was killed before it could report) says the first one finished
+    code, out, err = proj.run("sync", "--undo", "--json")
+    again = json.loads(out)
+    assert again["already"] is True and again["stage"] == "undone" and again["written"] == 0
+    assert again["tree_digest"] == again["tree_digest_undone"] == before["tree"] and again["to"].endswith(commit)
+    assert snapshot(proj) == before
+    _, _, err = proj.run("sync", "--undo")
+    assert "nothing left to undo: the sync" in err and "= as that undo left it" in err
     assert loop.backups_in_use(Project(proj.root)) == {"vendor-backups": [], "sync-backups": []}
+    # the tree moved since that undo: still nothing to undo, and the command says the tree is not as it left it
+    (proj.tree / "up/src/a.c").write_text((proj.tree / "up/src/a.c").read_text() + "// later\n")
+    _, _, err = proj.run("sync", "--undo", expect=1)
+    assert "nothing left to undo" in err and "the tree changed since" in err
 
 
 def test_the_next_start_ends_the_undo(reg_moved):
@@ -118,7 +128,16 @@ def test_the_next_start_ends_the_undo(reg_moved):
     proj.run("sync", "--to", back, "--start", expect=None)
     proj.run("sync", "--abort", expect=None)
     _, _, err = proj.run("sync", "--undo", expect=1)
-    assert "no finished sync to undo" in err
+    assert "no finished sync to undo" in err and "the last sync, to " in err and back in err
+    assert "was aborted at" in err and "(before it finished)" in err
+    # a damaged record of how it ended never blocks anything: the refusal says so and what to do
+    (proj.root / ".opencoti" / "sync" / "ended.json").write_text("{")
+    _, _, err = proj.run("sync", "--undo", expect=1)
+    assert "no finished sync to undo" in err and "ended.json could not be read" in err and "delete" in err
+    # the next start removes it
+    proj.run("sync", "--to", back, "--start", expect=None)
+    assert not (proj.root / ".opencoti" / "sync" / "ended.json").exists()
+    proj.run("sync", "--abort", expect=None)
 
 
 B_NEAR = UPSTREAM["src/b.c"].replace("line 12\n", "line 12 upstream\n")  # inside 0001's context: a clean 3-way merge
@@ -224,6 +243,21 @@ def test_edits_outside_the_blocks_come_back_at_the_same_stop(moved_plain):
     proj.run("verify")
 
 
+def test_an_undo_killed_after_it_finished_is_reported_by_the_next(reg_moved):
+    """Killed after every file was back and the record was gone, before it could print: the next `--undo` does not
+    answer "no finished sync to undo" but that the sync was undone, with the tree as that undo left it (exit 0)."""
+    proj, commit, before = reg_moved
+    proj.run("sync", "--to", commit, "--start", expect=1)
+    resolve(proj)
+    proj.run("sync", "--continue")
+    r = proj.sub("sync", "--undo", env={"FORKTOOL_FAULT": "sync-undone"})
+    assert r.returncode == 137 and "undid the sync" not in r.stderr, r.stderr
+    assert snapshot(proj) == before
+    r = proj.sub("sync", "--undo")
+    assert r.returncode == 0 and "nothing left to undo" in r.stderr and "was undone at" in r.stderr, r.stderr
+    assert "= as that undo left it" in r.stderr and snapshot(proj) == before
+
+
 @pytest.mark.parametrize("point", ["staging", "committed", "replacing", "state-written"])
 def test_a_killed_undo_is_finished_by_the_next(reg_moved, point):
     proj, commit, before = reg_moved
@@ -236,7 +270,8 @@ def test_a_killed_undo_is_finished_by_the_next(reg_moved, point):
     assert r.returncode == 0, r.stderr
     assert snapshot(proj) == before
     assert proj.sub("verify").returncode == 0
-    assert "no finished sync to undo" in proj.sub("sync", "--undo").stderr
+    third = proj.sub("sync", "--undo")
+    assert third.returncode == 0 and "nothing left to undo" in third.stderr
 
 
 def test_the_finish_summary_stays_within_15_lines_however_much_drifted(tmp_path: Path) -> None:

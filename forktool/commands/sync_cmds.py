@@ -260,6 +260,17 @@ def sync_loop(project: Project, action: str, spec: str | None, review_merged: bo
 def loop_report(project: Project, res: dict) -> Report:
     """The report of one step of the loop (a sync, or `apply --reanchor` carried as one)."""
     from forktool.sync import loop
+    if "already" in res:  # a second --undo: the first one finished (its own report may never have been printed)
+        e = res["already"]
+        same = res["tree_digest"] == e["tree_digest"]
+        return Report({"stage": "undone", "already": True, "from": e["from_spec"], "to": e["to_spec"], "at": e["at"],
+                       "tree_digest": res["tree_digest"], "tree_digest_undone": e["tree_digest"],
+                       "tree_digest_before": e["tree_digest_before"], "written": 0},
+                      [f"nothing left to undo: the sync {e['from_spec']} -> {e['to_spec']} was undone at {e['at']}; "
+                       f"tree digest {res['tree_digest'][:12]}" + (" = as that undo left it" if same else
+                                                                   f" (that undo left {e['tree_digest'][:12]}: the "
+                                                                   "tree changed since)")],
+                      exit_code=0 if same else 1)
     st = res["state"]
     data = dict(_summary(st), timings=res.get("timings", {}))
     if res["stage"] == "undone":

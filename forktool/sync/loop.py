@@ -30,6 +30,7 @@ from forktool.sync.move import (
     context,
     disk_patch,
     done_patches,
+    ended_path,
     has_backups,
     memory,
     preimage_path,
@@ -355,6 +356,7 @@ def _back_up(project: Project, st: dict, ws: Workspace, current: Manifest, progr
     st["backups"] = {"tree": tb.name, "project": pb.name}
     atomic_write(state_path(project), json.dumps(st, indent=1, sort_keys=True).encode())
     undo_path(project).unlink(missing_ok=True)  # a new move: the last one can no longer be undone
+    ended_path(project).unlink(missing_ok=True)  # nor is how the one before ended the last word
     txn.fault("sync-backed-up")
 
 
@@ -480,22 +482,44 @@ def skip(project: Project, progress: Progress = lambda _m: None) -> dict:
     return res
 
 
+def _record_end(project: Project, how: str, st: dict) -> str:
+    """Write ended.json (how the sync `st` ended: undone or aborted) before its own record goes, so that a later
+    `--undo` can say so even when this process was killed after the work and before it could tell; returns the
+    tree digest as it was left."""
+    tree_digest = digest(scan(project.tree))
+    rec = {"version": 1, "how": how, "from_spec": st["from_spec"], "to_spec": st["to_spec"],
+           "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "tree_digest_before": st["tree_digest_before"],
+           "tree_digest": tree_digest}
+    atomic_write(ended_path(project), json.dumps(rec, indent=1, sort_keys=True).encode())
+    return tree_digest
+
+
+def read_ended(project: Project) -> tuple[dict | None, str]:
+    """How the last sync ended (ended.json), or None with why where the record cannot be read: it only informs, so
+    a damaged one never blocks a command."""
+    try:
+        return schema.load_sync_ended(ended_path(project), project.state_dir), ""
+    except ForktoolError as e:
+        return None, f"{ended_path(project)} could not be read ({e.what}); {e.hint or 'delete it'}"
+
+
 def abort(project: Project, progress: Progress = lambda _m: None) -> dict:
     """Pin, lock, patches, series, registry and tree back to the bytes they had before the start."""
     with txn.locked(project.state_dir):
         _recover(project, progress)
         st = _require(project, "abort")
         if not st["backups"]:  # killed before the backups were recorded: the tree has not moved
-            state_path(project).unlink()
             st["stage"] = "aborted"
-            return {"stage": "aborted", "state": st, "written": 0, "tree_digest": digest(scan(project.tree)),
-                    "backups": {}}
+            tree_digest = _record_end(project, "aborted", st)
+            state_path(project).unlink()
+            return {"stage": "aborted", "state": st, "written": 0, "tree_digest": tree_digest, "backups": {}}
         kept = _harvest(project, st) if st["stage"] == "stopped" else 0
         writes = _restore_writes(project, st)
         st["stage"] = "aborted"
         txn.commit(project.root, sync_dir(project), writes, st)
+        tree_digest = _record_end(project, "aborted", st)
         state_path(project).unlink()
-    return {"stage": "aborted", "state": st, "written": len(writes), "tree_digest": digest(scan(project.tree)),
+    return {"stage": "aborted", "state": st, "written": len(writes), "tree_digest": tree_digest,
             "backups": st["backups"], "remembered": {"new": kept, "total": memory(project).count()}}
 
 
@@ -564,7 +588,12 @@ def undo(project: Project, progress: Progress = lambda _m: None) -> dict:
                                 hint="`forktool sync --abort` goes back from where it stands")
         rec = schema.load_sync_state(undo_path(project), project.state_dir)
         if rec is None or "finished" not in rec:
-            raise ForktoolError("no finished sync to undo", where=str(undo_path(project)),
+            ended, unreadable = read_ended(project)
+            if ended is not None and ended["how"] == "undone":  # an undo that finished, perhaps unreported
+                return {"stage": "undone", "already": ended, "written": 0, "tree_digest": digest(scan(project.tree))}
+            said = ([f"the last sync, to {ended['to_spec']}, was aborted at {ended['at']} (before it finished)"]
+                    if ended is not None else [unreadable] if unreadable else [])
+            raise ForktoolError("no finished sync to undo", where=str(undo_path(project)), details=said,
                                 hint="a sync can be undone from its finish until the next `forktool sync --start`")
         if not has_backups(project, rec):
             raise ForktoolError(f"the backups of the sync to {rec['to_spec']} are gone", where=str(project.backups_dir),
@@ -573,9 +602,10 @@ def undo(project: Project, progress: Progress = lambda _m: None) -> dict:
                                 hint="nothing was changed; put the pin, lock, patches and registry back from git")
         writes = _restore_writes(project, rec)
         if not writes:  # already as before the start: an undo killed after its transaction; only the record is left
+            tree_digest = _record_end(project, "undone", rec)
             undo_path(project).unlink()
             state_path(project).unlink(missing_ok=True)
-            return {"stage": "undone", "state": rec, "written": 0, "tree_digest": digest(scan(project.tree)),
+            return {"stage": "undone", "state": rec, "written": 0, "tree_digest": tree_digest,
                     "backups": rec["backups"]}
         fin = rec["finished"]
         now = {rel: e.sha256 for rel, e in project_manifest(project).items()}
@@ -589,7 +619,9 @@ def undo(project: Project, progress: Progress = lambda _m: None) -> dict:
                                 hint="nothing was changed; put them back as the finish left them (e.g. `forktool "
                                      "apply` for the tree), or restore the start's backups by hand")
         txn.commit(project.root, sync_dir(project), writes, dict(rec, stage="aborted"))
+        tree_digest = _record_end(project, "undone", rec)
         undo_path(project).unlink()
         state_path(project).unlink(missing_ok=True)
-    return {"stage": "undone", "state": rec, "written": len(writes), "tree_digest": digest(scan(project.tree)),
+        txn.fault("sync-undone")  # the undo is done and not yet reported: the next `--undo` must say so
+    return {"stage": "undone", "state": rec, "written": len(writes), "tree_digest": tree_digest,
             "backups": rec["backups"]}

@@ -45,6 +45,11 @@ def undo_path(project: Project) -> Path:
     return sync_dir(project) / "undo.json"
 
 
+def ended_path(project: Project) -> Path:
+    """How the last sync ended when nothing is left to undo (undone, aborted): the next start removes it."""
+    return sync_dir(project) / "ended.json"
+
+
 def report_path(project: Project) -> Path:
     """Every detail of the last finish (patches, hook sites, registry diff, verify, build plan)."""
     return sync_dir(project) / "report.md"
