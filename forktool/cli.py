@@ -296,7 +296,8 @@ def entry() -> None:
     young objects (the manifests' thousands of tuples): up to 4.6 ms. os._exit skips the interpreter's teardown
     (module and object finalisation, about 6 ms). Nothing on those paths needs it: every file they write is closed
     (and the journal, state and backups fsynced) before main() returns, the threads they wait on have finished,
-    and nothing registers an atexit handler.
+    and nothing registers an atexit handler. An interrupted command (exit 130) leaves the same way, once it has
+    unwound through its clean-up.
     """
     import signal
 
@@ -325,8 +326,15 @@ def entry() -> None:
     interrupt.finished = True
     if code == BROKEN_PIPE:
         _die_by_sigpipe()
-    if quick:
-        sys.stderr.flush()
+    if quick or code == INTERRUPTED:
+        # an interrupted command has unwound through its clean-up: leaving without the interpreter's teardown
+        # means a second Ctrl-C cannot land there, after Python has put SIGINT's default action back (which
+        # would end the process by the signal instead of exit 130)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
         os._exit(code)
     raise SystemExit(code)
 
