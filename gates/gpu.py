@@ -732,32 +732,28 @@ def gate_d(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
         ("half", forced_cells(half_share)), ("max", forced_cells(max_share)), ("nkvo", None), ("resident", 0)]
     if granule_cells is not None:
         rep_points.append(("small", granule_cells))
+    def repeat(key: str, cells: int | None, tag: str) -> None:  # one more run of a point
+        if cells is None:
+            r = run(f"d-nkvo-{tag}", completion(a.upstream_bin, model, ctx, prompt, a.curve_n, ["-nkvo"]), work,
+                    measure=True)
+        elif cells == 0:  # fully resident, as the share-0 row
+            r = run(f"d-window-resident-{tag}", completion(a.full_bin, model, ctx, prompt, a.curve_n,
+                    ["--kv-residency-mode", "window"]), work, measure=True)
+        else:
+            r = run(f"d-window-{key}-{cells}-{tag}", completion(a.full_bin, model, ctx, prompt, a.curve_n,
+                    ["--kv-residency-mode", "window", "-fit", "off"]), work, env={WINDOW_ENV: str(cells)},
+                    measure=True)
+        sample(key, r)
+
     for i in range(1, a.target_reps):
         for key, cells in rotated(rep_points, i):  # each point leads in turn (a fixed order favours a place)
-            if cells is None:
-                r = run(f"d-nkvo-rep{i}", completion(a.upstream_bin, model, ctx, prompt, a.curve_n, ["-nkvo"]), work,
-                        measure=True)
-            elif cells == 0:  # fully resident, as the share-0 row
-                r = run(f"d-window-resident-rep{i}", completion(a.full_bin, model, ctx, prompt, a.curve_n,
-                        ["--kv-residency-mode", "window"]), work, measure=True)
-            else:
-                r = run(f"d-window-{key}-{cells}-rep{i}", completion(a.full_bin, model, ctx, prompt, a.curve_n,
-                        ["--kv-residency-mode", "window", "-fit", "off"]), work, env={WINDOW_ENV: str(cells)},
-                        measure=True)
-            sample(key, r)
+            repeat(key, cells, f"rep{i}")
     # item 3's small tail against fully resident: more runs than the other points (cheap, and noisier than the
     # target is wide), as pairs that take turns leading
     if granule_cells is not None:
         for i in range(max(1, a.target_reps), a.small_tail_reps):
             for key, cells in rotated([("resident", 0), ("small", granule_cells)], i):
-                if cells == 0:
-                    r = run(f"d-window-resident-pair{i}", completion(a.full_bin, model, ctx, prompt, a.curve_n,
-                            ["--kv-residency-mode", "window"]), work, measure=True)
-                else:
-                    r = run(f"d-window-small-{cells}-pair{i}", completion(a.full_bin, model, ctx, prompt, a.curve_n,
-                            ["--kv-residency-mode", "window", "-fit", "off"]), work, env={WINDOW_ENV: str(cells)},
-                            measure=True)
-                sample(key, r)
+                repeat(key, cells, f"pair{i}")
     link = link_bandwidth()
     csv_path = outdir / "rolling_kv_curve.csv"
     with open(csv_path, "w", newline="") as f:
