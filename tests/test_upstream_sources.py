@@ -150,6 +150,16 @@ def test_a_pin_with_a_commit_refuses_a_source_that_does_not_carry_one(proj: Proj
     code, out, err = proj.run("sync", "--start", "--to", str(src), expect=2)
     assert "does not say which llama.cpp commit" in err and "--upstream-commit" in err
     assert (project_files(proj), proj.digest()) == before
+    # the trial records nothing: it tries the series all the same and says what a move will need
+    trial_out = tmp_path / "trial"
+    code, out, err = proj.run("sync", "--to", str(src), "--out", str(trial_out), expect=None)
+    assert code in (0, 1) and "upstream ?)" in err, err
+    assert "does not say which llama.cpp commit it carries; tried all the same" in err and "--upstream-commit" in err
+    assert (trial_out / "report.json").is_file() and (project_files(proj), proj.digest()) == before
+    # --accept would repin: refused as the start is, nothing written
+    code, out, err = proj.run("sync", "--to", str(src), "--accept", "--out", str(tmp_path / "t2"), expect=2)
+    assert "does not say which llama.cpp commit" in err
+    assert (project_files(proj), proj.digest()) == before
     comp = finish(proj, "--to", str(src), "--upstream-commit", COMMIT)
     assert comp["upstream_commit"] == COMMIT
     code, out, err = proj.run("--version")

@@ -13,12 +13,17 @@ from forktool.project import Project
 
 def sync(project: Project, spec: str, accept: bool, build: bool, out: str) -> Report:
     out_dir = Path(out) if Path(out).is_absolute() else project.root / out
-    res = s.sync(project, spec, build=build, out=out_dir, progress=output.info)
+    # a trial records nothing, so it runs on a source that does not say its llama.cpp commit; --accept repins
+    res = s.sync(project, spec, build=build, out=out_dir, progress=output.info, need_commit=accept)
     data = res.report()
     data.update(out=str(out_dir), timings=res.timings)
     counts = res.counts
     lines = [f"sync {res.target.old.spec} -> {res.target.new.spec} "
              f"(sha256 {res.target.new.sha256[:12] or 'n/a'}, upstream {res.target.new.upstream_commit[:12] or '?'})"]
+    if not res.target.new.upstream_commit and res.target.old.upstream_commit:
+        lines.append(f"[yellow]upstream commit: {res.target.new.spec} does not say which llama.cpp commit it "
+                     "carries; tried all the same (a trial records nothing), but `--start` and `--accept` need "
+                     "--upstream-commit COMMIT[/yellow]")
     colour = {"clean": "green", "offset": "yellow", "merged": "yellow", "conflict": "red", "upstreamed": "cyan",
               "blocked": "red"}
     for r in res.results:

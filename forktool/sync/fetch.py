@@ -377,13 +377,15 @@ def pinned_manifest(project: Project, progress: Callable[[str], None] = lambda _
 
 
 def fetch_target(project: Project, old: Component, new: Component, pinned: Manifest,
-                 progress: Callable[[str], None] = lambda _m: None) -> Target:
-    """Fetch the other upstream into the object store; the whole vendored root's manifest for it."""
+                 progress: Callable[[str], None] = lambda _m: None, need_commit: bool = True) -> Target:
+    """Fetch the other upstream into the object store; the whole vendored root's manifest for it. need_commit:
+    a source that does not say its llama.cpp commit is refused where the pin records one (a move records it in
+    the pin and the build stamps); a trial, which records nothing, goes on without it and says so."""
     t0 = time.monotonic()
     prefix = f"{old.name}/"
     landmarks = {p[len(prefix):].split("/")[0] for p in pinned if p.startswith(prefix)}
     new, comp_manifest, from_cache = component_manifest(project, new, progress, landmarks)
-    if not new.upstream_commit and old.upstream_commit:
+    if need_commit and not new.upstream_commit and old.upstream_commit:
         raise UsageError(f"{new.spec} does not say which llama.cpp commit it carries", where="--to",
                          hint="give it with --upstream-commit COMMIT (from the source's release notes or "
                               "llama.cpp's tag); the pin and the build stamps record it")

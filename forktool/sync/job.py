@@ -19,8 +19,9 @@ from forktool.tree import REGULAR, Manifest
 
 
 def sync(project: Project, spec: str, *, build: bool, out: Path,
-         progress: Callable[[str], None] = lambda _m: None) -> SyncResult:
-    """Fetch SPEC, trial the series on it, relocate hooks, diff the build files, optionally build; write outputs."""
+         progress: Callable[[str], None] = lambda _m: None, need_commit: bool = True) -> SyncResult:
+    """Fetch SPEC, trial the series on it, relocate hooks, diff the build files, optionally build; write outputs.
+    need_commit=False: a source that does not say its llama.cpp commit is tried all the same (fetch_target)."""
     from forktool.workspace import load_patches
     t_start = time.monotonic()
     from forktool.sync.loop import recover
@@ -29,7 +30,7 @@ def sync(project: Project, spec: str, *, build: bool, out: Path,
             progress(note)
     old, new = resolve_spec(project, spec)
     pinned = pinned_manifest(project, progress)
-    target = fetch_target(project, old, new, pinned, progress)
+    target = fetch_target(project, old, new, pinned, progress, need_commit=need_commit)
     t_fetched = time.monotonic()
     store = vendor.objects(project)
 
