@@ -377,6 +377,18 @@ def test_hook_sites_of_a_patch_that_did_not_apply_are_not_checked(project, upstr
     assert sites["d"]["status"] == "not_checked" and "0004 is conflict" in sites["d"]["reason"]
     assert sites["d"]["new_line"] is None
     assert res.needs_human
+    # the terminal gets one line for the sites it could not check, the report every one of them
+    (project.registry_dir / "UPSTREAM_SYNC.yaml").write_text(
+        "schema: 1\npatches: []\nhooks:\n"
+        "  d2:\n    patch: '0006'\n    sites:\n      - {file: llama.cpp/src/d.c, symbol: d_new_fn, line: 3}\n"
+        "      - {file: llama.cpp/src/d.c, symbol: d_other_fn, line: 5}\n"
+        "  d:\n    patch: '0004'\n    sites:\n      - {file: llama.cpp/src/d.c, symbol: d_fn, line: 1}\n")
+    rep = sync_cmds.sync(project, c2, accept=False, build=False, out=str(tmp_path / "out2"))
+    hook_lines = [x for x in rep.lines if x.startswith("hook")]
+    assert hook_lines == [f"hook sites not checked (their patch did not apply here): 3 in 2 hook(s), d 1, d2 2; "
+                          f"each in {tmp_path / 'out2'}/report.md"], rep.lines
+    report = (tmp_path / "out2" / "report.md").read_text()
+    assert "d_new_fn" in report and "d_other_fn" in report and "d_fn" in report
 
 
 def test_a_trial_build_names_the_profile_it_built_and_that_no_other_was(tmp_path, upstream, monkeypatch):

@@ -41,10 +41,17 @@ def sync(project: Project, spec: str, accept: bool, build: bool, out: str) -> Re
     for r in res.results:
         for d in r.api:
             lines.append(f"[yellow]api drift[/yellow]: {d['line']}")
+    unchecked: dict[str, int] = {}  # sites of patches that did not apply here: one line, not one a site
     for site in res.hooks.get("sites", []):
-        if site["status"] != "found":
+        if site["status"] == "not_checked":
+            unchecked[site["hook"]] = unchecked.get(site["hook"], 0) + 1
+        elif site["status"] != "found":
             lines.append(f"hook {site['hook']}: {site['symbol']} {site['status']} "
                          f"({site['file']}:{site['line']} -> {site['new_file']}:{site['new_line']})")
+    if unchecked:
+        lines.append(f"hook sites not checked (their patch did not apply here): {sum(unchecked.values())} in "
+                     f"{len(unchecked)} hook(s), " + ", ".join(f"{h} {n}" for h, n in sorted(unchecked.items()))
+                     + f"; each in {out_dir}/report.md")
     for b in res.build_files:
         if b["added"] or b["removed"] or b["note"]:
             lines.append(f"build files {b['target']}: +{len(b['added'])} -{len(b['removed'])} {b['note']}".rstrip())
