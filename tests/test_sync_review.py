@@ -243,6 +243,20 @@ def test_edits_outside_the_blocks_come_back_at_the_same_stop(moved_plain):
     proj.run("verify")
 
 
+def test_an_undo_whose_record_cannot_be_written_still_undoes(reg_moved):
+    """ended.json only informs: a directory planted where it goes does not fail the undo, and the next `--undo`
+    answers as before the record existed."""
+    proj, commit, before = reg_moved
+    proj.run("sync", "--to", commit, "--start", expect=1)
+    resolve(proj)
+    proj.run("sync", "--continue")
+    (proj.root / ".opencoti" / "sync" / "ended.json").mkdir()
+    _, _, err = proj.run("sync", "--undo")
+    assert "undid the sync" in err and snapshot(proj) == before
+    _, _, err = proj.run("sync", "--undo", expect=1)
+    assert "no finished sync to undo" in err and "ended.json could not be read" in err
+
+
 def test_an_undo_killed_after_it_finished_is_reported_by_the_next(reg_moved):
     """Killed after every file was back and the record was gone, before it could print: the next `--undo` does not
     answer "no finished sync to undo" but that the sync was undone, with the tree as that undo left it (exit 0)."""

@@ -490,7 +490,10 @@ def _record_end(project: Project, how: str, st: dict) -> str:
     rec = {"version": 1, "how": how, "from_spec": st["from_spec"], "to_spec": st["to_spec"],
            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "tree_digest_before": st["tree_digest_before"],
            "tree_digest": tree_digest}
-    atomic_write(ended_path(project), json.dumps(rec, indent=1, sort_keys=True).encode())
+    try:
+        atomic_write(ended_path(project), json.dumps(rec, indent=1, sort_keys=True).encode())
+    except OSError:  # it only informs: a full disk or something planted there must not fail the undo or abort
+        pass
     return tree_digest
 
 
