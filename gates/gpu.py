@@ -732,6 +732,7 @@ def gate_d(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
         ("half", forced_cells(half_share)), ("max", forced_cells(max_share)), ("nkvo", None), ("resident", 0)]
     if granule_cells is not None:
         rep_points.append(("small", granule_cells))
+
     def repeat(key: str, cells: int | None, tag: str) -> None:  # one more run of a point
         if cells is None:
             r = run(f"d-nkvo-{tag}", completion(a.upstream_bin, model, ctx, prompt, a.curve_n, ["-nkvo"]), work,
