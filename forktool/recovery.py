@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +11,7 @@ from forktool import backup as bk
 from forktool import schema, txn
 from forktool.errors import ForktoolError, UsageError
 from forktool.project import Project
+from forktool.tree import STALE_TEMP_S, stale_temps
 from forktool.workspace import Workspace
 
 
@@ -55,7 +58,37 @@ def recover(project: Project, *, discard: bool = False, backup: str | None = Non
                 entry["written"] = res["written"]
                 entry["saved_as"] = res["backup"]
         check = _check(project) if found else None
-    return {"journals": found, "check": check}
+        temps = remove_stale_temps(project)
+    return {"journals": found, "check": check, "temps": temps, "stale_after_s": STALE_TEMP_S}
+
+
+# where a write cut short can leave its temporary file, and how deep below: the project's records and caches (not
+# into journals, which own theirs, backups, or downloads, which the next fetch clears), its patches, registry and
+# pin, and the shared cache's entries (not its unpacked trees); the vendored tree itself is written only through a
+# journal
+_SKIP_STATE = frozenset({"txn", "vendor-backups", "sync-backups", "tmp"})
+_SKIP_CACHE = frozenset({"pristine", "git"})
+
+
+def remove_stale_temps(project: Project) -> list[dict[str, Any]]:
+    """Remove the temporary files that writes cut short by a kill left (each untouched for STALE_TEMP_S, so no
+    running write's, in this project or another sharing the cache); each is named, with whether it went."""
+    now = time.time()
+    found = stale_temps(project.state_dir, depth=16, now=now, skip=_SKIP_STATE)
+    for d in (project.patches_dir, project.registry_dir, project.vendor_yaml.parent):
+        found += stale_temps(d, depth=0, now=now)
+    try:
+        found += stale_temps(project.cache_dir, depth=2, now=now, skip=_SKIP_CACHE)
+    except ForktoolError:  # a cache that is not a directory holds none; every command that needs it says so
+        pass
+    out: list[dict[str, Any]] = []
+    for p in found:
+        try:
+            os.unlink(p)
+            out.append({"path": str(p), "removed": True})
+        except OSError as e:
+            out.append({"path": str(p), "removed": False, "why": e.strerror})
+    return out
 
 
 def _newest(project: Project) -> str:

@@ -170,7 +170,11 @@ def diff_manifests(old: Mapping[str, Entry], new: Mapping[str, Entry]) -> list[t
 # 4 ms of start-up, for the two small things below
 
 
-def make_temp(parent: Path, prefix: str = ".forktool-", suffix: str = ".tmp") -> tuple[int, str]:
+TEMP_PREFIX, TEMP_SUFFIX = ".forktool-", ".tmp"  # the temporary file of one write: atomic_write's, and a journal's
+STALE_TEMP_S = 600  # a temporary file untouched this long belongs to no running write: one lasts seconds at most
+
+
+def make_temp(parent: Path, prefix: str = TEMP_PREFIX, suffix: str = TEMP_SUFFIX) -> tuple[int, str]:
     """A new file with a random name in parent, open for writing (as tempfile's mkstemp: O_EXCL, mode 0600)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     for _ in range(100):
@@ -180,6 +184,28 @@ def make_temp(parent: Path, prefix: str = ".forktool-", suffix: str = ".tmp") ->
         except FileExistsError:
             continue
     raise FileExistsError(f"no free temporary name in {parent}")
+
+
+def stale_temps(top: Path, *, depth: int, now: float, skip: frozenset[str] = frozenset()) -> list[Path]:
+    """The temporary files of writes cut short by a kill, in top and up to `depth` directory levels below it (not
+    into `skip`ped names, never through a link): regular files named as make_temp names them, untouched for
+    STALE_TEMP_S. A directory that cannot be read is passed over."""
+    found: list[Path] = []
+    try:
+        entries = list(os.scandir(top))
+    except OSError:
+        return found
+    for e in entries:
+        try:
+            if e.is_dir(follow_symlinks=False):
+                if depth > 0 and e.name not in skip:
+                    found += stale_temps(Path(e.path), depth=depth - 1, now=now, skip=skip)
+            elif (e.name.startswith(TEMP_PREFIX) and e.name.endswith(TEMP_SUFFIX) and e.is_file(follow_symlinks=False)
+                  and now - e.stat(follow_symlinks=False).st_mtime > STALE_TEMP_S):
+                found.append(Path(e.path))
+        except OSError:
+            continue
+    return found
 
 
 def make_temp_dir(parent: Path, prefix: str) -> Path:

@@ -128,6 +128,60 @@ def test_nothing_to_recover(series: Proj) -> None:
     assert "exclude each other" in err
 
 
+def test_the_temporary_files_of_writes_cut_short_are_removed_and_named(series: Proj, cache: Path) -> None:
+    """A kill between a write's temporary file and its rename leaves `.forktool-RANDOM.tmp` beside the target;
+    recover removes those untouched for 10 min (in the project's records, patches, registry and pin, and the
+    shared cache), never a fresh one (a write of another command may own it), a link, a directory, a file
+    otherwise named, one in a backup or journal, or one in the vendored tree (which verify names)."""
+    series.run("apply")
+    before = series.digest()
+    old = 1_000_000_000.0  # 2001
+    root = series.root
+    (cache / "objects" / "ab").mkdir(parents=True)
+    stale = [root / ".opencoti" / ".forktool-0123456789ab.tmp", root / ".opencoti" / "sync" / ".forktool-a1.tmp",
+             root / "patches" / ".forktool-b2.tmp", root / "vendor" / ".forktool-c3.tmp",
+             cache / "objects" / "ab" / ".forktool-d4.tmp"]
+    backup = next((root / ".opencoti" / "vendor-backups").iterdir())
+    kept = [root / ".opencoti" / ".forktool-fresh.tmp", root / "patches" / ".forktool-notes.txt",
+            backup / ".forktool-e5.tmp", series.tree / ".forktool-f6.tmp"]
+    for p in stale + kept:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"half a record")
+    link = root / "patches" / ".forktool-link.tmp"
+    link.symlink_to(root / "patches" / "series")
+    folder = root / "registry" / ".forktool-dir.tmp"
+    folder.mkdir(parents=True)
+    for p in [*stale, *kept[1:], link, folder]:
+        os.utime(p, (old, old), follow_symlinks=False)
+    res = series.json("recover")
+    assert sorted(t["path"] for t in res["temps"]) == sorted(str(p) for p in stale)
+    assert all(t["removed"] for t in res["temps"]) and res["journals"] == []
+    assert not any(p.exists() for p in stale) and all(p.exists() for p in kept)
+    assert link.is_symlink() and folder.is_dir()
+    code, out, err = series.run("recover")
+    assert "nothing to recover" in err
+    kept[-1].unlink()
+    assert series.digest() == before
+
+
+def test_a_temporary_file_that_cannot_be_removed_is_named_and_the_exit_is_1(series: Proj,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from forktool.commands.recover_cmds import recover
+    from forktool.project import Project
+    series.run("apply")
+    tmp = series.root / "patches" / ".forktool-0a.tmp"
+    tmp.write_bytes(b"x")
+    os.utime(tmp, (1e9, 1e9))
+
+    def refuse(path: object) -> None:  # what a read-only directory answers (root is not refused by one)
+        raise PermissionError(13, "Permission denied", str(path))
+    monkeypatch.setattr(os, "unlink", refuse)
+    report = recover(Project(series.root), discard=False, backup=None)
+    assert report.exit_code == 1 and tmp.exists()
+    assert report.data["temps"] == [{"path": str(tmp), "removed": False, "why": "Permission denied"}]
+    assert any(f"could not remove {tmp}: Permission denied" in line and "`rm` it" in line for line in report.lines)
+
+
 def test_a_damaged_sync_journal_is_discarded_then_the_sync_aborted(tmp_path: Path, cache: Path) -> None:
     from forktool.tree import digest, scan
     from tests.helpers.cli import run_cli
