@@ -353,3 +353,24 @@ def test_a_reference_binary_with_other_bytes_is_built_again(tmp_path: Path, monk
     ran, err = run_reference(project, capsys)
     assert ran == "upstream"
     assert "build/cpu-upstream holds outputs whose bytes are not the ones its build recorded" in err
+
+
+@pytest.mark.parametrize("record", ["removed", "garbage"])
+def test_a_reference_binary_whose_record_is_gone_is_built_again(tmp_path: Path, monkeypatch, capsys, record: str):
+    # without its record nothing vouches for the outputs: make alone keeps a planted binary newer than its objects
+    monkeypatch.setenv("FORKTOOL_LAUNCHER", "none")
+    project = reference_project(tmp_path)
+    assert run_reference(project, capsys)[0] == "upstream"
+    bdir = project.root / "build" / "cpu-upstream"
+    cli = bdir / "bin" / "demo-cli"
+    st = cli.stat()
+    cli.write_bytes(b"#!/bin/sh\necho forged\n")
+    os.utime(cli, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    rec = bdir / "forktool-reference.json"
+    if record == "removed":
+        rec.unlink()
+    else:
+        rec.write_text("{ torn")
+    ran, err = run_reference(project, capsys)
+    assert ran == "upstream"
+    assert "build/cpu-upstream has no record of what its build made" in err

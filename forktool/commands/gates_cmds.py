@@ -218,19 +218,22 @@ def ensure_reference_build(project: Project, profile_name: str) -> Path:
                     "reference again from scratch")
     if not stamped or differ:
         for d in (src_root, bdir):
-            if d.is_symlink() or d.is_file():
-                d.unlink()
-            elif d.exists():
-                remove_tree(d)
+            _remove(d)
         vendor.materialise_to(vendor.objects(project), manifest, src_root)
         stamp_file.write_text(digest_)
     record_path = bdir / REFERENCE_RECORD
     record = _read_reference_record(record_path)
-    if record is not None and (record.get("pristine") != digest_
-                               or reference_outputs(bdir, outputs) != record.get("outputs")):
+    if record is None and os.path.lexists(bdir):
+        # nothing vouches for what is there (a build cut short, a record removed or torn): make alone would keep an
+        # output planted newer than its objects
+        output.warn(f"build/{profile_name}-upstream has no record of what its build made; building the reference "
+                    "again from scratch")
+        _remove(bdir)
+    elif record is not None and (record.get("pristine") != digest_
+                                 or reference_outputs(bdir, outputs) != record.get("outputs")):
         output.warn(f"build/{profile_name}-upstream holds outputs whose bytes are not the ones its build recorded; "
                     "building the reference again from scratch")
-        remove_tree(bdir)
+        _remove(bdir)
     src = src_root / "llama.cpp"
     env = {"GIT_CEILING_DIRECTORIES": str(src_root)}
     if not (bdir / "CMakeCache.txt").is_file():
@@ -244,6 +247,14 @@ def ensure_reference_build(project: Project, profile_name: str) -> Path:
     atomic_write(record_path, json.dumps({"pristine": digest_, "outputs": reference_outputs(bdir, outputs)},
                                          indent=1, sort_keys=True).encode())
     return bdir / "bin"
+
+
+def _remove(path: Path) -> None:
+    """path gone, whatever it is (a link is removed, never followed)."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        remove_tree(path)
 
 
 def _read_reference_record(path: Path) -> dict | None:
