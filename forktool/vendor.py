@@ -19,6 +19,7 @@ from forktool.project import Component, Project
 from forktool.store import ObjectStore
 from forktool.tree import (
     EXECUTABLE,
+    REGULAR,
     SYMLINK,
     Entry,
     Manifest,
@@ -253,6 +254,29 @@ def load_lock(project: Project) -> dict:
                             hint="restore vendor/vendor.lock from git, or delete it and run `forktool vendor fetch`")
 
 
+_MODES = frozenset((REGULAR, EXECUTABLE, SYMLINK))
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _memo_manifest(plain: object) -> Manifest | None:
+    """A remembered manifest, or None unless each entry has the shape whose digest line reads back one way only: a
+    mode string of the three, 64 hex digits, a path string without a newline. Then a manifest that hashes to the name
+    is the one named; without it a line could be folded into the next entry's mode (a file dropped, the digest the
+    same) or a mode be an int that prints alike."""
+    if type(plain) is not dict:
+        return None
+    out: Manifest = {}
+    for rel, e in plain.items():
+        if type(e) is not tuple or len(e) != 2:
+            return None
+        sha, mode = e
+        if (type(rel) is not str or "\n" in rel or type(mode) is not str or mode not in _MODES
+                or type(sha) is not str or not _SHA256.fullmatch(sha)):
+            return None
+        out[rel] = Entry(sha, mode)
+    return out
+
+
 def load_pristine_manifest(path: Path, use_cache: bool = True) -> Manifest:
     """A cached pristine manifest, named by its digest (pristine/DIGEST.json); one that is damaged or does not hash
     to its name is refused (the cache is rebuilt by `forktool vendor fetch`).
@@ -269,14 +293,9 @@ def load_pristine_manifest(path: Path, use_cache: bool = True) -> Manifest:
     data = schema.read_regular(path, path.name, schema.STATE_LIMIT)
     memo = cache.Memo(cache.user_cache_dir() if use_cache else None, "pristine-manifest")
     key = cache.key_of("pristine-manifest", cache.code_stamp(schema, schemas, tree), sha256_bytes(data))
-    plain = memo.get(key)
-    if type(plain) is dict:
-        try:
-            remembered = {rel: Entry(sha, mode) for rel, (sha, mode) in plain.items()}
-            if digest(remembered) == want:
-                return remembered
-        except (TypeError, ValueError):
-            pass
+    remembered = _memo_manifest(memo.get(key))
+    if remembered is not None and digest(remembered) == want:
+        return remembered
     try:
         raw = schema.check(schema.parse_json(schema.decode(data, path), str(path)), "pristine", str(path), hint=hint)
     except ConfigError as e:

@@ -199,6 +199,37 @@ def test_a_forged_pristine_manifest_memo_is_verified_against_its_name(proj: Proj
     assert proj.digest() == before and (proj.tree / "up/src/a.c").read_text() == A1
 
 
+@pytest.mark.parametrize("how", ["folded", "int-mode"])
+def test_a_memo_that_hashes_to_the_name_but_holds_other_entries_is_ignored(proj: Proj, cache: Path, how: str):
+    # the digest hashes "MODE SHA PATH\n" lines: unchecked values can fold a file's line into the next entry's
+    # mode (the file is gone, the digest the same), or give a mode of another type that prints the same
+    import shutil
+
+    from forktool.tree import Entry, digest
+
+    _registered(proj)
+    [memo_file] = [q for q in (cache / "pristine-manifest").rglob("*") if q.is_file()]
+    kind, key, value = marshal.loads(memo_file.read_bytes().split(b"\n", 1)[1])
+    value = dict(value)
+    if how == "folded":
+        gone, nxt = "up/src/a.c", "up/src/b.c"
+        sha, mode = value.pop(gone)
+        value[nxt] = (value[nxt][0], f"{mode} {sha} {gone}\n{value[nxt][1]}")
+    else:
+        value = {rel: (sha, int(mode)) for rel, (sha, mode) in value.items()}
+    name = next((cache / "pristine").glob("*.json")).name.removesuffix(".json")
+    assert digest({rel: Entry(*e) for rel, e in value.items()}) == name  # what the memo is checked against
+    fcache.Memo(cache, "pristine-manifest").put(key, value)
+    before = proj.digest()
+    shutil.rmtree(proj.tree)
+    (proj.root / ".opencoti" / "state.json").unlink()
+    code, out, err = proj.run("vendor", "fetch")
+    assert "(from cache)" in out + err
+    proj.run("apply")
+    assert proj.digest() == before and (proj.tree / "up/src/a.c").read_text() == A1
+    proj.run("verify")
+
+
 def test_a_forged_pristine_manifest_is_refused(proj: Proj, cache: Path):
     _registered(proj)
     [manifest] = (cache / "pristine").glob("*.json")
