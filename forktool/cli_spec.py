@@ -70,7 +70,7 @@ def _opt(o: Opts, key: str) -> str | None:
 
 def _vendor_fetch(p: Project, o: Opts) -> Report:
     from forktool.commands import tree_cmds
-    return tree_cmds.vendor_fetch(p, _opt(o, "sdist"))
+    return tree_cmds.vendor_fetch(p, _opt(o, "sdist"), not o["no_cache"])
 
 
 def _vendor_status(p: Project, o: Opts) -> Report:
@@ -197,7 +197,10 @@ COMMANDS = [
     Command(("vendor", "fetch"), "Download the pinned upstream with pip, check its sha256, fill the pristine cache, "
             "materialise the tree.",
             [Param("sdist", "--sdist", kind="str", help="Use this local sdist file instead of pip (its sha256 is still "
-                   "checked)."), JSON], _vendor_fetch, moves=True),
+                   "checked)."),
+             Param("no_cache", "--no-cache", help="Extract the pinned archive and compare its digest with "
+                   "vendor.lock's even when the cache holds that pristine (a lock from a checkout someone else "
+                   "made: a shared cache cannot choose the upstream)."), JSON], _vendor_fetch, moves=True),
     Command(("vendor", "status"), "Show the pin, the lock and the pristine cache's health.", [JSON], _vendor_status),
     Command(("apply",), "Apply the series (exact context, atomic, writing only changed files).",
             [Param("upto", "--upto", kind="str", help="Stop after this patch id (e.g. 0072)."), FORCE,

@@ -334,16 +334,19 @@ class FetchResult(NamedTuple):
 
 
 def fetch_pristine(project: Project, *, local_sdist: Path | None = None,
-                   progress: Callable[[str], None] = lambda _m: None) -> FetchResult:
-    """Pristine manifest of all components (cached by the lock's digest), downloading as needed."""
+                   progress: Callable[[str], None] = lambda _m: None, use_cache: bool = True) -> FetchResult:
+    """Pristine manifest of all components (cached by the lock's digest), downloading as needed. use_cache=False: the
+    cached manifest is not taken; the pinned archives are extracted and the digest compared with the lock's."""
     lock = load_lock(project)
     comps = project.vendor.components
     if local_sdist is not None:
         check_local_sdist(comps, local_sdist)
     pinned = {c.name: component_lock_key(c) for c in comps}
     cached_digest = lock.get("pristine_digest")
-    # a directory has no digest of its own: it is read again, and the lock's digest then checks it
-    if cached_digest and lock.get("components") == pinned and not any(c.kind == "dir" for c in comps):
+    # a directory has no digest of its own: it is read again, and the lock's digest then checks it. The cached
+    # manifest is named by the lock's digest, not by the pin: where the lock is not the user's own (CI on a pull
+    # request, with a cache a pull request can write), --no-cache derives it from the pinned bytes instead
+    if use_cache and cached_digest and lock.get("components") == pinned and not any(c.kind == "dir" for c in comps):
         p = pristine_path(project, cached_digest)
         if p.is_file():
             cached = load_pristine_manifest(p)

@@ -438,3 +438,29 @@ def test_a_cache_of_another_user_is_a_refusal_not_a_crash(tmp_path: Path, case: 
         assert "FORKTOOL_CACHE" in r.stderr and "Traceback" not in r.stderr and "internal error" not in r.stderr
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_lock_naming_a_pristine_only_the_shared_cache_holds_is_refused_by_fetch_no_cache(proj: Proj, cache: Path):
+    # CI restores a cache a pull request can write. A commit whose vendor.lock names another pristine digest than the
+    # pin extracts to is refused by a fetch from the archive; the same commit beside a planted pristine/DIGEST.json
+    # (and its objects) was taken "(from cache)" and then verified OK: the cache chose the upstream bytes.
+    from forktool.store import ObjectStore
+    from forktool.tree import Entry, digest, manifest_to_json, sha256_bytes
+
+    _registered(proj)
+    lock_path = proj.root / "vendor" / "vendor.lock"
+    lock = json.loads(lock_path.read_text())
+    real = json.loads((cache / "pristine" / f"{lock['pristine_digest']}.json").read_text())
+    forged_b = b"".join(f"line {i}\n".encode() for i in range(1, 31)).replace(b"line 7\n", b"line 7 planted\n")
+    ObjectStore(cache / "objects").put(forged_b)
+    manifest = {rel: Entry(*e) for rel, e in real.items()} | {"up/src/b.c": Entry(sha256_bytes(forged_b), "100644")}
+    forged = digest(manifest)
+    (cache / "pristine" / f"{forged}.json").write_text(json.dumps(manifest_to_json(manifest), sort_keys=True))
+    lock["pristine_digest"] = forged  # the commit under test says so; its pin is unchanged
+    lock_path.write_text(json.dumps(lock, indent=2, sort_keys=True) + "\n")
+    shutil.rmtree(proj.tree)
+    shutil.rmtree(proj.root / ".opencoti")
+    code, out, err = proj.run("vendor", "fetch", "--no-cache", expect=1)
+    assert "differs from vendor.lock" in err and "(from cache)" not in out + err
+    assert not proj.tree.exists() and json.loads(lock_path.read_text()) == lock
+    proj.run("vendor", "fetch")  # without --no-cache the lock's digest is taken as naming the pin's pristine

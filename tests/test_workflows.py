@@ -176,6 +176,9 @@ def test_ci_verifies_from_the_files_and_caches_only_content_addressed_state(path
     if re.search(r"\bforktool verify\b", runs):
         first_verify = runs.index("forktool verify")
         assert runs.find("rm -rf .opencoti/cache .opencoti/index") in range(0, first_verify)
+        # the pristine the checkout's lock names is derived from the pin, not taken from the shared cache
+        fetches = [ln for ln in runs.splitlines() if re.search(r"\bforktool vendor fetch\b", ln)]
+        assert fetches and all("--no-cache" in ln for ln in fetches), fetches
 
 
 def _recording_gh(bindir: Path, log: Path, view_rc: int = 1) -> None:

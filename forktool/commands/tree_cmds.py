@@ -204,15 +204,16 @@ def new(project: Project, slug: str, title: str, author: str, patch_id: str | No
                         f"edit the tree, then `forktool refresh {res['id']}`", f"registry: {res['registry']}"])
 
 
-def vendor_fetch(project: Project, sdist: str | None) -> Report:
+def vendor_fetch(project: Project, sdist: str | None, use_cache: bool = True) -> Report:
     from pathlib import Path
 
-    res = vendor.fetch_pristine(project, local_sdist=Path(sdist) if sdist else None, progress=output.info)
+    res = vendor.fetch_pristine(project, local_sdist=Path(sdist) if sdist else None, progress=output.info,
+                                use_cache=use_cache)
     lines = [f"pristine {res.digest[:12]}: {res.files} files" + (" (from cache)" if res.from_cache else
                                                                    f" ({res.skipped} filtered out)")]
     materialised = False
     if not project.tree.exists():
-        with open_workspace(project) as ws:
+        with open_workspace(project, use_cache) as ws:
             ws.goto([], force=False, label="fetch")
         materialised = True
         lines.append(f"materialised {project.tree}")
