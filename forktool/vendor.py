@@ -28,6 +28,7 @@ from forktool.tree import (
     make_temp_dir,
     manifest_from_json,
     manifest_to_json,
+    read_file,
     remove_tree,
     resolve_inside,
     sha256_bytes,
@@ -117,40 +118,61 @@ def pip_download(requirement: str, dest: Path, progress: Callable[[str], None] |
     return found[0]
 
 
-def download_sdist(project: Project, comp: Component, local: Path | None = None,
-                   progress: Callable[[str], None] | None = None) -> Path:
-    """The sdist in the cache, downloaded by name with pip when missing; refuses a sha256 mismatch."""
-    dest = sdist_path(project, comp)
-    if dest.is_file() and sha256_file(dest) == comp.sha256:
-        return dest
-    import shutil  # the download's modules load only when something is downloaded
+def _pinned_bytes(path: Path, sha: str) -> bytes | None:
+    """The bytes of the cache entry at path when they hash to sha, else None (absent, not a regular file, other bytes):
+    read once and hashed as read, so what is used is what was checked."""
+    try:
+        data = read_file(path)
+    except OSError:
+        return None
+    return data if sha and sha256_bytes(data) == sha else None
 
+
+def sdist_bytes(project: Project, comp: Component, local: Path | None = None,
+                progress: Callable[[str], None] | None = None) -> bytes:
+    """The pinned sdist's bytes: the cache's entry when it holds them, else the local file or pip's download by name,
+    refused on a sha256 mismatch and kept in the cache. Never read again by name after the hash: a shared cache
+    cannot swap them between the check and the use."""
+    dest = sdist_path(project, comp)
+    data = _pinned_bytes(dest, comp.sha256)
+    if data is not None:
+        return data
     with temp_dir(project, "forktool-dl-") as tmp:
+        if local is None and progress is not None:
+            progress(f"downloading {comp.spec} with pip")
         candidate = local if local is not None else pip_download(comp.spec, tmp, progress)
-        got = sha256_file(candidate)
+        data = candidate.read_bytes()
+        got = sha256_bytes(data)
         if got != comp.sha256:
             raise ForktoolError(
                 f"sha256 mismatch for {comp.spec}: pinned {comp.sha256}, got {got}",
                 where=str(candidate), hint="nothing was written; check the pin in vendor/vendor.yaml "
                 "(a changed upstream release must be re-pinned on purpose, e.g. with `forktool sync --accept`)")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp_dest = dest.with_suffix(".part")
-        shutil.copyfile(candidate, tmp_dest)
-        tmp_dest.replace(dest)
-    return dest
+    # a temporary file of a random name, created exclusively: a link planted in the cache is never written through
+    atomic_write(dest, data)
+    return data
 
 
-def download_url(project: Project, comp: Component) -> Path:
-    """A tarball component's archive in the cache (content-addressed by its sha256), fetched from its URL when
-    missing; refuses a sha256 mismatch."""
+def download_sdist(project: Project, comp: Component, local: Path | None = None,
+                   progress: Callable[[str], None] | None = None) -> Path:
+    """The sdist in the cache, downloaded by name with pip when missing; refuses a sha256 mismatch."""
+    sdist_bytes(project, comp, local, progress)
+    return sdist_path(project, comp)
+
+
+def url_bytes(project: Project, comp: Component, progress: Callable[[str], None] = lambda _m: None) -> bytes:
+    """A tarball component's archive (content-addressed by its sha256 in the cache), fetched from its URL when the
+    cache does not hold the pinned bytes; refuses a sha256 mismatch. Hashed as read, never read again by name."""
     import shutil
     import tempfile
     import urllib.error
     import urllib.request
 
     dest = project.cache_dir / "tarball" / f"{comp.sha256}.tar"
-    if comp.sha256 and dest.is_file() and sha256_file(dest) == comp.sha256:
-        return dest
+    data = _pinned_bytes(dest, comp.sha256)
+    if data is not None:
+        return data
+    progress(f"downloading {comp.url}")
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="forktool-dl-", dir=dest.parent) as tmp:
         part = Path(tmp) / "archive"
@@ -160,13 +182,13 @@ def download_url(project: Project, comp: Component) -> Path:
         except (urllib.error.URLError, OSError, ValueError) as e:
             raise ForktoolError(f"cannot download {comp.url}: {getattr(e, 'reason', e)}", where=comp.url,
                                 hint="check the URL (https://, http:// or file://) and the network") from None
-        got = sha256_file(part)
+        data = part.read_bytes()
+        got = sha256_bytes(data)
         if comp.sha256 and got != comp.sha256:
             raise ForktoolError(f"sha256 mismatch for {comp.url}: pinned {comp.sha256}, got {got}", where=comp.url,
                                 hint="nothing was written; a changed archive must be pinned again on purpose")
-        final = dest.parent / f"{got}.tar"
-        part.replace(final)
-    return final
+        part.replace(dest.parent / f"{got}.tar")
+    return data
 
 
 def dir_archive(project: Project, comp: Component) -> bytes:
@@ -201,11 +223,9 @@ def component_archive(project: Project, comp: Component, local_sdist: Path | Non
     """(a tar archive of the component's source, whether its top directory is dropped): every kind ends as one
     archive that `extract` checks and filters the same way."""
     if comp.kind == "sdist":
-        progress(f"downloading {comp.spec} with pip")
-        return download_sdist(project, comp, local_sdist, progress).read_bytes(), True
+        return sdist_bytes(project, comp, local_sdist, progress), True
     if comp.kind == "tarball":
-        progress(f"downloading {comp.url}")
-        return download_url(project, comp).read_bytes(), False
+        return url_bytes(project, comp, progress), False
     if comp.kind == "dir":
         progress(f"reading {comp.path}")
         return dir_archive(project, comp), False

@@ -117,3 +117,51 @@ def test_unknown_key_in_vendor_yaml(tmp_path: Path, cache: Path):
 def test_not_a_project(tmp_path: Path):
     code, out, err = run_cli(tmp_path, ["status"], expect=2)
     assert "not inside a forktool project" in err
+
+
+def test_a_link_planted_beside_the_sdist_entry_is_not_written_through(tmp_path: Path, cache: Path):
+    # a cache another user can write: a link at the name the copy was written to took the sdist's bytes into the
+    # file it points at (here a file of the user's own), and was then renamed into the cache as the entry
+    root, sd = sdist_project(tmp_path, _tar(GOOD))
+    sha = hashlib.sha256(sd.read_bytes()).hexdigest()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's own file\n")
+    (cache / "sdist").mkdir(parents=True)
+    (cache / "sdist" / f"{sha}.tar.part").symlink_to(victim)
+    run_cli(root, ["vendor", "fetch", "--sdist", str(sd)])
+    assert victim.read_text() == "the user's own file\n"
+    entry = cache / "sdist" / f"{sha}.tar.gz"
+    assert not entry.is_symlink() and entry.read_bytes() == sd.read_bytes()
+
+
+def test_a_directory_where_the_sdist_entry_belongs_is_a_refusal_naming_it(tmp_path: Path, cache: Path):
+    root, sd = sdist_project(tmp_path, _tar(GOOD))
+    sha = hashlib.sha256(sd.read_bytes()).hexdigest()
+    entry = cache / "sdist" / f"{sha}.tar.gz"
+    entry.mkdir(parents=True)
+    code, out, err = run_cli(root, ["vendor", "fetch", "--sdist", str(sd)], expect=1)
+    assert f"{entry}: a directory where a file belongs" in err and "next: remove it" in err
+    assert "internal error" not in err and "Traceback" not in err
+    assert not (root / "vendor/llamafile").exists() and not (root / "vendor/vendor.lock").exists()
+
+
+def test_the_sdist_bytes_extracted_are_the_bytes_hashed(tmp_path: Path, cache: Path, monkeypatch):
+    # the cached entry was hashed, then read again by name: bytes swapped in between were extracted unchecked
+    from forktool import tree, vendor
+
+    root, sd = sdist_project(tmp_path, _tar(GOOD))
+    run_cli(root, ["vendor", "fetch", "--sdist", str(sd)])
+    sha = hashlib.sha256(sd.read_bytes()).hexdigest()
+    entry = cache / "sdist" / f"{sha}.tar.gz"
+    other = _tar([("file", "pkg-1.0/vendor/up/src/a.c", b"int planted;\n")])
+    real_sha256_file = tree.sha256_file
+
+    def hash_then_swap(path: Path) -> str:
+        got = real_sha256_file(path)
+        if Path(path) == entry:
+            entry.write_bytes(other)
+        return got
+
+    monkeypatch.setattr(vendor, "sha256_file", hash_then_swap)
+    code, out, err = run_cli(root, ["vendor", "fetch", "--no-cache", "--json"], expect=None)
+    assert code == 0, err  # the pinned bytes, as hashed, extract to the lock's pristine
