@@ -38,3 +38,8 @@ def impact_label(project: Project, paths: list[str]) -> str:
 
 def profile_names(project: Project) -> list[str]:
     return sorted(_config(project).profiles)
+
+
+def build_config(project: Project) -> BuildConfig:
+    """registry/build.yaml, read once per version of the file."""
+    return _config(project)

@@ -182,16 +182,18 @@ def test_first_error_is_the_cause_in_each_tool_s_format() -> None:
     assert "`forktool refresh 0073`" in hint
 
 
-def test_the_record_answers_only_for_the_same_series_and_tree(tmp_path: Path) -> None:
+def test_the_record_answers_only_for_the_same_series_tree_and_rules(tmp_path: Path) -> None:
     project = Project(tmp_path)
-    assert check.status_for(project, ["cpu", "cuda"], "s1", "t1") == {"cpu": "not compiled", "cuda": "not compiled"}
-    check.record(project, check.CheckResult("cpu", "compiled", series_digest="s1", tree_digest="t1"), 5)
-    check.record(project, check.CheckResult("cuda", "failed", series_digest="s1", tree_digest="t1"), 5)
-    assert check.status_for(project, ["cpu", "cuda"], "s1", "t1") == {"cpu": "compiled", "cuda": "failed"}
-    assert check.status_for(project, ["cpu", "cuda"], "s2", "t1") == {"cpu": "not compiled", "cuda": "not compiled"}
-    assert check.status_for(project, ["cpu"], "s1", "t2") == {"cpu": "not compiled"}
+    both = {"cpu": "r1", "cuda": "r2"}
+    assert check.status_for(project, both, "s1", "t1") == {"cpu": "not compiled", "cuda": "not compiled"}
+    check.record(project, check.CheckResult("cpu", "compiled", series_digest="s1", tree_digest="t1", config="r1"), 5)
+    check.record(project, check.CheckResult("cuda", "failed", series_digest="s1", tree_digest="t1", config="r2"), 5)
+    assert check.status_for(project, both, "s1", "t1") == {"cpu": "compiled", "cuda": "failed"}
+    assert check.status_for(project, both, "s2", "t1") == {"cpu": "not compiled", "cuda": "not compiled"}
+    assert check.status_for(project, {"cpu": "r1"}, "s1", "t2") == {"cpu": "not compiled"}
+    assert check.status_for(project, {"cpu": "r3"}, "s1", "t1") == {"cpu": "not compiled"}  # other build rules
     (project.state_dir / check.RECORD).write_text("{broken")
-    assert check.status_for(project, ["cpu"], "s1", "t1") == {"cpu": "not compiled"}
+    assert check.status_for(project, {"cpu": "r1"}, "s1", "t1") == {"cpu": "not compiled"}
 
 
 KERNEL = """\

@@ -223,3 +223,22 @@ def test_a_check_of_every_profile_that_compiled_none_says_it_checked_nothing(rp:
     assert "no profile was compiled: this check checked nothing" in out + err
     data = rp.json("build", "--check", "--all")
     assert data["not_compiled"] == ["cpu", "cuda"] and all(p["status"] == "not compiled" for p in data["profiles"])
+
+
+def test_a_check_of_other_build_rules_does_not_say_this_profile_compiled(proj: Proj,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # the record is of the profile as it was configured then: flags under which the series no longer compiles
+    # (here a define that makes the type 0002 uses an int) leave the series and tree as they were
+    monkeypatch.setenv("FORKTOOL_LAUNCHER", "none")
+    assert proj.json("build", "--check")["ok"]
+    assert proj.json("verify")["compiled"] == {"cpu": "compiled"}
+    build_yaml = proj.root / "registry" / "build.yaml"
+    build_yaml.write_text(build_yaml.read_text().replace("flags: [-DCMAKE_BUILD_TYPE=Release]",
+                                                         "flags: [-DCMAKE_BUILD_TYPE=Release, -DCMAKE_C_FLAGS=-Dcfg_t=int]"))
+    _, _, err = proj.run("verify")
+    assert proj.json("verify")["compiled"] == {"cpu": "not compiled"}, err
+    assert "not compiled for this series and tree: cpu" in err and "compiled for this series and tree: cpu" not in \
+        err.replace("not compiled for this series and tree: cpu", "")
+    code, out, err = proj.run("build", "--check", "--json", expect=1)  # what a check of these rules says
+    assert json.loads(out)["profiles"][0]["status"] == "failed"
+    assert proj.json("verify", expect=1)["compiled"] == {"cpu": "failed"}

@@ -59,6 +59,7 @@ class CheckResult:
     log: str = ""
     series_digest: str = ""
     tree_digest: str = ""
+    config: str = ""  # rules_key of the profile it checked
 
     @property
     def ok(self) -> bool:
@@ -81,6 +82,16 @@ class CheckResult:
                 "cause": {"text": self.cause.text, "file": self.cause.file, "line": self.cause.line} if self.cause
                 else None, "hint": self.hint, "seconds": round(self.seconds, 3), "cache": self.cache, "log": self.log,
                 "series_digest": self.series_digest, "tree_digest": self.tree_digest}
+
+
+def rules_key(cfg: BuildConfig, profile: Any) -> str:
+    """What a profile's compile depends on in registry/build.yaml: its generator, flags, targets and CUDA
+    architectures, and the targets of the artifacts it builds. A check recorded under other rules says nothing of
+    these."""
+    from forktool.cache import key_of
+
+    return key_of("compile-rules", profile.generator, list(profile.flags), list(profile.targets),
+                  profile.cuda_architectures, [[a.name, list(a.targets)] for a in cfg.artifacts_in(profile)])
 
 
 # ---------------------------------------------------------------- what the configured build compiles
@@ -200,7 +211,7 @@ def compile_units(project: Project, cfg: BuildConfig, plan: Plan, paths: list[st
     log_path = bdir / CHECK_LOG
     root = str(project.tree)
     env = make_env(project)
-    res = CheckResult(plan.profile.name, "compiled", log=str(log_path))
+    res = CheckResult(plan.profile.name, "compiled", log=str(log_path), config=rules_key(cfg, plan.profile))
     with open(log_path, "w", encoding="utf-8", buffering=1) as log:
         model = cmakeapi.targets(bdir)
         if plan.configure_reason or model is None or not (bdir / "compile_commands.json").is_file():
@@ -372,6 +383,7 @@ def read_records(project: Project) -> dict[str, dict[str, Any]]:
 def record(project: Project, res: CheckResult, applied: int) -> None:
     recs = read_records(project)
     recs[res.profile] = {"status": res.status, "series_digest": res.series_digest, "tree_digest": res.tree_digest,
+                         "rules": res.config,
                          "applied": applied, "units": len(res.units), "compiled": len(res.compiled),
                          "failed": res.failed, "cause": res.cause.text if res.cause else "",
                          "seconds": round(res.seconds, 3), "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -379,23 +391,26 @@ def record(project: Project, res: CheckResult, applied: int) -> None:
     atomic_write(project.state_dir / RECORD, json.dumps(recs, indent=1, sort_keys=True).encode())
 
 
-def status_for(project: Project, profiles: list[str], series_digest: str, tree_digest: str) -> dict[str, str]:
-    """profile -> "compiled", "failed" or "not compiled", for this series digest and tree digest only."""
+def status_for(project: Project, profiles: dict[str, str], series_digest: str, tree_digest: str) -> dict[str, str]:
+    """profile -> "compiled", "failed" or "not compiled", for this series digest, tree digest and the profile's
+    build rules (profiles: name -> its rules_key) only."""
     recs = read_records(project)
     out = {}
-    for name in profiles:
+    for name, rules in profiles.items():
         r = recs.get(name, {})
-        same = r.get("series_digest") == series_digest and r.get("tree_digest") == tree_digest
+        same = (r.get("series_digest") == series_digest and r.get("tree_digest") == tree_digest
+                and r.get("rules") == rules)
         out[name] = str(r.get("status")) if same and r.get("status") in ("compiled", "failed") else NOT_COMPILED
     return out
 
 
 def profile_statuses(project: Project, series_digest: str, tree_digest: str) -> dict[str, str]:
     """Every profile of registry/build.yaml -> its compile status for this series and tree (none: {})."""
-    from forktool.impact import profile_names
+    from forktool.impact import build_config
 
     try:
-        names = profile_names(project)
+        cfg = build_config(project)
     except ForktoolError:
         return {}  # a project without build profiles (verify reports a broken build.yaml elsewhere)
-    return status_for(project, names, series_digest, tree_digest)
+    return status_for(project, {n: rules_key(cfg, cfg.profiles[n]) for n in sorted(cfg.profiles)}, series_digest,
+                      tree_digest)
