@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -19,15 +20,55 @@ def _git() -> Any:
     return git
 
 
+# The whole config of a mirror forktool made: git runs what a repository's own config names (a url rewritten to an
+# ext:: command, a hook), so a mirror in the shared cache is used only with these settings; repositoryformatversion 1
+# with the extensions git may have cloned it with (a sha256 upstream, reftable) is the one other form kept.
+MIRROR_CONFIG = "[core]\n\trepositoryformatversion = {version}\n\tbare = true\n\thooksPath = /dev/null\n{extensions}"
+_MIRROR_CONFIG_RE = re.compile(r"\[core\]\n\trepositoryformatversion = [01]\n\tbare = true\n\thooksPath = /dev/null\n"
+                               r"(\[extensions\]\n(\tobjectformat = sha(1|256)\n)?(\trefstorage = (files|reftable)\n)?)?")
+_EXTENSION_RE = re.compile(r"^\s*(objectformat|refstorage)\s*=\s*(sha1|sha256|files|reftable)\s*$", re.M | re.I)
+
+
+def _own_config(mirror: Path) -> None:
+    """Replace the config of a mirror forktool has just cloned with MIRROR_CONFIG (its format kept)."""
+    text = (mirror / "config").read_text()
+    found = {k.lower(): v.lower() for k, v in _EXTENSION_RE.findall(text)}
+    ext = "".join(f"\t{k} = {found[k]}\n" for k in ("objectformat", "refstorage") if k in found)
+    cfg = MIRROR_CONFIG.format(version=1 if ext else 0, extensions=f"[extensions]\n{ext}" if ext else "")
+    (mirror / "config").write_text(cfg)
+
+
+def _usable_mirror(mirror: Path) -> bool:
+    """Is mirror a directory holding only what forktool leaves there to read as data (MIRROR_CONFIG, no commondir
+    naming another repository's config)? One that is not is removed, to be cloned again."""
+    from forktool.tree import remove_tree
+
+    if not os.path.lexists(mirror):
+        return False
+    try:
+        ok = (mirror.is_dir() and not mirror.is_symlink() and not os.path.lexists(mirror / "commondir")
+              and _MIRROR_CONFIG_RE.fullmatch((mirror / "config").read_text()) is not None)
+    except (OSError, UnicodeDecodeError):
+        ok = False
+    if not ok:
+        if mirror.is_dir() and not mirror.is_symlink():
+            remove_tree(mirror)
+        else:
+            mirror.unlink()
+    return ok
+
+
 def archive_commit(url: str, commit: str, cache: Path) -> bytes:
-    """A tar archive of `commit` from `url`, through a bare mirror kept in the cache."""
+    """A tar archive of `commit` from `url`, through a bare mirror kept in the cache (a mirror whose settings are not
+    forktool's is cloned again: see MIRROR_CONFIG)."""
     git = _git()
     mirror = cache / "git" / hashlib.sha256(url.encode()).hexdigest()[:16]
     try:
-        if mirror.is_dir():
+        if _usable_mirror(mirror):
             repo = git.Repo(mirror)
         else:
             repo = git.Repo.clone_from(url, mirror, bare=True, no_checkout=True)
+            _own_config(mirror)
         try:
             repo.commit(commit)
         except (ValueError, git.BadName):

@@ -464,3 +464,41 @@ def test_a_lock_naming_a_pristine_only_the_shared_cache_holds_is_refused_by_fetc
     assert "differs from vendor.lock" in err and "(from cache)" not in out + err
     assert not proj.tree.exists() and json.loads(lock_path.read_text()) == lock
     proj.run("vendor", "fetch")  # without --no-cache the lock's digest is taken as naming the pin's pristine
+
+
+@pytest.mark.parametrize("plant", ["config", "commondir", "hook"])
+def test_a_git_mirror_planted_in_the_shared_cache_runs_nothing(proj: Proj, cache: Path, tmp_path: Path, plant: str):
+    # git reads a repository's own config (and hooks, and a commondir's config) as instructions: a mirror someone
+    # else planted under git/ could rewrite the url to an ext:: command that git runs for whoever fetches
+    import hashlib
+    import os
+
+    from tests.helpers.project import git
+
+    url = str(proj.upstream)
+    mirror = cache / "git" / hashlib.sha256(url.encode()).hexdigest()[:16]
+    shutil.rmtree(mirror)
+    git(tmp_path, "init", "-q", "--bare", str(mirror))  # without the pinned commit: forktool fetches it from url
+    pwned = tmp_path / "PWNED"
+    bad = (f'[protocol "ext"]\n\tallow = always\n[url "ext::sh -c touch% {pwned}% >&2"]\n\tinsteadOf = {url}\n'
+           f"[core]\n\thooksPath = {tmp_path / 'hooks'}\n")
+    if plant == "config":
+        with (mirror / "config").open("a") as f:
+            f.write(bad)
+    elif plant == "commondir":
+        other = tmp_path / "other"
+        git(tmp_path, "init", "-q", "--bare", str(other))
+        with (other / "config").open("a") as f:
+            f.write(bad)
+        (mirror / "commondir").write_text(f"{other}\n")
+    else:
+        hook = mirror / "hooks" / "reference-transaction"
+        hook.write_text(f"#!/bin/sh\ntouch {pwned}\n")
+        hook.chmod(0o755)
+        (mirror / "packed-refs").write_text("")
+    shutil.rmtree(proj.tree)
+    shutil.rmtree(proj.root / ".opencoti")
+    proj.run("vendor", "fetch", "--no-cache")
+    assert not pwned.exists()
+    assert not os.path.exists(mirror / "commondir") and "ext::" not in (mirror / "config").read_text()
+    proj.run("vendor", "fetch", "--no-cache")  # the mirror forktool left is used as it is
