@@ -374,3 +374,19 @@ def test_a_reference_binary_whose_record_is_gone_is_built_again(tmp_path: Path, 
     ran, err = run_reference(project, capsys)
     assert ran == "upstream"
     assert "build/cpu-upstream has no record of what its build made" in err
+
+
+def test_a_reference_configured_with_other_flags_is_built_again(tmp_path: Path, monkeypatch, capsys):
+    # the gates compare the patched build with the reference: both must be made with the profile's flags as they are
+    monkeypatch.setenv("FORKTOOL_LAUNCHER", "none")
+    project = reference_project(tmp_path)
+    assert run_reference(project, capsys)[0] == "upstream"
+    build_yaml = project.root / "registry" / "build.yaml"
+    build_yaml.write_text(build_yaml.read_text().replace("flags: [-DCMAKE_BUILD_TYPE=Release]",
+                                                         "flags: [-DCMAKE_BUILD_TYPE=Debug, -DFORKTOOL_REF_FLAG=on]"))
+    ran, err = run_reference(project, capsys)
+    assert ran == "upstream"
+    assert "build/cpu-upstream was configured with other flags than the cpu profile's" in err
+    cmake_cache = (project.root / "build" / "cpu-upstream" / "CMakeCache.txt").read_text()
+    assert "FORKTOOL_REF_FLAG" in cmake_cache and "CMAKE_BUILD_TYPE:STRING=Debug" in cmake_cache
+    assert "configured with other flags" not in run_reference(project, capsys)[1]  # the same flags: reused

@@ -221,9 +221,15 @@ def ensure_reference_build(project: Project, profile_name: str) -> Path:
             _remove(d)
         vendor.materialise_to(vendor.objects(project), manifest, src_root)
         stamp_file.write_text(digest_)
+    # what CMake is given for the profile (the launcher aside: it changes how objects are made, not what)
+    flags = [profile.generator, *(f for f in fbuild.configure_flags(profile) if "_COMPILER_LAUNCHER=" not in f)]
     record_path = bdir / REFERENCE_RECORD
     record = _read_reference_record(record_path)
-    if record is None and os.path.lexists(bdir):
+    if record is not None and record.get("flags") != flags:
+        output.warn(f"build/{profile_name}-upstream was configured with other flags than the {profile_name} profile's "
+                    "(registry/build.yaml); building the reference again from scratch")
+        _remove(bdir)
+    elif record is None and os.path.lexists(bdir):
         # nothing vouches for what is there (a build cut short, a record removed or torn): make alone would keep an
         # output planted newer than its objects
         output.warn(f"build/{profile_name}-upstream has no record of what its build made; building the reference "
@@ -244,8 +250,8 @@ def ensure_reference_build(project: Project, profile_name: str) -> Path:
     record_path.unlink(missing_ok=True)  # until make has finished, nothing vouches for the outputs
     with output.step(f"building the unpatched reference ({profile_name}) into {bdir}"):
         proc.stream(["make", "-C", bdir, f"-j{jobs}", *profile.targets], env=env)
-    atomic_write(record_path, json.dumps({"pristine": digest_, "outputs": reference_outputs(bdir, outputs)},
-                                         indent=1, sort_keys=True).encode())
+    atomic_write(record_path, json.dumps({"pristine": digest_, "flags": flags,
+                                          "outputs": reference_outputs(bdir, outputs)}, indent=1, sort_keys=True).encode())
     return bdir / "bin"
 
 
