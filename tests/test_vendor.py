@@ -165,3 +165,27 @@ def test_the_sdist_bytes_extracted_are_the_bytes_hashed(tmp_path: Path, cache: P
     monkeypatch.setattr(vendor, "sha256_file", hash_then_swap)
     code, out, err = run_cli(root, ["vendor", "fetch", "--no-cache", "--json"], expect=None)
     assert code == 0, err  # the pinned bytes, as hashed, extract to the lock's pristine
+
+
+def test_a_large_entry_of_other_bytes_is_never_held_in_memory(tmp_path: Path, cache: Path):
+    # hashed as a stream: a planted sparse 2 GiB file under the sdist's name is refused within a 1 GiB address space
+    import os
+    import resource
+    import subprocess
+    import sys
+
+    root, sd = sdist_project(tmp_path, _tar(GOOD))
+    sha = hashlib.sha256(sd.read_bytes()).hexdigest()
+    entry = cache / "sdist" / f"{sha}.tar.gz"
+    entry.parent.mkdir(parents=True)
+    with entry.open("wb") as f:
+        f.truncate(2 << 30)
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    env = dict(os.environ, FORKTOOL_ROOT=str(root), FORKTOOL_CACHE=str(cache))
+    r = subprocess.run([sys.executable, "-m", "forktool", "vendor", "fetch", "--sdist", str(sd)], env=env,
+                       capture_output=True, text=True, preexec_fn=limit, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert entry.read_bytes() == sd.read_bytes()  # replaced by the pinned bytes
