@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from forktool.errors import ForktoolError
-from forktool.tree import atomic_write, read_file, sha256_bytes
+from forktool.tree import atomic_write, read_checked, sha256_bytes, sha256_regular
 
 
 class ObjectStore:
@@ -20,11 +20,11 @@ class ObjectStore:
         return self.path(sha).is_file()
 
     def intact(self, sha: str) -> bool:
-        """The object is there, a regular file, and its bytes hash to its name (read whole: never vouched for by a
-        stat)."""
+        """The object is there, a regular file, and its bytes hash to its name (all read and hashed as a stream: never
+        vouched for by a stat, and a large planted file is never held in memory)."""
         try:
-            return sha256_bytes(read_file(self.path(sha))) == sha
-        except OSError:  # missing, unreadable, or not a regular file (read_file refuses a FIFO without waiting)
+            return sha256_regular(self.path(sha)) == sha
+        except OSError:  # missing, unreadable, or not a regular file (a FIFO is refused without waiting)
             return False
 
     def discard(self, sha: str) -> None:
@@ -46,14 +46,14 @@ class ObjectStore:
     def get(self, sha: str) -> bytes:
         p = self.path(sha)
         try:
-            data = read_file(p)
+            data = read_checked(p, sha)  # other bytes are found by a streamed hash, never held in memory
         except FileNotFoundError as e:
             raise ForktoolError(f"object {sha[:12]} missing from the store", where=str(p),
                                 hint="run `forktool vendor fetch` to rebuild the pristine cache") from e
         except OSError as e:  # a FIFO, directory or device planted there, or unreadable: refused, never waited on
             raise ForktoolError(f"object {sha[:12]} cannot be read: {e.strerror}", where=str(p),
                                 hint=f"delete {p} and run `forktool vendor fetch` again") from None
-        if sha256_bytes(data) != sha:
+        if data is None:
             raise ForktoolError(f"object {sha[:12]} is corrupt (checksum mismatch)", where=str(p),
                                 hint=f"delete {p} and run `forktool vendor fetch` again")
         return data

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import io
 import os
 import re
 import stat
@@ -251,19 +252,50 @@ def file_kind(mode: int) -> str:
             "special file")
 
 
-def read_file(path: Path) -> bytes:
-    """The bytes of the regular file at path (a last symlink is followed). Anything else raises NotRegularFileError
-    before it is opened, and the file is opened without blocking and checked again once open, so a FIFO planted
-    where a cache entry or a state file belongs is refused, never waited on."""
+def _open_regular(path: Path) -> io.BufferedReader:
+    """path opened for reading when it is a regular file (a last symlink is followed). Anything else raises
+    NotRegularFileError before it is opened, and the file is opened without blocking and checked again once open, so
+    a FIFO planted where a cache entry or a state file belongs is refused, never waited on."""
     st = os.stat(path)
     if not stat.S_ISREG(st.st_mode):
         raise NotRegularFileError(errno.EINVAL, f"a {file_kind(st.st_mode)} where a file belongs", str(path))
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as f:
-        mode = os.fstat(f.fileno()).st_mode
-        if not stat.S_ISREG(mode):  # swapped since the stat
-            raise NotRegularFileError(errno.EINVAL, f"a {file_kind(mode)} where a file belongs", str(path))
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):  # swapped since the stat
+        os.close(fd)
+        raise NotRegularFileError(errno.EINVAL, f"a {file_kind(mode)} where a file belongs", str(path))
+    return os.fdopen(fd, "rb")
+
+
+def read_file(path: Path) -> bytes:
+    """The bytes of the regular file at path (see _open_regular: anything else is refused, never waited on)."""
+    with _open_regular(path) as f:
         return f.read()
+
+
+def read_checked(path: Path, sha: str) -> bytes | None:
+    """The bytes of the regular file at path when they hash to sha, else None. Hashed as a stream first, so a file of
+    other bytes, however large, is never held in memory; then read whole from the same open file and hashed again:
+    what is returned is what was checked. OSError (NotRegularFileError for a FIFO, directory or device) when it cannot
+    be read."""
+    with _open_regular(path) as f:
+        h = hashlib.sha256()
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+        if h.hexdigest() != sha:
+            return None
+        f.seek(0)
+        data = f.read()
+    return data if sha256_bytes(data) == sha else None
+
+
+def sha256_regular(path: Path) -> str:
+    """sha256 of the regular file at path, hashed as a stream (see _open_regular: anything else is refused)."""
+    h = hashlib.sha256()
+    with _open_regular(path) as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def atomic_write(path: Path, data: bytes, mode: str = REGULAR, *, durable: bool = True,

@@ -28,6 +28,7 @@ from forktool.tree import (
     make_temp_dir,
     manifest_from_json,
     manifest_to_json,
+    read_checked,
     remove_tree,
     resolve_inside,
     sha256_bytes,
@@ -118,32 +119,14 @@ def pip_download(requirement: str, dest: Path, progress: Callable[[str], None] |
 
 
 def _pinned_bytes(path: Path, sha: str) -> bytes | None:
-    """The bytes of the cache entry at path when they hash to sha, else None (absent, not a regular file, other bytes).
-    Hashed as a stream first (an entry of other bytes, however large, is never held in memory), then read whole from
-    the same open file and hashed again: what is used is what was checked."""
-    import hashlib
-
+    """The bytes of the cache entry at path when they hash to sha, else None (absent, not a regular file, other bytes):
+    tree.read_checked, so an entry of other bytes is never held in memory and what is used is what was checked."""
     if not sha:
         return None
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        return read_checked(path, sha)
     except OSError:
         return None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a directory, FIFO or device is never read
-        os.close(fd)
-        return None
-    with os.fdopen(fd, "rb") as f:
-        try:
-            h = hashlib.sha256()
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-            if h.hexdigest() != sha:
-                return None
-            f.seek(0)
-            data = f.read()
-        except OSError:
-            return None
-    return data if sha256_bytes(data) == sha else None
 
 
 def sdist_bytes(project: Project, comp: Component, local: Path | None = None,

@@ -502,3 +502,30 @@ def test_a_git_mirror_planted_in_the_shared_cache_runs_nothing(proj: Proj, cache
     assert not pwned.exists()
     assert not os.path.exists(mirror / "commondir") and "ext::" not in (mirror / "config").read_text()
     proj.run("vendor", "fetch", "--no-cache")  # the mirror forktool left is used as it is
+
+
+def test_a_large_planted_object_is_fetched_again_never_held_in_memory(proj: Proj, cache: Path):
+    # an object is hashed as a stream: a sparse 2 GiB file planted under an object's name is found damaged and
+    # replaced within a 1 GiB address space (read whole, it was a MemoryError: exit 3)
+    import os
+    import resource
+    import subprocess
+    import sys
+
+    _registered(proj)
+    obj = _the_object_of(cache, "up/src/a.c")
+    data = obj.read_bytes()
+    with obj.open("r+b") as f:
+        f.truncate(2 << 30)
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    env = dict(os.environ, FORKTOOL_ROOT=str(proj.root), FORKTOOL_CACHE=str(cache))
+    for args in (["vendor", "fetch"], ["verify", "--no-cache"]):
+        r = subprocess.run([sys.executable, "-m", "forktool", *args], env=env, capture_output=True, text=True,
+                           preexec_fn=limit, timeout=300)
+        assert r.returncode == 0, (args, r.stderr)
+        assert obj.read_bytes() == data
+        if args == ["vendor", "fetch"]:
+            assert "missing or damaged: fetching it again" in r.stderr
