@@ -529,3 +529,23 @@ def test_a_large_planted_object_is_fetched_again_never_held_in_memory(proj: Proj
         assert obj.read_bytes() == data
         if args == ["vendor", "fetch"]:
             assert "missing or damaged: fetching it again" in r.stderr
+
+
+def test_a_fifo_swapped_in_after_a_look_is_never_waited_on_by_the_pristine_check(proj: Proj, cache: Path,
+                                                                                   monkeypatch: pytest.MonkeyPatch):
+    # the check looked (is_file) and then opened by name: a FIFO swapped in between blocked the open forever
+    import os
+    from pathlib import Path as P
+
+    from forktool import vendor
+    from forktool.project import Project
+
+    _registered(proj)
+    obj = _the_object_of(cache, "up/src/a.c")
+    obj.unlink()
+    os.mkfifo(obj)
+    real_is_file = P.is_file
+    monkeypatch.setattr(P, "is_file", lambda self: True if self == obj else real_is_file(self))  # the race, won
+    with _within(20):
+        problems = vendor.verify_pristine_cache(Project(proj.root), use_cache=False)
+    assert any("up/src/a.c" in p for p in problems)
