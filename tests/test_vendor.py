@@ -189,3 +189,35 @@ def test_a_large_entry_of_other_bytes_is_never_held_in_memory(tmp_path: Path, ca
                        capture_output=True, text=True, preexec_fn=limit, timeout=300)
     assert r.returncode == 0, r.stderr
     assert entry.read_bytes() == sd.read_bytes()  # replaced by the pinned bytes
+
+
+def test_a_cached_sdist_swapped_for_a_fifo_is_not_cached_and_never_waited_on(tmp_path: Path, cache: Path, monkeypatch):
+    # sync's "(cached)" looked (is_file) and then hashed by name: a FIFO swapped in between blocked the open forever
+    import os
+    import signal
+
+    from forktool.project import Project
+    from forktool.sync.fetch import _fetch_sdist
+    from tests.helpers.pypi import local_sdist
+
+    sha = local_sdist(tmp_path / "links", "1.0", b"int a;\n")
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "links"))
+    root = bare_project(tmp_path / "proj", sdist_pin(sha))
+    comp = Project(root).vendor.components[0]
+    entry = cache / "sdist" / f"{sha}.tar.gz"
+    entry.parent.mkdir(parents=True)
+    os.mkfifo(entry)
+    real_is_file = Path.is_file
+    monkeypatch.setattr(Path, "is_file", lambda self: True if self == entry else real_is_file(self))  # the race, won
+
+    def stuck(_sig, _frame):
+        raise AssertionError("blocked")
+    old = signal.signal(signal.SIGALRM, stuck)
+    signal.alarm(60)
+    try:
+        _, path, cached = _fetch_sdist(Project(root), comp, lambda _m: None)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert not cached and hashlib.sha256(path.read_bytes()).hexdigest() == sha  # fetched again over the FIFO
