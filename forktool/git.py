@@ -58,6 +58,33 @@ def _usable_mirror(mirror: Path) -> bool:
     return ok
 
 
+def _check_objects(repo: Any, mirror: Path, commit: str) -> None:
+    """Every object the archive of commit is made of (the commit, its trees, its files) hashes to its name. git does
+    not re-hash objects it reads, so a mirror in the shared cache could otherwise give other bytes under the pinned
+    commit; with each object checked, the commit id names the tree exactly."""
+    full = repo.git.rev_parse("--verify", f"{commit}^{{commit}}")
+    listing = repo.git.ls_tree("-r", "-t", "-z", "--full-tree", full)
+    ids = [(full, "commit")] + [(line.split()[2], line.split()[1]) for line in listing.split("\0")
+                                if line and line.split()[1] in ("tree", "blob")]
+    text = _object(repo, mirror, full, "commit")
+    root = text.split(b"\n", 1)[0].removeprefix(b"tree ").decode()
+    for oid, kind in [(root, "tree"), *ids[1:]]:
+        _object(repo, mirror, oid, kind)
+
+
+def _object(repo: Any, mirror: Path, oid: str, kind: str) -> bytes:
+    """The bytes of object oid of the given kind, refused unless they hash to oid as git names objects."""
+    stream = repo.odb.stream(bytes.fromhex(oid))
+    data = stream.read()
+    header = f"{stream.type.decode() if isinstance(stream.type, bytes) else stream.type} {len(data)}\0".encode()
+    if hashlib.new("sha1" if len(oid) == 40 else "sha256", header + data).hexdigest() != oid or \
+            not header.startswith(kind.encode() + b" "):
+        raise ForktoolError(f"the git mirror holds object {oid[:12]} ({kind}) with bytes that do not hash to its name",
+                            where=str(mirror), hint=f"remove {mirror} (forktool clones it again), and find out who "
+                            "wrote it: the mirror is in the shared cache")
+    return data
+
+
 def archive_commit(url: str, commit: str, cache: Path) -> bytes:
     """A tar archive of `commit` from `url`, through a bare mirror kept in the cache (a mirror whose settings are not
     forktool's is cloned again: see MIRROR_CONFIG)."""
@@ -73,6 +100,7 @@ def archive_commit(url: str, commit: str, cache: Path) -> bytes:
             repo.commit(commit)
         except (ValueError, git.BadName):
             repo.git.fetch(url, commit)
+        _check_objects(repo, mirror, commit)
         buf = io.BytesIO()
         repo.archive(buf, treeish=commit, format="tar")
     except git.GitCommandError as e:

@@ -549,3 +549,33 @@ def test_a_fifo_swapped_in_after_a_look_is_never_waited_on_by_the_pristine_check
     with _within(20):
         problems = vendor.verify_pristine_cache(Project(proj.root), use_cache=False)
     assert any("up/src/a.c" in p for p in problems)
+
+
+def test_a_git_mirror_object_with_other_bytes_is_refused(proj: Proj, cache: Path):
+    # git names objects by hash but does not re-hash them on read: an object of the pinned commit rewritten in the
+    # shared cache's mirror gave its bytes to the pristine (with no lock to compare with, or a lock that names them)
+    import hashlib
+    import os
+    import subprocess
+    import zlib
+
+    from tests.helpers.project import git
+
+    url = str(proj.upstream)
+    mirror = cache / "git" / hashlib.sha256(url.encode()).hexdigest()[:16]
+    for pack in list((mirror / "objects" / "pack").glob("*.pack")):  # loose objects, so one can be rewritten
+        data = pack.read_bytes()
+        pack.with_suffix(".idx").unlink()
+        pack.unlink()
+        subprocess.run(["git", "--git-dir", str(mirror), "unpack-objects", "-q"], input=data, check=True)
+    blob = git(proj.upstream, "rev-parse", "HEAD:src/b.c")
+    obj = mirror / "objects" / blob[:2] / blob[2:]
+    body = b"planted\n"
+    os.chmod(obj, 0o644)
+    obj.write_bytes(zlib.compress(b"blob %d\0" % len(body) + body))
+    shutil.rmtree(proj.tree)
+    shutil.rmtree(proj.root / ".opencoti")
+    (proj.root / "vendor" / "vendor.lock").unlink()  # a first fetch: nothing to compare the pristine with
+    code, out, err = proj.run("vendor", "fetch", expect=1)
+    assert f"the git mirror holds object {blob[:12]} (blob) with bytes that do not hash to its name" in err
+    assert str(mirror) in err and not proj.tree.exists() and not (proj.root / "vendor" / "vendor.lock").exists()
