@@ -200,7 +200,8 @@ def url_bytes(project: Project, comp: Component, progress: Callable[[str], None]
         if comp.sha256 and got != comp.sha256:
             raise ForktoolError(f"sha256 mismatch for {comp.url}: pinned {comp.sha256}, got {got}", where=comp.url,
                                 hint="nothing was written; a changed archive must be pinned again on purpose")
-        part.replace(dest.parent / f"{got}.tar")
+    # as for an sdist: a temporary file of a random name, and a directory there is refused naming it
+    atomic_write(dest.parent / f"{got}.tar", data)
     return data
 
 

@@ -347,3 +347,15 @@ def test_a_trial_says_cached_only_for_a_cache_entry_that_holds_the_pinned_bytes(
     assert hashlib.sha256(entry.read_bytes()).hexdigest() == sha  # fetched again over the planted bytes
     _, _, err = proj.run("sync", "--to", str(archive), "--out", str(tmp_path / "d"), expect=None)
     assert "(cached)" in err  # and now it is the pinned bytes: cached
+
+
+def test_a_directory_where_a_tarball_entry_belongs_is_a_refusal_naming_it(proj: Proj, tmp_path: Path):
+    import os
+
+    archive = tmp_path / "up.tar"
+    git(proj.upstream, "archive", "--format=tar", "-o", str(archive), "HEAD")
+    sha = hashlib.sha256(archive.read_bytes()).hexdigest()
+    entry = Path(os.environ["FORKTOOL_CACHE"]) / "tarball" / f"{sha}.tar"
+    entry.mkdir(parents=True)
+    code, out, err = proj.run("sync", "--to", str(archive), expect=1)
+    assert f"{entry}: a directory where a file belongs" in err and "internal error" not in err
