@@ -1696,7 +1696,13 @@ def test_bundle_archives_each_position_without_moving_the_tree(tmp_path: Path, s
     assert check.returncode == 0, check.stderr
     (root / "patches" / "series").write_text((root / "patches" / "series").read_text() + "# an edit after\n")
     check = subprocess.run(["bash", str(script), "--check", str(out)], cwd=root, capture_output=True, text=True)
-    assert check.returncode == 2 and "made from other patches or another pin" in check.stderr
+    assert check.returncode == 2 and "made from other patches, another pin or other build flags" in check.stderr
+    (root / "patches" / "series").write_text((root / "patches" / "series").read_text().replace("# an edit after\n", ""))
+    assert subprocess.run(["bash", str(script), "--check", str(out)], cwd=root).returncode == 0
+    build_yaml = root / "registry" / "build.yaml"  # the profiles' flags are an input of a build as much as a patch
+    build_yaml.write_text(build_yaml.read_text() + "# an edit after\n")
+    check = subprocess.run(["bash", str(script), "--check", str(out)], cwd=root, capture_output=True, text=True)
+    assert check.returncode == 2 and "other build flags" in check.stderr
     # another forktool command holding the lock: refused, nothing written
     import fcntl
 
@@ -2491,10 +2497,12 @@ def test_gates_cpu_reports_each_required_check_per_model_as_a_part():
 
 
 def series_checkout(root: Path, *packed: Path) -> None:
-    """root given a checkout's series inputs (patches/series, a patch, vendor/vendor.lock), and each packed folder
-    the inputs.sha256 gates/series_inputs.sh computes for them, as `make device-bin` and gates.bundle write it."""
-    (root / "patches").mkdir(parents=True, exist_ok=True)
-    (root / "vendor").mkdir(parents=True, exist_ok=True)
+    """root given a checkout's series inputs (patches/series, a patch, vendor/vendor.lock, registry/build.yaml), and
+    each packed folder the inputs.sha256 gates/series_inputs.sh computes for them, as `make device-bin` and
+    gates.bundle write it."""
+    for d in ("patches", "vendor", "registry"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    (root / "registry" / "build.yaml").write_text("profiles: {}\n")
     (root / "patches" / "series").write_text("0001-a.patch\n")
     (root / "patches" / "0001-a.patch").write_text("the patch\n")
     (root / "vendor" / "vendor.lock").write_text("{}\n")
