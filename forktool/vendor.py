@@ -313,7 +313,7 @@ def _memo_manifest(plain: object) -> Manifest | None:
 
 def load_pristine_manifest(path: Path, use_cache: bool = True) -> Manifest:
     """A cached pristine manifest, named by its digest (pristine/DIGEST.json); one that is damaged or does not hash
-    to its name is refused (the cache is rebuilt by `forktool vendor fetch`).
+    to its name is refused (`forktool vendor fetch` derives it again and writes it over).
 
     The manifest of exactly these bytes, once parsed and checked against its schema, is remembered in marshal
     form (forktool.cache.Memo, keyed by the bytes' sha256 and the checking code): about a quarter of the time
@@ -322,7 +322,7 @@ def load_pristine_manifest(path: Path, use_cache: bool = True) -> Manifest:
     """
     from forktool import cache, schemas, tree
 
-    hint = "delete it and run `forktool vendor fetch` to rebuild the pristine cache"
+    hint = "run `forktool vendor fetch`: it derives the manifest again from the pinned upstream and writes it over"
     want = path.name.removesuffix(".json")
     data = schema.read_regular(path, path.name, schema.STATE_LIMIT)
     memo = cache.Memo(cache.user_cache_dir() if use_cache else None, "pristine-manifest")
@@ -382,8 +382,12 @@ def fetch_pristine(project: Project, *, local_sdist: Path | None = None,
     # request, with a cache a pull request can write), --no-cache derives it from the pinned bytes instead
     if use_cache and cached_digest and lock.get("components") == pinned and not any(c.kind == "dir" for c in comps):
         p = pristine_path(project, cached_digest)
-        if p.is_file():
-            cached = load_pristine_manifest(p)
+        try:
+            cached = load_pristine_manifest(p) if p.is_file() else None
+        except ConfigError as e:  # damaged, or not the manifest its name says: derived again and written over
+            progress(f"the cached pristine manifest is not usable ({e.what}): fetching the upstream again")
+            cached = None
+        if cached is not None:
             store = objects(project)
             # every object read and hashed (23 MB, about 0.2 s): "from cache" vouches for bytes it has checked
             damaged = sorted({e.sha256 for e in cached.values() if not store.intact(e.sha256)})

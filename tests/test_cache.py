@@ -243,6 +243,28 @@ def test_a_forged_pristine_manifest_is_refused(proj: Proj, cache: Path):
     assert proj.state_digest() == before
 
 
+@pytest.mark.parametrize("damage", ["truncated", "forged"])
+def test_vendor_fetch_writes_a_damaged_pristine_manifest_over(proj: Proj, cache: Path, damage: str):
+    """Every other command refuses a cached manifest that is damaged or not the one its name says, pointing to
+    `vendor fetch`; that fetch derives it again from the pinned upstream and writes it over, saying so."""
+    _registered(proj)
+    [manifest] = (cache / "pristine").glob("*.json")
+    good = manifest.read_bytes()
+    if damage == "truncated":
+        manifest.write_bytes(good[:len(good) // 2])
+    else:
+        raw = json.loads(good)
+        raw["up/src/a.c"][0] = hashlib.sha256(b"other bytes").hexdigest()
+        manifest.write_text(json.dumps(raw))
+    before = proj.state_digest()
+    code, out, err = proj.run("verify", expect=1)
+    assert "run `forktool vendor fetch`" in err and "writes it over" in err
+    code, out, err = proj.run("vendor", "fetch")
+    assert "cached pristine manifest is not usable" in err and "(from cache)" not in out + err
+    assert manifest.read_bytes() == good and proj.state_digest() == before
+    proj.run("verify")
+
+
 def test_the_shared_cache_holds_only_content_addressed_entries(proj: Proj, cache: Path):
     _registered(proj)
     for args in (["status"], ["verify"], ["registry", "check"], ["gates", "--list"], ["vendor", "status"]):
