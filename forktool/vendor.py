@@ -384,8 +384,8 @@ def fetch_pristine(project: Project, *, local_sdist: Path | None = None,
         p = pristine_path(project, cached_digest)
         try:
             cached = load_pristine_manifest(p) if p.is_file() else None
-        except ConfigError as e:  # damaged, or not the manifest its name says: derived again and written over
-            progress(f"the cached pristine manifest is not usable ({e.what}): fetching the upstream again")
+        except ConfigError as bad:  # damaged, or not the manifest its name says: derived again and written over
+            progress(f"the cached pristine manifest is not usable ({bad.what}): fetching the upstream again")
             cached = None
         if cached is not None:
             store = objects(project)
