@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
 
 from forktool.tree import digest, scan
-from tests.helpers.cli import run_cli
+from tests.helpers.cli import run_cli, signal_at
 from tests.helpers.project import Proj
 from tests.helpers.series import three_patches
 
@@ -83,6 +84,25 @@ def test_every_mutating_command_takes_a_named_backup(proj: Proj):
     proj.run("unapply", "--to", "0070")
     names = [b["name"] for b in proj.json("backup", "list")["backups"]]
     assert [n[16:] for n in names] == ["apply-0071", "apply-0089", "unapply-to-0070"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_backup_killed_before_its_rename_leaves_nothing_behind(proj: Proj, sig: int):
+    # SIGTERM and SIGHUP (and SIGKILL) run no clean-up: the next backup made there removes the work directory the
+    # killed one left, once its process is gone; a live process's is left alone
+    three_patches(proj)
+    backups = proj.root / ".opencoti" / "vendor-backups"
+    before = proj.state_digest()
+    r = signal_at(proj.root, sig, "vendor-backups/.tmp-", ["apply"])
+    assert r.returncode == -sig, r.stderr
+    assert proj.state_digest() == before
+    assert [p.name for p in backups.iterdir() if not p.name.startswith(".")] == []
+    live = backups / f".tmp-{os.getpid()}-0123456789ab"
+    live.mkdir()
+    proj.run("apply")
+    assert sorted(p.name for p in backups.iterdir()) == [live.name, *(b["name"] for b in
+                                                                       proj.json("backup", "list")["backups"])]
+    proj.run("verify")
 
 
 def test_unknown_backup_name(proj: Proj):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 from forktool import cli
@@ -27,3 +29,25 @@ def run_cli(root: Path, args: list[str], expect: int | None = 0) -> tuple[int, s
     if expect is not None:
         assert code == expect, f"forktool {' '.join(args)} exited {code}, expected {expect}\n{err.getvalue()}\n{out.getvalue()}"
     return code, out.getvalue(), err.getvalue()
+
+
+# forktool in a process that sends itself a signal when it first opens a file whose path holds a given text: a real
+# SIGTERM or SIGHUP at a named moment, never a race with a timer
+_SIGNAL_AT = r"""
+import os, sys
+sig, what = int(sys.argv[1]), sys.argv[2]
+def hook(event, args):
+    if event == "open" and args and isinstance(args[0], str) and what in args[0]:
+        os.kill(os.getpid(), sig)
+sys.addaudithook(hook)
+sys.argv = ["forktool", *sys.argv[3:]]
+import runpy
+runpy.run_module("forktool", run_name="__main__", alter_sys=True)
+"""
+
+
+def signal_at(root: Path, sig: int, what: str, args: list[str],
+              env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`forktool ARGS` in a process of its own, sent `sig` when it first opens a path holding `what`."""
+    return subprocess.run([sys.executable, "-c", _SIGNAL_AT, str(int(sig)), what, *args],
+                          env=dict(os.environ, FORKTOOL_ROOT=str(root), **(env or {})), capture_output=True, text=True)
