@@ -4,15 +4,17 @@ and what it leaves there is removed by the next forktool that fetches or starts 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers.cli import run_cli
-from tests.helpers.project import bare_project
+from tests.helpers.cli import run_cli, signal_at
+from tests.helpers.project import Proj, bare_project
 from tests.helpers.pypi import local_sdist, sdist_pin
+from tests.helpers.sync import loop_series, new_upstream
 
 KILL_AFTER_PIP = """
 import os, signal, sys
@@ -84,3 +86,25 @@ def test_a_live_process_keeps_its_temporary_directory(tmp_path: Path) -> None:
         assert vendor.clean_temp(project) == [f"forktool-sync-dl-{dead}-abc"]
         assert (mine / "x").read_bytes() == b"x"  # this process is alive: its directory stays
     assert os.listdir(tmp) == []
+
+
+@pytest.mark.parametrize("moment", ["forktool-drift-", "/.patches-"])
+def test_a_trial_ended_by_sigterm_leaves_nothing_in_tmpdir_or_its_out(proj: Proj, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch,
+                                                                      moment: str) -> None:
+    # SIGTERM (a cancelled CI job, `timeout`) runs no clean-up: the trees a trial configures for the build-file
+    # drift live under .opencoti/tmp/, and the patches/ it was writing carries its process id, so the next trial
+    # removes both; $TMPDIR is never written
+    loop_series(proj)
+    commit = new_upstream(proj)
+    tmpdir = tmp_path / "tmpdir"
+    tmpdir.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmpdir))
+    out = proj.root / "dist" / "sync"
+    r = signal_at(proj.root, signal.SIGTERM, moment, ["sync", "--to", commit])
+    assert r.returncode == -signal.SIGTERM, r.stderr
+    assert os.listdir(tmpdir) == []
+    code, _, err = proj.run("sync", "--to", commit, expect=1)  # 1: 0002 conflicts there
+    assert "report.md" in err
+    assert os.listdir(tmpdir) == [] and os.listdir(proj.root / ".opencoti" / "tmp") == []
+    assert sorted(os.listdir(out)) == ["patches", "report.json", "report.md"]

@@ -153,10 +153,10 @@ def _materialise(read: Reader, files: list[str], prefix: str, dest: Path) -> Non
 
 
 def drift_from_cmake(old_read: Reader, new_read: Reader, old_files: list[str], new_files: list[str], prefix: str,
-                     flags: list[str]) -> list[dict] | str:
-    """Configure both trees (written to a temporary directory) with flags and compare every target's sources;
-    a string says why CMake could not tell (the caller falls back to reading the CMake text)."""
-    with tempfile.TemporaryDirectory(prefix="forktool-drift-") as tmp:
+                     flags: list[str], work: Path | None = None) -> list[dict] | str:
+    """Configure both trees (written to a temporary directory, in `work` when given) with flags and compare every
+    target's sources; a string says why CMake could not tell (the caller falls back to reading the CMake text)."""
+    with tempfile.TemporaryDirectory(prefix="forktool-drift-", dir=work) as tmp:
         got = []
         for side, read, files in (("old", old_read, old_files), ("new", new_read, new_files)):
             src = Path(tmp, side, "src")
@@ -177,12 +177,12 @@ def drift_from_cmake(old_read: Reader, new_read: Reader, old_files: list[str], n
 
 
 def drift(project_flags: list[str] | None, old_read: Reader, new_read: Reader, old_files: list[str],
-          new_files: list[str], prefix: str) -> list[dict]:
+          new_files: list[str], prefix: str, work: Path | None = None) -> list[dict]:
     """The drift report's rows: from CMake when both trees configure with the profile's flags, else from the CMake
-    text of the profiles' targets, each row saying which."""
+    text of the profiles' targets, each row saying which. work: where the configured trees are written."""
     why = "cmake is not installed" if not _cmake() else ""
     if project_flags is not None and not why:
-        rows = drift_from_cmake(old_read, new_read, old_files, new_files, prefix, project_flags)
+        rows = drift_from_cmake(old_read, new_read, old_files, new_files, prefix, project_flags, work)
         if not isinstance(rows, str):
             return rows
         why = rows

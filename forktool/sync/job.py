@@ -70,8 +70,11 @@ def sync(project: Project, spec: str, *, build: bool, out: Path,
     from forktool.cache import caches_root
     name_api_drift(results, pinned, old_read, target.manifest, new_read, caches_root(project.state_dir))
     progress("configuring both trees for the build-file drift")
-    drift = buildfiles.drift(_drift_flags(project), old_read, new_read, sorted(pinned), sorted(target.manifest),
-                             prefix)
+    # under .opencoti/tmp/ (two whole upstream trees and their CMake build directories), never $TMPDIR: one that a
+    # SIGTERM or a kill leaves is removed by the next fetch or sync
+    with vendor.temp_dir(project, "forktool-drift-") as work:
+        drift = buildfiles.drift(_drift_flags(project), old_read, new_read, sorted(pinned), sorted(target.manifest),
+                                 prefix, work)
     series_text = _series_text(results, project.series_file.read_text(encoding="utf-8"), target.new.spec)
     yaml_text = _repin_text(project.vendor_yaml.read_text(encoding="utf-8"), old.name, target.new)
     t_analysis = time.monotonic()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -77,10 +79,24 @@ def render_markdown(data: dict) -> str:
     return env.get_template("sync_report.md.j2").render(r=data, statuses=STATUSES)
 
 
+def _clean_work_dirs(out: Path) -> None:
+    """Remove the patches/ work directories of earlier trials whose process is gone."""
+    from forktool.vendor import _alive
+
+    mine = re.compile(r"^\.patches-(\d+)-")
+    for p in out.iterdir():
+        m = mine.match(p.name)
+        if m and not _alive(int(m.group(1))) and p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+
+
 def write_outputs(out: Path, res: SyncResult) -> dict:
     """patches/ (refreshed ones + series), report.json, report.md; patches/ is replaced as a whole."""
     out.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".patches-", dir=out))
+    # the work directory's name carries this process's id: one that a SIGTERM or a kill left is removed here by the
+    # next trial writing to out, once its process is gone
+    _clean_work_dirs(out)
+    tmp = Path(tempfile.mkdtemp(prefix=f".patches-{os.getpid()}-", dir=out))
     try:
         for r in res.results:
             if r.refreshed is not None:
