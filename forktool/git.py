@@ -104,6 +104,12 @@ def archive_commit(url: str, commit: str, cache: Path) -> bytes:
         buf = io.BytesIO()
         repo.archive(buf, treeish=commit, format="tar")
     except git.GitCommandError as e:
+        if isinstance(e.status, int) and e.status < 0:  # a signal ended git: nothing says the url or commit is wrong
+            from forktool import proc
+
+            raise ForktoolError(f"git could not provide {url}@{commit}: git {proc.ended(e.status)}", where=url,
+                                hint="run the command again; if git keeps being killed, look for what kills it "
+                                     "(out of memory, a timeout)") from e
         raise ForktoolError(f"git could not provide {url}@{commit}: {e.stderr.strip()}", where=url,
                             hint="check the url and that the commit exists there") from e
     return buf.getvalue()
@@ -144,7 +150,13 @@ def merge_file(ours: bytes, base: bytes, theirs: bytes, labels: tuple[str, str, 
             # exit status is the conflict count (capped at 127); a negative status (255) is an error
             status, out, err = git.Git(tmp).execute(argv, with_extended_output=True, with_exceptions=False,
                                                     stdout_as_string=False, strip_newline_in_stdout=False)
-    if status < 0 or status > 127:
+    if status < 0:  # a signal ended it (a crash, an OOM kill): no merge was made
+        from forktool import proc
+
+        raise ForktoolError(f"git merge-file {proc.ended(status)}", where=labels[0],
+                            hint="run the command again; if git keeps being killed, look for what kills it "
+                                 "(out of memory, a timeout)")
+    if status > 127:
         msg = err.decode("utf-8", "replace") if isinstance(err, bytes) else str(err)
         raise ForktoolError(f"git merge-file failed: {msg.strip()}",
                             where=labels[0], hint="check that git is installed and the inputs are text")

@@ -31,6 +31,17 @@ class CalledProcessError(ForktoolError):
     """A subprocess exited non-zero; the message carries command, code and output."""
 
 
+def ended(code: int) -> str:
+    """How a process that did not succeed ended, for a message: `failed with exit code N`, or `was killed by SIGNAME`
+    for a negative return code (a signal ended it: it has no exit code, and a crash or an OOM kill is named so)."""
+    if code >= 0:
+        return f"failed with exit code {code}"
+    try:
+        return f"was killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"was killed by signal {-code}"
+
+
 def _not_found(args: tuple[str, ...]) -> ForktoolError:
     return ForktoolError(f"command not found: {args[0]}", where=" ".join(args),
                          hint=f"install {args[0]} or put it on PATH")
@@ -61,7 +72,7 @@ def run(argv: Sequence[str | os.PathLike[str]], *, cwd: Path | None = None, chec
     res = Result(args, cp.returncode, cp.stdout or b"", cp.stderr or b"")
     if check and cp.returncode != 0:
         raise CalledProcessError(
-            f"command failed with exit code {cp.returncode}: {' '.join(args)}",
+            f"command {ended(cp.returncode)}: {' '.join(args)}",
             where=str(cwd or Path.cwd()),
             details=[f"stdout: {_tail(res.stdout)}", f"stderr: {_tail(res.stderr)}"],
         )
@@ -86,7 +97,7 @@ def stream(argv: Sequence[str | os.PathLike[str]], *, cwd: Path | None = None, c
                 on_line(raw.decode("utf-8", "replace").rstrip("\n"))
     res = Result(args, p.returncode, b"".join(lines), b"")
     if check and p.returncode != 0:
-        raise CalledProcessError(f"command failed with exit code {p.returncode}: {' '.join(args)}",
+        raise CalledProcessError(f"command {ended(p.returncode)}: {' '.join(args)}",
                                  where=str(cwd or Path.cwd()), details=[f"output: {_tail(res.stdout)}"])
     return res
 

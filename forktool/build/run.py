@@ -136,7 +136,7 @@ def _failed(step: str, code: int, log: Path, cause: diagnose.Cause | None, lines
             hint: str) -> ForktoolError:
     # the first error is the cause; what follows it is often its echo (make's own lines, later cascades)
     err = cause.text if cause else last_error(lines)
-    return ForktoolError(f"{step} failed with exit code {code}" + (f": {err}" if err else ""),
+    return ForktoolError(f"{step} {proc.ended(code)}" + (f": {err}" if err else ""),
                          where=str(log), details=[f"full log: {log}"] + ([f"cause at {cause.where}"] if cause and
                                                                           cause.where else []), hint=hint)
 
