@@ -124,10 +124,14 @@ def run_session(argv: Sequence[str | os.PathLike[str]], *, cwd: Path | None = No
         if signum != signal.SIGINT:
             stop_group(started[0], grace)
             # the last word before dying by the signal: what was stopped, and that it did not finish (os.write: no
-            # buffered stream is entered from a signal handler)
-            os.write(2, f"forktool: {signal.Signals(signum).name} received: stopped `{' '.join(args)[:200]}` and "
-                        f"everything it started; it did not finish, so nothing it checks was checked\n"
-                        .encode("utf-8", "replace"))
+            # buffered stream is entered from a signal handler); a full or broken stderr must not keep forktool from
+            # dying by the signal (an OSError here would be reported as a full disk or an internal error)
+            try:
+                os.write(2, f"forktool: {signal.Signals(signum).name} received: stopped `{' '.join(args)[:200]}` and "
+                            f"everything it started; it did not finish, so nothing it checks was checked\n"
+                            .encode("utf-8", "replace"))
+            except OSError:
+                pass
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return

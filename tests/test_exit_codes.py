@@ -95,6 +95,39 @@ def test_ctrl_c_from_outside_while_a_command_waits(series: Proj) -> None:
         assert left == [], f"the gate's process outlived forktool's Ctrl-C: {presses} {children} {out} {err}"
 
 
+@pytest.mark.parametrize("stderr", ["full", "broken pipe"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_while_a_command_waits_ends_by_it_whatever_stderr_is(series: Proj, sig: int, stderr: str) -> None:
+    """The last line before dying by SIGTERM or SIGHUP goes to a stderr that may be full or have no reader: forktool
+    still dies by the signal and stops the gate's processes, never exit 1 "no space left" or exit 3."""
+    import yaml
+
+    reg = corpus.registry_doc()
+    reg["patches"][0]["gates"][0]["command"] = ["sleep", "30"]
+    (series.root / "registry" / "UPSTREAM_SYNC.yaml").write_text(yaml.safe_dump(reg, sort_keys=False))
+    if stderr == "full":
+        err = os.open("/dev/full", os.O_WRONLY)
+    else:
+        r, err = os.pipe()
+        os.close(r)
+    try:  # --json: nothing is written to stderr before the signal, so the handler's line is the first write there
+        p = subprocess.Popen([sys.executable, "-m", "forktool", "gates", "0070", "--json"], env=_env(series),
+                             stdout=subprocess.PIPE, stderr=err, text=True)
+    finally:
+        os.close(err)
+    deadline = time.monotonic() + 60
+    while not _children(p.pid) and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.02)
+    children = _children(p.pid)
+    assert children, f"the gate command never started: {p.communicate()}"
+    p.send_signal(sig)
+    out, _ = p.communicate(timeout=60)
+    left = [c for c in children if _alive(c)]
+    for c in left:
+        os.kill(c, signal.SIGKILL)
+    assert (p.returncode, out, left) == (-sig, "", [])
+
+
 def _alive(pid: int) -> bool:
     """pid is a running process (not gone, not a zombie waiting for its parent)."""
     try:
