@@ -50,6 +50,7 @@ def _interrupt_at(p: Proj, moments: list[str], argv: list[str]) -> subprocess.Co
 
 
 @pytest.mark.parametrize("moment,argv", [
+    ("import:typing", ["status"]),  # imported by the first modules after the handler, never before it
     ("import:forktool.cli_spec", ["status"]),  # the first import after the handler
     ("import:forktool.output", ["verify", "--json"]),
     ("import:typer", ["status", "--json", "--json"]),  # the typer app loading
