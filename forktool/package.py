@@ -227,10 +227,11 @@ def _safe_rel(rel: str, where: str) -> str:
     return rel
 
 
-def verify_release(directory: Path) -> dict[str, Any]:
-    """Re-check every sum and the manifest of a release directory (or its .tar.gz); raise on any difference."""
+def verify_release(directory: Path, work: Path | None = None) -> dict[str, Any]:
+    """Re-check every sum and the manifest of a release directory (or its .tar.gz); raise on any difference.
+    work: where an archive is extracted (else $TMPDIR)."""
     if directory.is_file() and directory.name.endswith(".tar.gz"):
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory(prefix="forktool-verify-", dir=work) as tmp:
             archive.extract_to_dir(directory, Path(tmp))  # checked member by member before the first write
             # the reader keeps no directory entry: make the archive's directories too, so that one holding no
             # listed file is seen as in a directory (the names passed the reader's checks above)

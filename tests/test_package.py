@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import signal
 import tarfile
 from pathlib import Path
 
@@ -13,7 +14,8 @@ from forktool import cli
 from forktool import package as pk
 from forktool.errors import VerifyError
 from tests.helpers.build import BUILD_YAML, demo_project
-from tests.helpers.project import bare_project
+from tests.helpers.cli import signal_at
+from tests.helpers.project import Proj, bare_project
 
 
 def _inputs(root: Path) -> pk.ReleaseSpec:
@@ -126,6 +128,24 @@ def test_verify_refuses_a_path_listed_twice_in_the_sums(release: Path) -> None:
 
 def test_verify_reads_the_archive_too(release: Path) -> None:
     assert pk.verify_release(release.with_name(release.name + ".tar.gz"))["ok"]
+
+
+def test_verifying_an_archive_ended_by_sigterm_leaves_nothing_in_tmpdir(release: Path, proj: Proj, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the archive is extracted under .opencoti/tmp/ (a whole release: the binaries and the source), which the next
+    # command making a temporary directory there cleans; SIGTERM runs no clean-up, and $TMPDIR is never written
+    tmpdir = tmp_path / "tmpdir"
+    tmpdir.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmpdir))
+    arc = str(release.with_name(release.name + ".tar.gz"))
+    work = proj.root / ".opencoti" / "tmp"
+    # at the first file extracted: renamed into place inside the extracted release directory
+    r = signal_at(proj.root, signal.SIGTERM, f"{release.name}/", ["package", "verify", arc], event="os.rename")
+    assert r.returncode == -signal.SIGTERM, r.stderr
+    assert os.listdir(tmpdir) == [] and len(os.listdir(work)) == 1
+    code, out, err = proj.run("package", "verify", arc)
+    assert "package verify: OK" in err
+    assert os.listdir(tmpdir) == [] and os.listdir(work) == []
 
 
 def test_package_verify_cli_exits_1_on_tampering(release: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -35,6 +35,15 @@ def verify(project: Project, directory: str) -> Report:
     if not directory.strip():
         raise UsageError("package verify needs the release directory (or its .tar.gz), not an empty name",
                          where="DIRECTORY", hint="pass what `forktool package` printed, e.g. dist/NAME")
-    res = pk.verify_release(Path(directory))
+    path = Path(directory)
+    if path.is_file():
+        from forktool import vendor
+
+        # an archive is extracted under .opencoti/tmp/, never $TMPDIR: what a SIGTERM or a kill leaves there (a
+        # whole release) is removed by the next command that makes a temporary directory there
+        with vendor.temp_dir(project, "forktool-verify-") as work:
+            res = pk.verify_release(path, work)
+    else:
+        res = pk.verify_release(path)
     return Report(res, [f"{res['files']} file(s) match SHA256SUMS; manifest agrees (stamp {res['stamp']}, "
                         f"series {str(res['series_digest'])[:12]})", "[green]package verify: OK[/green]"])

@@ -31,23 +31,24 @@ def run_cli(root: Path, args: list[str], expect: int | None = 0) -> tuple[int, s
     return code, out.getvalue(), err.getvalue()
 
 
-# forktool in a process that sends itself a signal when it first opens a file whose path holds a given text: a real
-# SIGTERM or SIGHUP at a named moment, never a race with a timer
+# forktool in a process that sends itself a signal when it first raises an audit event (by default "open") whose first
+# argument is a path holding a given text: a real SIGTERM or SIGHUP at a named moment, never a race with a timer
 _SIGNAL_AT = r"""
 import os, sys
-sig, what = int(sys.argv[1]), sys.argv[2]
-def hook(event, args):
-    if event == "open" and args and isinstance(args[0], str) and what in args[0]:
+sig, event, what = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+def hook(name, args):
+    if name == event and args and isinstance(args[0], (str, bytes, os.PathLike)) and what in os.fsdecode(args[0]):
         os.kill(os.getpid(), sig)
 sys.addaudithook(hook)
-sys.argv = ["forktool", *sys.argv[3:]]
+sys.argv = ["forktool", *sys.argv[4:]]
 import runpy
 runpy.run_module("forktool", run_name="__main__", alter_sys=True)
 """
 
 
-def signal_at(root: Path, sig: int, what: str, args: list[str],
-              env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """`forktool ARGS` in a process of its own, sent `sig` when it first opens a path holding `what`."""
-    return subprocess.run([sys.executable, "-c", _SIGNAL_AT, str(int(sig)), what, *args],
+def signal_at(root: Path, sig: int, what: str, args: list[str], env: dict[str, str] | None = None,
+              event: str = "open") -> subprocess.CompletedProcess:
+    """`forktool ARGS` in a process of its own, sent `sig` at its first audit `event` on a path holding `what` (an
+    "open" is seen before the file exists; "os.rename" once the file renamed is whole)."""
+    return subprocess.run([sys.executable, "-c", _SIGNAL_AT, str(int(sig)), event, what, *args],
                           env=dict(os.environ, FORKTOOL_ROOT=str(root), **(env or {})), capture_output=True, text=True)
