@@ -171,6 +171,28 @@ def _stage(path: Path, data: bytes) -> int:
     return fd
 
 
+@contextmanager
+def _held_signals(hold: bool) -> Iterator[None]:
+    """With hold, SIGINT, SIGTERM and SIGHUP that arrive inside the block are delivered when it ends (each once, with
+    the handler it had before); SIGKILL cannot be held. Signal handlers live in the main thread only."""
+    import signal
+    import threading
+
+    if not hold or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    caught = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    prev = {sig: signal.signal(sig, lambda signum, frame: pending.append(signum)) for sig in caught}
+    try:
+        yield
+    finally:
+        for sig, handler in prev.items():
+            signal.signal(sig, handler)
+        for signum in dict.fromkeys(pending):
+            os.kill(os.getpid(), signum)
+
+
 def commit(tree: Path, state_dir: Path, writes: list[Write], state_after: dict, backup: str | None = None) -> None:
     """Apply writes to tree and record state_after, all or nothing (recoverable after a kill).
 
@@ -182,45 +204,50 @@ def commit(tree: Path, state_dir: Path, writes: list[Write], state_after: dict, 
     check_state_dir(state_dir)
     check_plan(tree, writes)
     fds: list[int] = []
-    try:
+    # a journal whose plan is still here is a damaged one `forktool recover` is rolling back (every command leaves
+    # only those in place): between its removal and this plan's commit, neither would be left to say what the tree
+    # must become (the next command would discard a plan-less journal as one that never started), so the signals
+    # that can be held wait until this plan is committed; then the next command rolls it forward
+    with _held_signals(os.path.lexists(tdir / "plan.json")):
         try:
-            if tdir.is_symlink() or tdir.is_file():
-                tdir.unlink()
-            elif tdir.exists():
+            try:
+                if tdir.is_symlink() or tdir.is_file():
+                    tdir.unlink()
+                elif tdir.exists():
+                    remove_tree(tdir)
+                (tdir / "new").mkdir(parents=True)
+                entries = []
+                for n, w in enumerate(writes):
+                    staged = None
+                    if w.data is not None:
+                        staged = str(n)
+                        fds.append(_stage(tdir / "new" / staged, w.data))
+                        if len(fds) == FSYNC_BATCH:
+                            fsync_all(fds)
+                            while fds:
+                                os.close(fds.pop())
+                    entries.append({"path": w.path, "staged": staged, "mode": w.mode,
+                                    "sha256": (w.sha256 or sha256_bytes(w.data)) if w.data is not None else None})
+                    if n == 0:
+                        _fault("staging")
+                fsync_all(fds)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            plan = {"entries": entries, "state": state_after}
+            if backup is not None:
+                plan["backup"] = backup
+            atomic_write(tdir / "plan.json", json.dumps(plan, sort_keys=True).encode())
+        except OSError as e:
+            # nothing in the tree moved yet: drop the half-made journal and say why
+            try:
                 remove_tree(tdir)
-            (tdir / "new").mkdir(parents=True)
-            entries = []
-            for n, w in enumerate(writes):
-                staged = None
-                if w.data is not None:
-                    staged = str(n)
-                    fds.append(_stage(tdir / "new" / staged, w.data))
-                    if len(fds) == FSYNC_BATCH:
-                        fsync_all(fds)
-                        while fds:
-                            os.close(fds.pop())
-                entries.append({"path": w.path, "staged": staged, "mode": w.mode,
-                                "sha256": (w.sha256 or sha256_bytes(w.data)) if w.data is not None else None})
-                if n == 0:
-                    _fault("staging")
-            fsync_all(fds)
-        finally:
-            for fd in fds:
-                os.close(fd)
-        plan = {"entries": entries, "state": state_after}
-        if backup is not None:
-            plan["backup"] = backup
-        atomic_write(tdir / "plan.json", json.dumps(plan, sort_keys=True).encode())
-    except OSError as e:
-        # nothing in the tree moved yet: drop the half-made journal and say why
-        try:
-            remove_tree(tdir)
-        except OSError:
-            pass
-        if schema.is_no_space(e):
-            raise schema.no_space(e, str(tdir)) from None
-        raise ForktoolError(f"could not stage the update: {e}", where=str(tdir),
-                            hint="nothing was changed; fix the cause and run the command again") from None
+            except OSError:
+                pass
+            if schema.is_no_space(e):
+                raise schema.no_space(e, str(tdir)) from None
+            raise ForktoolError(f"could not stage the update: {e}", where=str(tdir),
+                                hint="nothing was changed; fix the cause and run the command again") from None
     _fault("committed")
     _roll_forward(tree, state_dir, plan)
 

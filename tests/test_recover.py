@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
 
 from tests import corpus
+from tests.helpers.cli import signal_at
 from tests.helpers.project import Proj
 
 POINTS = ["committed", "replacing", "state-written"]
@@ -88,6 +90,24 @@ def test_a_staged_file_that_changed_is_rolled_back_from_the_backup_the_plan_name
     res = series.json("recover")
     assert res["journals"][0]["action"] == f"rolled back to backup {named}"
     assert series.digest() == before and res["check"]["clean"] and res["check"]["top"] == "0070"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_rollback_cut_short_by_a_signal_is_finished_by_the_next_command(series: Proj, sig: int) -> None:
+    # the rollback's own journal replaces the damaged one: a signal between the damaged journal's removal and the
+    # new plan's commit waits for that commit, so a journal always says what the tree must become; before, the
+    # next command discarded the plan-less one as "never started" and the half-moved tree was left to guess at
+    before = series.digest()
+    tdir = _killed_apply(series, "replacing")  # the first file already moved
+    _spoil(tdir, "staged-changed")
+    r = signal_at(series.root, sig, ".opencoti/txn/new/0", ["recover"])  # staging the rollback's first file
+    assert r.returncode == (130 if sig == signal.SIGINT else -sig), r.stderr
+    res = series.json("recover")
+    [j] = res["journals"]
+    assert (j["damaged"], j["action"]) == ("", "finished (rolled forward)")
+    assert series.digest() == before and res["check"]["clean"] and res["check"]["top"] is None
+    series.run("apply")
+    series.run("verify")
 
 
 def test_discard_keeps_the_tree_and_says_what_differs(series: Proj) -> None:
