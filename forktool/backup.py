@@ -301,6 +301,10 @@ def prune(backups_dir: Path, keep: int, needed: frozenset[Path] | set[Path] = fr
     gone = []
     for b in doomed:
         if b.path not in needed:
-            remove_tree(b.path)
+            # out of sight first, in one rename: a prune cut short (SIGTERM, a kill) never leaves a half-deleted backup
+            # under its name, listed as whole; what is left is a work directory the next backup made here removes
+            doomed_dir = backups_dir / f"{WORK_PREFIX}{os.getpid()}-{os.urandom(6).hex()}"
+            b.path.rename(doomed_dir)
+            remove_tree(doomed_dir)
             gone.append(b.name)
     return gone, held

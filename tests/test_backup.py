@@ -105,6 +105,25 @@ def test_a_backup_killed_before_its_rename_leaves_nothing_behind(proj: Proj, sig
     proj.run("verify")
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_prune_cut_short_never_leaves_a_half_deleted_backup_listed(proj: Proj, sig: int):
+    # before, a prune ended while it deleted a backup's objects left its manifest: `backup list` showed the backup
+    # whole (its files and objects counted), and only `backup restore` found the objects missing
+    three_patches(proj)
+    proj.run("apply")
+    proj.run("unapply")  # its backup stores the three patched files
+    proj.run("apply")
+    backups = proj.root / ".opencoti" / "vendor-backups"
+    whole = {p.name: digest(scan(p)) for p in backups.iterdir()}
+    r = signal_at(proj.root, sig, "vendor-backups/", ["backup", "prune", "--keep", "1"], event="os.rmdir")
+    assert r.returncode == -sig, r.stderr
+    listed = [b["name"] for b in proj.json("backup", "list")["backups"]]
+    assert {n: digest(scan(backups / n)) for n in listed} == {n: whole[n] for n in listed}
+    assert len(listed) < len(whole)  # it was cut short while deleting, so one backup is gone
+    proj.run("backup", "create", "after")  # and the work directory the prune left goes with the next backup
+    assert [p.name for p in backups.iterdir() if p.name.startswith(".")] == []
+
+
 def test_unknown_backup_name(proj: Proj):
     code, out, err = proj.run("backup", "restore", "nope", expect=1)
     assert "backup list" in err
