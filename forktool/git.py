@@ -91,9 +91,17 @@ def archive_commit(url: str, commit: str, cache: Path) -> bytes:
     git = _git()
     mirror = cache / "git" / hashlib.sha256(url.encode()).hexdigest()[:16]
     try:
+        repo = None
         if _usable_mirror(mirror):
-            repo = git.Repo(mirror)
-        else:
+            try:
+                repo = git.Repo(mirror)
+            except git.InvalidGitRepositoryError:
+                # forktool's config in a directory git does not take for a repository (its HEAD or objects gone):
+                # only a cache, cloned again (a clone killed before it ended has git's config, so is removed above)
+                from forktool.tree import remove_tree
+
+                remove_tree(mirror)
+        if repo is None:
             repo = git.Repo.clone_from(url, mirror, bare=True, no_checkout=True)
             _own_config(mirror)
         try:

@@ -55,3 +55,17 @@ def test_a_fetch_whose_git_is_killed_fails_naming_the_signal(proj: Proj, tmp_pat
     code, out, err = proj.run("vendor", "fetch", expect=1)
     assert "git was killed by SIGKILL" in err and "Traceback" not in err
     assert proj.state_digest() == before
+
+
+def test_a_mirror_left_empty_by_a_killed_clone_is_cloned_again(proj: Proj, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # a clone SIGKILLed after making its directory and before `git init` there leaves it empty: gitpython refuses to
+    # open it, which was an internal error (exit 3) at every later fetch until the cache was cleaned by hand
+    import hashlib
+
+    cache = tmp_path / "killed-clone-cache"
+    monkeypatch.setenv("FORKTOOL_CACHE", str(cache))
+    (cache / "git" / hashlib.sha256(str(proj.upstream).encode()).hexdigest()[:16]).mkdir(parents=True)
+    before = proj.state_digest()
+    proj.run("vendor", "fetch")
+    assert proj.state_digest() == before
