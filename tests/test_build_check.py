@@ -131,6 +131,25 @@ def test_a_check_after_one_cut_short_compiles_the_objects_that_run_left_again(pr
 
 
 @needs_cmake
+def test_a_check_whose_make_a_signal_ends_keeps_its_marker(project: Project, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # a make killed (an OOM kill) did not run to its end: compiles it started may still land objects, so the marker
+    # stays and the next check compiles again what was written since; before, the check removed it as after any make
+    bdir = project.root / "build" / "tiny"
+    assert run_check(project, ["llama.cpp/src/b.c"]).ok
+    real = shutil.which("make")
+    wrap = tmp_path / "bin"
+    wrap.mkdir()
+    (wrap / "make").write_text(f'#!/bin/sh\ncase " $* " in *" -k "*) kill -KILL $$ ;; esac\nexec {real} "$@"\n')
+    (wrap / "make").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{wrap}{os.pathsep}{os.environ['PATH']}")
+    res = run_check(project, ["llama.cpp/src/b.c"])
+    assert res.status == "failed" and not res.ok and (bdir / b.RUNNING).exists()
+    monkeypatch.setenv("PATH", os.environ["PATH"].split(os.pathsep, 1)[1])
+    assert run_check(project, ["llama.cpp/src/b.c"]).ok and not (bdir / b.RUNNING).exists()
+
+
+@needs_cmake
 def test_the_check_goes_through_the_compiler_cache(tmp_path: Path, sccache: str) -> None:  # noqa: F811
     project = tiny_project(tmp_path, CMAKE, FILES)
     cold = run_check(project, ["llama.cpp/include/lone.h"])

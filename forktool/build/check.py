@@ -238,6 +238,7 @@ def compile_units(project: Project, cfg: BuildConfig, plan: Plan, paths: list[st
         atomic_write(bdir / RUNNING, f"{plan.stamp}\n".encode(), durable=False)
         first = diagnose.FirstError()
         failed_objs: set[str] = set()
+        killed = False  # a make a signal ended did not run to its end
         report(BuildEvent("start", 0, len(todo), "", f"compile {len(todo)} unit(s)"))
 
         def on_line(line: str) -> None:
@@ -264,22 +265,30 @@ def compile_units(project: Project, cfg: BuildConfig, plan: Plan, paths: list[st
                     mk = model[name].makefile
                     gen = ["make", "-f", mk, mk.removesuffix("build.make") + step]
                     log.write(f"$ {' '.join(gen)}\n")
-                    if proc.stream(gen, cwd=bdir, env=env, on_line=on_line, check=False).returncode != 0:
+                    code = proc.stream(gen, cwd=bdir, env=env, on_line=on_line, check=False).returncode
+                    if code != 0:
                         res.status = "failed"
+                        killed = killed or code < 0
         for makefile, group in sorted(by_make.items()):
             # as CMake's own target rule does: first merge the compilers' depfiles into the target's
             # compiler_depend.make, else make would not see that a header changed under an object
             depend = ["make", "-f", makefile, makefile.removesuffix("build.make") + "depend"]
             log.write(f"$ {' '.join(depend)}\n")
-            if proc.stream(depend, cwd=bdir, env=env, on_line=on_line, check=False).returncode != 0:
+            code = proc.stream(depend, cwd=bdir, env=env, on_line=on_line, check=False).returncode
+            if code != 0:
                 res.status = "failed"
+                killed = killed or code < 0
             argv = ["make", "-k", f"-j{jobs}", "-f", makefile, *sorted(u.obj for u in group)]
             log.write(f"$ {' '.join(argv)}\n")
             # -k: every unit that fails is named, not only the first
             made = proc.stream(argv, cwd=bdir, env=env, on_line=on_line, check=False)
             if made.returncode != 0:
                 res.status = "failed"
-    (bdir / RUNNING).unlink(missing_ok=True)  # make ran to its end: its objects are what it says
+                killed = killed or made.returncode < 0
+    if not killed:  # make ran to its end: its objects are what it says
+        (bdir / RUNNING).unlink(missing_ok=True)
+    # else a signal ended a make (an OOM kill): compiles it started may still land objects, so the marker stays and
+    # the next check compiles again what was written since this one began
     stats1 = cache_stats(tool) if tool and stats0 else None
     if stats0 and stats1:
         res.cache = stats1.since(stats0).describe()
