@@ -24,6 +24,7 @@ from forktool.tree import (
     resolve_inside,
     run_all,
     sha256_bytes,
+    signals_held,
 )
 
 if TYPE_CHECKING:
@@ -171,28 +172,6 @@ def _stage(path: Path, data: bytes) -> int:
     return fd
 
 
-@contextmanager
-def _held_signals(hold: bool) -> Iterator[None]:
-    """With hold, SIGINT, SIGTERM and SIGHUP that arrive inside the block are delivered when it ends (each once, with
-    the handler it had before); SIGKILL cannot be held. Signal handlers live in the main thread only."""
-    import signal
-    import threading
-
-    if not hold or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending: list[int] = []
-    caught = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    prev = {sig: signal.signal(sig, lambda signum, frame: pending.append(signum)) for sig in caught}
-    try:
-        yield
-    finally:
-        for sig, handler in prev.items():
-            signal.signal(sig, handler)
-        for signum in dict.fromkeys(pending):
-            os.kill(os.getpid(), signum)
-
-
 def commit(tree: Path, state_dir: Path, writes: list[Write], state_after: dict, backup: str | None = None) -> None:
     """Apply writes to tree and record state_after, all or nothing (recoverable after a kill).
 
@@ -208,7 +187,10 @@ def commit(tree: Path, state_dir: Path, writes: list[Write], state_after: dict, 
     # only those in place): between its removal and this plan's commit, neither would be left to say what the tree
     # must become (the next command would discard a plan-less journal as one that never started), so the signals
     # that can be held wait until this plan is committed; then the next command rolls it forward
-    with _held_signals(os.path.lexists(tdir / "plan.json")):
+    import signal
+
+    held = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if os.path.lexists(tdir / "plan.json") else ()
+    with signals_held(*held):
         try:
             try:
                 if tdir.is_symlink() or tdir.is_file():

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 import yaml
 
+from tests.helpers.cli import signal_at
 from tests.helpers.patches import make_patch
 from tests.helpers.project import Proj
 from tests.helpers.registry import CTX, CTX1, CUDA, REG, write_reg
@@ -132,6 +135,18 @@ def test_stale_markdown_view(rp: Proj):
     rp.run("registry", "render", "--check", expect=1)
     rp.run("registry", "render")
     rp.run("registry", "render", "--check")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_while_a_registry_file_is_written_leaves_no_temp_file_in_registry(rp: Proj, sig: int):
+    # registry/ is committed: a SIGTERM or SIGHUP between the temp file's creation and its rename left
+    # `registry/.forktool-RANDOM.tmp` there for good (git showed it untracked); the signal now waits for the rename
+    (rp.root / "registry" / "UPSTREAM_SYNC.md").write_text("old\n")
+    r = signal_at(rp.root, sig, "registry/.forktool-", ["registry", "render"], event="os.rename")
+    assert r.returncode == -sig, r.stderr
+    assert sorted(p.name for p in (rp.root / "registry").iterdir()) == ["UPSTREAM_SYNC.md", "UPSTREAM_SYNC.yaml",
+                                                                        "build.yaml"]
+    rp.run("registry", "render", "--check")  # and the file it was writing is whole
 
 
 def test_rewriting_an_earlier_patch_line_carries_its_marker():
