@@ -359,6 +359,20 @@ def component_lock_key(comp: Component) -> dict:
             "include": list(comp.include), "exclude": list(comp.exclude), "subdir": comp.subdir}
 
 
+def pin_moves(project: Project) -> list[str]:
+    """For each component whose pin or filters in vendor/vendor.yaml differ from what vendor.lock records the tree
+    was made from: "NAME: pinned SPEC, the tree holds LOCKED" (empty when they agree, or before the first fetch)."""
+    recorded = load_lock(project).get("components") or {}
+    out = []
+    for c in project.vendor.components:
+        was = recorded.get(c.name)
+        if was is not None and was != component_lock_key(c):
+            held = was.get("spec", "?") if isinstance(was, dict) else "?"
+            out.append(f"{c.name}: vendor.yaml pins {c.spec}, the tree holds {held}"
+                       + (" (other filters)" if held == c.spec else ""))
+    return out
+
+
 class FetchResult(NamedTuple):
     manifest: Manifest
     digest: str

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -250,8 +251,22 @@ def test_accept_moves_pin_and_patches(tmp_path, upstream):
     repo, c1, c2 = upstream
     patches = [p for p in series_for(OLD_FILES) if p.id in ("0001", "0002", "0003", "0005", "0007")]
     project = write_project(tmp_path / "proj", component_yaml(repo.working_tree_dir, c1), patches)
+    env = dict(os.environ, FORKTOOL_ROOT=str(project.root))
+
+    def ft(*argv: str) -> subprocess.CompletedProcess:
+        r = subprocess.run([sys.executable, "-m", "forktool", *argv], env=env, capture_output=True, text=True)
+        assert r.returncode == 0, (argv, r.stderr)
+        return r
+    for argv in (["vendor", "fetch"], ["apply"]):
+        ft(*argv)
+    assert json.loads(ft("status", "--json").stdout)["pin_moved"] == []
     rep = sync_cmds.sync(project, c2, accept=True, build=False, out="dist/sync")
     assert rep.exit_code == 0 and rep.data["acceptable"]
+    # the tree still holds the old upstream: status says "clean" of it against the lock, and that the pin moved
+    st = ft("status")
+    assert "tree: clean" in st.stderr and "pin moved: llama.cpp: vendor.yaml pins " in st.stderr
+    assert f"@{c2}, the tree holds " in st.stderr and st.stderr.rstrip().endswith("(docs/sync.md)")
+    assert "vendor fetch && forktool apply" in st.stderr
     yaml_text = project.vendor_yaml.read_text()
     assert f"commit: {c2}\n" in yaml_text and f"upstream_commit: {c2}\n" in yaml_text
     assert "# the commit we build on" in yaml_text and c1 not in yaml_text
@@ -262,10 +277,11 @@ def test_accept_moves_pin_and_patches(tmp_path, upstream):
     backups = list((project.state_dir / "sync-backups").iterdir())
     assert len(backups) == 1 and (backups[0] / "manifest.json").is_file()
     # the accepted project applies exactly on the new pin
-    env = dict(os.environ, FORKTOOL_ROOT=str(project.root))
+    ft("unapply")
+    shutil.rmtree(project.tree)
     for argv in (["vendor", "fetch"], ["apply"], ["verify"]):
-        r = subprocess.run([sys.executable, "-m", "forktool", *argv], env=env, capture_output=True, text=True)
-        assert r.returncode == 0, (argv, r.stderr)
+        ft(*argv)
+    assert json.loads(ft("status", "--json").stdout)["pin_moved"] == []
     # a second sync to the same upstream is now all clean
     again = sync_cmds.sync(Project(project.root), c2, accept=False, build=False, out=str(tmp_path / "again"))
     assert again.exit_code == 0

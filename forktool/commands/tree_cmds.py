@@ -111,9 +111,15 @@ def status(project: Project) -> Report:
                      f"{len(ws.state.applied)}/{len(ws.patches)} applied")
         for s, path in changes[:50]:
             lines.append(f"  [yellow]{s}[/yellow] {path}")
+        moves = vendor.pin_moves(project)  # "clean" is against the upstream the lock records: a moved pin is said apart
+        for m in moves:
+            lines.append(f"[yellow]pin moved: {m}[/yellow]")
+        if moves:
+            lines.append("  next: `forktool unapply`, remove vendor/llamafile, then `forktool vendor fetch && forktool "
+                         "apply` (docs/sync.md)")
         return Report({"patches": rows, "tree": tree, "top": ws.state.top,
                        "local_changes": [{"status": s, "path": path} for s, path in changes],
-                       "pristine_digest": ws.pristine_digest}, lines)
+                       "pristine_digest": ws.pristine_digest, "pin_moved": moves}, lines)
 
 
 NOT_READ = "not checked"  # a profile's compile status under verify --no-cache
