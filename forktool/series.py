@@ -175,9 +175,14 @@ def git_blob_sha1(data: bytes) -> str:
 # ---------------------------------------------------------------- parse
 
 
+def _unreadable_hint(name: str) -> str:
+    # not `refresh`: every command reads the whole series first, so it refuses the same file
+    return (f"restore the file (`git checkout -- patches/{name}`, or from the commit that last had it whole) or "
+            "fix that line by hand; `forktool refresh` cannot rewrite a patch it cannot read")
+
+
 def _fail(name: str, line: int, what: str, hint: str = "") -> PatchFormatError:
-    return PatchFormatError(what, where=f"patches/{name}:{line}",
-                            hint=hint or "regenerate the patch with `forktool refresh ID`")
+    return PatchFormatError(what, where=f"patches/{name}:{line}", hint=hint or _unreadable_hint(name))
 
 
 def parse_patch(data: bytes, name: str) -> Patch:
@@ -188,7 +193,7 @@ def parse_patch(data: bytes, name: str) -> Patch:
     if b"\r" in data:
         n = data[: data.index(b"\r")].count(b"\n") + 1
         raise _fail(name, n, "patch contains CR (CRLF line endings); canonical patches use LF only",
-                    "convert it with `dos2unix` only if the upstream file is LF, or regenerate with refresh")
+                    f"convert it with `dos2unix` if the upstream files it changes are LF, or {_unreadable_hint(name)}")
     if b"\0" in data:
         raise _fail(name, data[: data.index(b"\0")].count(b"\n") + 1, "patch contains NUL bytes (binary)")
     if data and not data.endswith(b"\n"):

@@ -134,6 +134,25 @@ def test_a_patch_whose_subject_is_not_utf8_is_refused_by_every_command_that_read
         assert _project_files(applied) == before
 
 
+@pytest.mark.parametrize("spoil", [
+    lambda b: b[:-1],  # truncated: no final newline
+    lambda b: b"",  # emptied
+    lambda b: b.replace(b"\n", b"\r\n", 3),  # CRLF
+    lambda b: b + b"x\0y\n",  # NUL bytes
+])
+def test_the_hint_for_a_patch_forktool_cannot_read_is_one_that_works(applied: Proj, spoil) -> None:
+    p = applied.root / "patches" / "0089-three.patch"
+    p.write_bytes(spoil(p.read_bytes()))
+    before = _project_files(applied)
+    code, out, err = applied.run("status", expect=1)
+    assert "git checkout -- patches/0089-three.patch" in err
+    # what the hint once said to do: refresh refuses the same file, so it is no way out
+    assert "forktool refresh ID" not in err and "regenerate with refresh" not in err
+    code, out, err2 = applied.run("refresh", "0089", expect=1)
+    assert err2 == err
+    assert _project_files(applied) == before
+
+
 def test_refresh_of_an_id_the_series_does_not_name_says_so(applied: Proj) -> None:
     before = _project_files(applied)
     code, out, err = applied.run("refresh", "0099", expect=2)
