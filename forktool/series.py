@@ -41,17 +41,20 @@ def read_series(path: Path) -> list[SeriesEntry]:
         # quilt allows options after the name (-p1); forktool patches are always -p1
         name = line.split()[0]
         rest = line.split()[1:]
+        m = NAME_RE.match(name)
+        if not m:  # checked first: a line of words is a bad name before it is a name with options
+            raise ConfigError(f"bad patch name {name!r}" + (f" (the line is {line[:80]!r})" if rest else ""),
+                              where=f"{path}:{n}", hint="one patch file name a line, NNNN-slug.patch (four digits, "
+                              "lowercase slug); comment the rest out with `#`")
         if rest and rest != ["-p1"]:
             raise ConfigError(f"unsupported series option(s) {' '.join(rest)!r}", where=f"{path}:{n}",
-                              hint="forktool patches are -p1 only")
-        m = NAME_RE.match(name)
-        if not m:
-            raise ConfigError(f"bad patch name {name!r}", where=f"{path}:{n}",
-                              hint="names are NNNN-slug.patch (four digits, lowercase slug)")
+                              hint=f"forktool patches are -p1 only: leave `{name}` alone on the line")
         pid = m.group(1)
         if pid in seen:
-            raise ConfigError(f"duplicate patch id {pid}", where=f"{path}:{n}",
-                              hint=f"already used on line {seen[pid]}")
+            first = out[[e.id for e in out].index(pid)].name
+            raise ConfigError(f"duplicate patch id {pid}: {name} (line {n}) and {first} (line {seen[pid]})",
+                              where=f"{path}:{n}", hint="a patch id appears once in the series: remove or "
+                              "comment out one of the two lines, or give one patch a free id")
         seen[pid] = n
         out.append(SeriesEntry(pid, name, n))
     return out

@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
-from forktool.errors import PatchFormatError, UnsafePathError
-from forktool.series import diff_file, format_patch, parse_patch
+from forktool.errors import ConfigError, PatchFormatError, UnsafePathError
+from forktool.series import diff_file, format_patch, parse_patch, read_series
 from tests.helpers.patches import make_patch
 from tests.helpers.project import git
 
@@ -85,3 +85,21 @@ def test_path_traversal_is_refused(path):
     text = _good().replace("up/src/b.c", path)
     with pytest.raises(UnsafePathError):
         parse_patch(text.encode(), "0001-demo.patch")
+
+
+@pytest.mark.parametrize("line, what, hint", [
+    # a line of words is a bad name first (it once read as a name with unsupported options: "-p1 only")
+    ("this is not a patch name", "bad patch name 'this' (the line is 'this is not a patch name')", "NNNN-slug.patch"),
+    ("0090 x.patch", "bad patch name '0090' (the line is '0090 x.patch')", "NNNN-slug.patch"),
+    ("0090-x.patch -p0", "unsupported series option(s) '-p0'", "leave `0090-x.patch` alone on the line"),
+    ("0070-again.patch", "duplicate patch id 0070: 0070-again.patch (line 3) and 0070-one.patch (line 2)",
+     "remove or comment out one of the two lines"),
+])
+def test_a_bad_series_line_says_what_is_wrong_and_what_to_do(tmp_path, line, what, hint):
+    series = tmp_path / "patches" / "series"
+    series.parent.mkdir()
+    series.write_text(f"# the series\n0070-one.patch\n{line}\n")
+    with pytest.raises(ConfigError) as e:
+        read_series(series)
+    assert e.value.what == what and hint in e.value.hint
+    assert e.value.where == f"{series}:3"
