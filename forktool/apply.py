@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from forktool.errors import ApplyError
+from forktool.errors import ApplyError, ContextError
 from forktool.series import FileDiff, Hunk, Patch, split_lines
 
 
@@ -83,11 +83,13 @@ def apply_file(patch: Patch, fd: FileDiff, content: bytes | None) -> tuple[bytes
     if fd.is_new:
         if content is not None:
             raise ApplyError(f"{fd.path} already exists but {patch.name} creates it", where=where,
-                             hint="the file was added upstream or by an earlier patch; refresh the patch")
+                             hint=f"the file was added upstream or by an earlier patch: edit patches/{patch.name} "
+                                  "so that it changes the file instead of creating it, or drop that file from it")
         return b"".join(t for h in fd.hunks for t in h.new_lines()), []
     if content is None:
         raise ApplyError(f"{fd.path} does not exist", where=where,
-                         hint="upstream removed or moved it, or an earlier patch deleted it")
+                         hint=f"upstream removed or moved it, or an earlier patch deleted it (or it never existed): "
+                              f"correct the path in patches/{patch.name}, or drop that file from it")
     lines = split_lines(content)
     out: list[bytes] = []
     pos = 0  # first line of `lines` not yet copied
@@ -100,7 +102,7 @@ def apply_file(patch: Patch, fd: FileDiff, content: bytes | None) -> tuple[bytes
         at_start, at_end = _anchors(h)
         at = _find(lines, old, expected, pos, at_start, at_end)
         if at is None:
-            raise ApplyError(
+            raise ContextError(
                 f"hunk #{number} of {fd.path} does not apply (exact context only, no fuzz"
                 + (", at the beginning of the file" if at_start else ", at the end of the file" if at_end else "")
                 + ")",

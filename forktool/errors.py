@@ -48,7 +48,11 @@ class PatchFormatError(ForktoolError):
 
 
 class ApplyError(ForktoolError):
-    """A hunk does not apply at its place or at any offset."""
+    """A patch does not apply: a hunk's context is not found, or a file it changes is missing or already there."""
+
+
+class ContextError(ApplyError):
+    """A hunk's context is found neither at its place nor at any offset (the text it was written against changed)."""
 
 
 class DirtyTreeError(ForktoolError):

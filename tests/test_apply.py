@@ -416,3 +416,23 @@ def test_a_tree_written_where_there_was_none_names_no_backup(rp: Proj):
     assert "no backup (there was no tree to keep)" in out + err and "backup None" not in out + err
     _, out, err = rp.run("unapply")
     assert "; backup " in out + err and "None" not in out + err
+
+
+@pytest.mark.parametrize("files, what", [
+    ({"up/src/ghost.c": ("a\nb\nc\n", "a\nB\nc\n")}, "up/src/ghost.c does not exist"),
+    ({"up/src/a.c": (None, "int a;\n")}, "up/src/a.c already exists but 0090-ghost.patch creates it"),
+])
+def test_a_patch_for_a_file_missing_or_already_there_is_refused_with_a_fix_that_works(proj: Proj, files, what):
+    three_patches(proj)
+    proj.write_patch("0090-ghost.patch", make_patch("0090-ghost.patch", files, "ghost", "ghost"))
+    before = proj.state_digest()
+    for argv in (["apply"], ["apply", "--reanchor"]):
+        code, out, err = proj.run(*argv, expect=1)
+        assert what in err and "patches/0090-ghost.patch" in err, (argv, err)
+        # no patch below changed a text it was written against, and no 3-way merge makes or removes a file:
+        # --reanchor once stopped at 'conflict blocks' in a file that was not there
+        assert "a patch below it changed the text" not in err and "re-anchoring" not in err, (argv, err)
+        assert "refresh" not in err, (argv, err)
+        assert proj.state_digest() == before
+    assert not (proj.root / ".opencoti" / "sync" / "state.json").exists()
+    proj.run("status")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from forktool import output, vendor
 from forktool.commands import open_workspace
-from forktool.errors import ApplyError, check_id, check_line
+from forktool.errors import ApplyError, ContextError, check_id, check_line
 from forktool.output import Report
 from forktool.project import Project
 from forktool.workspace import Workspace
@@ -33,6 +33,8 @@ def apply(project: Project, upto: str | None, force: bool, reanchor: bool = Fals
     try:
         return _apply(project, upto, force, reanchor)
     except ApplyError as e:
+        if not isinstance(e, ContextError):
+            raise  # a file missing or already there: no merge of the patch's hunks carries that across
         if not reanchor:
             # `refresh` of a patch that is not applied is refused: name the way that carries it across instead
             e.hint = ("a patch below it changed the text it was written against: `forktool apply --reanchor` "
