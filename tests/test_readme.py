@@ -165,12 +165,14 @@ def test_links_between_the_pages_resolve(page: str):
     assert bad == []
 
 
-def test_the_readme_build_plan_shows_each_shipped_patch_as_the_plan_describes_it():
+@pytest.mark.parametrize("page", ["README.md", "docs/manual.md"])
+def test_the_build_plan_shown_has_each_shipped_patch_as_the_plan_describes_it(page: str):
     from forktool import build as b
     from forktool.project import Project
     from forktool.series import parse_patch, read_series
 
-    [block] = [lines for _lang, lines in fenced_blocks(README) if lines and lines[0] == "$ forktool build --plan"]
+    text = (REPO / page).read_text()
+    [block] = [lines for _lang, lines in fenced_blocks(text) if lines and lines[0] == "$ forktool build --plan"]
     shown = [ln for ln in block if re.match(r"^\d{4}: ", ln)]
     project = Project(REPO)
     cfg = b.load_config(project)
