@@ -345,3 +345,25 @@ def parse(argv: list[str]) -> Call | None:
                 return None
             opts[each.dest] = each.default  # type: ignore[assignment]  # the declared default of its kind
     return Call(command, opts)
+
+
+def reference() -> str:
+    """Every command and option as Markdown, from COMMANDS: the generated part of docs/manual-cli.md."""
+    out = [f"`forktool --version`: {VERSION.help} Every command takes `--help`."]
+    for c in COMMANDS:
+        words = " ".join(c.words)
+        args = " ".join(name if p.default is REQUIRED or name.startswith("[") else f"[{name}]"
+                        for p in c.params if p.kind == "arg" for name in [p.metavar or p.dest.upper()])
+        out += ["", f"### `forktool {words}{' ' + args if args else ''}`", "", " ".join(c.help.split()), ""]
+        rows = []
+        for p in c.params:
+            if p.kind == "arg":
+                name = (p.metavar or p.dest.upper()).strip("[]")
+            else:
+                name = ", ".join(p.names) + (f" / {p.off}" if p.off else "")
+                name += {"str": " TEXT", "int": " N"}.get(p.kind, "")
+            default = p.default not in (None, False, "", REQUIRED) and not (p.kind == "arg" and p.default is None)
+            shown = (p.names[0] if p.default is True else p.default) if default else None
+            rows.append(f"| `{name}` | {p.help}{f' Default: `{shown}`.' if shown is not None else ''} |")
+        out += ["| argument or option | what |", "| --- | --- |", *rows]
+    return "\n".join(out) + "\n"

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from forktool import cli, cli_app, cli_spec, output
-from tests.helpers.project import Proj
+from tests.helpers.cli import run_cli
+from tests.helpers.project import REPO, Proj
 
 
 def capture(root: Path, fn, args: list[str]) -> tuple[int, str]:
@@ -125,3 +126,17 @@ def test_a_title_or_author_that_is_not_utf8_is_a_usage_error_and_utf8_in_a_c_loc
     pid = rp.json("new", "x", "--title", as_ascii_locale)["id"]
     patch = next((rp.root / "patches").glob(f"{pid}-x.patch")).read_bytes()
     assert f"Subject: [PATCH] {title}\n".encode() in patch
+
+
+def test_the_manual_lists_every_command_and_option_as_declared_and_as_help_shows_them(tmp_path: Path):
+    page = (REPO / "docs" / "manual-cli.md").read_text()
+    begin = page.index("<!-- begin: generated")
+    section = page[page.index("\n", begin) + 1:page.index("<!-- end: generated -->")]
+    assert section == cli_spec.reference(), "docs/manual-cli.md is stale: run scripts/cli-reference.py"
+    for c in cli_spec.COMMANDS:
+        assert f"### `forktool {' '.join(c.words)}" in section
+        code, out, err = run_cli(tmp_path, [*c.words, "--help"])
+        assert code == 0, (c.words, err)
+        for p in c.params:
+            for name in (*p.names, *((p.off,) if p.off else ())):
+                assert name in out + err, (c.words, name)
