@@ -82,6 +82,20 @@ def test_unregistered_marker_in_tree(rp: Proj):
     assert any("(tree)" in x and "'stray'" in x for x in problems(rp))
 
 
+def test_a_marker_deleted_from_the_tree_is_not_called_at_its_site(rp: Proj):
+    rp.run("apply")
+    rp.edit("up/src/ctx.c", "    c->window = 0; // opencoti-hook: ctx-window\n", "    c->window = 0;\n")
+    code, out, err = rp.run("registry", "check")
+    # the sites are checked on the series; the tree's edit is not, and the report says so instead of OK for it
+    assert "registry: OK (1 patches, 1 hooks, all markers at their sites)" in err
+    assert "not checked: the sites of the markers in the 1 file(s) of the tree that no patch explains" in err
+    assert rp.json("registry", "check")["not_checked"] == ["tree"]
+    rp.run("verify", expect=1)
+    rp.edit("up/src/ctx.c", "    c->window = 0;\n", "    c->window = 0; // opencoti-hook: ctx-window\n")
+    code, out, err = rp.run("registry", "check")
+    assert "not checked" not in err and rp.json("registry", "check")["not_checked"] == []
+
+
 def test_unregistered_marker_in_patch(rp: Proj):
     extra = CTX1.replace("    return c->a;\n", "    return c->a;\n    // opencoti-hook: ghost\n")
     (rp.root / "patches" / "0070-ctx-window.patch").write_text(

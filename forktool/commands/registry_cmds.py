@@ -23,13 +23,19 @@ def check(project: Project) -> Report:
     rg.load(_path(project))  # a registry that does not load is a refusal here, with its own error
     with open_workspace(project) as ws:
         problems, warnings, summary = registry_problems(ws, None, caches_root(ws.state_dir)) or ([], [], {})
+        # sites are checked on the series applied in memory: an edit of the tree is not (verify names it)
+        edited = ws.local_changes() if project.tree.exists() else []
     lines = [f"[red]✗[/red] {p}" for p in problems] + [f"[yellow]advisory:[/yellow] {w}" for w in warnings]
     if not problems:
         lines.append(f"registry: OK ({summary['patches']} patches, {summary['hooks']} hooks, "
                      "all markers at their sites)")
+    if edited:
+        lines.append(f"[yellow]not checked:[/yellow] the sites of the markers in the {len(edited)} file(s) of the "
+                     "tree that no patch explains (sites are checked on the series; `forktool status` lists the "
+                     "files, `forktool refresh ID` takes them into a patch)")
     return Report({"ok": not problems, "problems": [{"where": p.where, "what": p.what} for p in problems],
-                   "advisories": warnings, "patches": summary["patches"], "hooks": summary["hooks"]},
-                  lines, exit_code=1 if problems else 0)
+                   "advisories": warnings, "patches": summary["patches"], "hooks": summary["hooks"],
+                   "not_checked": ["tree"] if edited else []}, lines, exit_code=1 if problems else 0)
 
 
 def markers(project: Project) -> Report:
