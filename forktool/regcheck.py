@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +48,26 @@ def _edited_upstream_lines(patch: Patch) -> list[Problem]:
                     out.append(Problem(f"patches/{patch.name}: {f.path} hunk #{n}",
                                        "marker on an upstream line (an existing line was edited to carry it); "
                                        "put the marker on a line the patch adds"))
+    return out
+
+
+NEAR_MISS_RE = re.compile(rb"(?i)opencoti[-_ ]?ho+ks?\b:?\s*\S*")
+
+
+def _near_miss_markers(patch: Patch) -> list[Problem]:
+    """Added lines that name a marker but are not one (`opencoti-hook kv-x`, `opencoti-hok: kv-x`, `OPENCOTI-HOOK:`):
+    the hook would silently not exist."""
+    out = []
+    for f in patch.files:
+        for n, h in enumerate(f.hunks, 1):
+            for op, t in h.lines:
+                if op != b"+":
+                    continue
+                for m in NEAR_MISS_RE.finditer(t):
+                    if not MARKER_RE.match(t, m.start()):
+                        out.append(Problem(f"patches/{patch.name}: {f.path} hunk #{n}",
+                                           f"{m.group().decode(errors='replace')!r} is not a marker; write "
+                                           "`opencoti-hook: <hook-id>` (lowercase, a colon, then the id)"))
     return out
 
 
@@ -112,6 +133,7 @@ def check(ws: Workspace, reg: rg.Registry, final: Applied | None = None,
             elif hk.patch != p.id:
                 P.append(Problem(f"{regf}: hooks.{h}", f"owned by patch {hk.patch}, but patch {p.id} lists it"))
         P.extend(_edited_upstream_lines(p))
+        P.extend(_near_miss_markers(p))
     for hid, hk in reg.hooks.items():
         owner = reg.patch(hk.patch)
         if owner is None:

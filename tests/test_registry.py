@@ -96,6 +96,17 @@ def test_a_marker_deleted_from_the_tree_is_not_called_at_its_site(rp: Proj):
     assert "not checked" not in err and rp.json("registry", "check")["not_checked"] == []
 
 
+@pytest.mark.parametrize("typo", ["opencoti-hook ctx-run", "opencoti-hok: ctx-run", "OPENCOTI-HOOK: ctx-run",
+                                  "opencoti_hook: ctx-run", "opencoti-hook:"])
+def test_a_marker_with_a_typo_is_named_not_ignored(rp: Proj, typo: str):
+    extra = CTX1.replace("    return c->a;\n", f"    return c->a + 1; // {typo}\n")
+    (rp.root / "patches" / "0070-ctx-window.patch").write_text(
+        make_patch("0070-ctx-window.patch", {"up/src/ctx.c": (CTX, extra)}, "ctx window", "ctx-window"))
+    got = problems(rp)
+    # it once passed as a hunk with no marker: the hook it meant silently did not exist
+    assert any("up/src/ctx.c hunk #" in x and "is not a marker" in x and typo.split()[0] in x for x in got), got
+
+
 def test_unregistered_marker_in_patch(rp: Proj):
     extra = CTX1.replace("    return c->a;\n", "    return c->a;\n    // opencoti-hook: ghost\n")
     (rp.root / "patches" / "0070-ctx-window.patch").write_text(
