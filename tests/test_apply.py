@@ -243,7 +243,7 @@ def test_verify_detects_local_edit_and_tree_digest(proj: Proj):
 def test_status_json_has_stable_keys(proj: Proj):
     three_patches(proj)
     st = proj.json("status")
-    assert set(st) == {"patches", "tree", "top", "local_changes", "pristine_digest"}
+    assert set(st) == {"patches", "tree", "top", "local_changes", "applied_not_in_series", "pristine_digest"}
     assert set(st["patches"][0]) == {"id", "name", "title", "state", "drift", "files"}
 
 
@@ -436,3 +436,20 @@ def test_a_patch_for_a_file_missing_or_already_there_is_refused_with_a_fix_that_
         assert proj.state_digest() == before
     assert not (proj.root / ".opencoti" / "sync" / "state.json").exists()
     proj.run("status")
+
+
+def test_status_names_an_applied_patch_the_series_no_longer_names(proj: Proj):
+    three_patches(proj)
+    proj.run("apply")
+    series = proj.root / "patches" / "series"
+    series.write_text(series.read_text().replace("0089-three.patch\n", ""))
+    before = proj.state_digest()
+    code, out, err = proj.run("status")
+    # it said "top: 0089; 3/2 applied" and listed 0089 nowhere
+    assert "! 0089 0089-three.patch: applied, but patches/series no longer names it" in err
+    assert "tree: clean; top: 0089; 2/2 applied, and 1 not in the series" in err
+    assert proj.json("status")["applied_not_in_series"] == ["0089"]
+    assert proj.state_digest() == before
+    proj.run("apply")  # what the line says it does
+    code, out, err = proj.run("status")
+    assert "top: 0071; 2/2 applied\n" in err and "not in the series" not in err

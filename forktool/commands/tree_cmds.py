@@ -107,10 +107,17 @@ def status(project: Project) -> Report:
             shown = ", ".join(f"{d['file']}#{d['hunk']}{d['offset']:+d}" for d in drift)
             dr = f" [yellow]drift {shown}[/yellow]" if drift else ""
             lines.append(f"{mark} {p.id} {p.title} ({len(p.paths)} file(s)){dr}")
+        # applied patches the series no longer names (a line removed from patches/series): they are in the tree
+        named = {p.id for p in ws.patches}
+        gone = [a for a in ws.state.applied if a["id"] not in named]
+        for a in gone:
+            lines.append(f"[red]![/red] {a['id']} {a['name']}: applied, but patches/series no longer names it "
+                         "(`forktool apply` takes it off the tree; put the line back to keep it)")
         changes = ws.local_changes() if project.tree.exists() else []
         tree = "absent" if not project.tree.exists() else ("dirty" if changes else "clean")
         lines.append(f"tree: {tree}; top: {ws.state.top or 'none'}; "
-                     f"{len(ws.state.applied)}/{len(ws.patches)} applied")
+                     f"{len(ws.state.applied) - len(gone)}/{len(ws.patches)} applied"
+                     + (f", and {len(gone)} not in the series" if gone else ""))
         for s, path in changes[:50]:
             lines.append(f"  [yellow]{s}[/yellow] {path}")
         moves = vendor.pin_moves(project)  # "clean" is against the upstream the lock records: a moved pin is said apart
@@ -121,6 +128,7 @@ def status(project: Project) -> Report:
                          "apply` (docs/sync.md)")
         return Report({"patches": rows, "tree": tree, "top": ws.state.top,
                        "local_changes": [{"status": s, "path": path} for s, path in changes],
+                       "applied_not_in_series": [a["id"] for a in gone],
                        "pristine_digest": ws.pristine_digest, "pin_moved": moves}, lines)
 
 
