@@ -105,9 +105,10 @@ def prove(ws: Workspace, tree_digest: str, cache_root: Path | None, store_sig: s
     problems += [Problem(lock_where, f"pristine: {p}") for p in _pristine_problems(ws, cache_root, store_sig)]
     for s, p in ws.local_changes():
         problems.append(Problem(f"vendor/llamafile/{p}", f"tree: {s} {p} (no patch explains it)"))
+    named = {p.id for p in ws.patches}
     for pid in ws.applied_stale():
-        problems.append(Problem(f"patches/{_name(ws, pid)}", f"patch {pid}: file changed since it was applied; "
-                                                             "run `forktool apply`"))
+        why = "file changed since it was applied" if pid in named else "applied, but patches/series no longer names it"
+        problems.append(Problem(f"patches/{_name(ws, pid)}", f"patch {pid}: {why}; run `forktool apply`"))
     applied_ids = [a["id"] for a in ws.state.applied]
     if applied_ids != [p.id for p in ws.patches[:len(applied_ids)]]:
         problems.append(Problem(".opencoti/state.json", f"applied patches {applied_ids} are not a prefix of the series"))

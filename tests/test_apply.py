@@ -449,6 +449,9 @@ def test_status_names_an_applied_patch_the_series_no_longer_names(proj: Proj):
     assert "! 0089 0089-three.patch: applied, but patches/series no longer names it" in err
     assert "tree: clean; top: 0089; 2/2 applied, and 1 not in the series" in err
     assert proj.json("status")["applied_not_in_series"] == ["0089"]
+    code, out, err = proj.run("verify", expect=1)
+    assert "patch 0089: applied, but patches/series no longer names it; run `forktool apply`" in err
+    assert "file changed since it was applied" not in err  # what verify said of it: the file had not changed
     assert proj.state_digest() == before
     proj.run("apply")  # what the line says it does
     code, out, err = proj.run("status")
