@@ -107,6 +107,15 @@ def test_a_marker_with_a_typo_is_named_not_ignored(rp: Proj, typo: str):
     assert any("up/src/ctx.c hunk #" in x and "is not a marker" in x and typo.split()[0] in x for x in got), got
 
 
+def test_a_failing_check_shows_each_place_as_written_and_says_what_to_do(rp: Proj):
+    write_reg(rp, mutated(**{"hooks.ctx-window.sites": [{"file": "up/src/ctx.c", "symbol": "x[red]y[/red]"}]}))
+    code, out, err = rp.run("registry", "check", expect=1)
+    # the symbol was read as markup and shown as "xy"
+    assert "site up/src/ctx.c x[red]y[/red]: no marker inside the declared symbol" in err
+    assert "error: registry check found 3 problem(s)" in err and "then run `forktool registry check` again" in err
+    assert rp.json("registry", "check", expect=1)["error"] == "registry check found 3 problem(s)"
+
+
 def test_unregistered_marker_in_patch(rp: Proj):
     extra = CTX1.replace("    return c->a;\n", "    return c->a;\n    // opencoti-hook: ghost\n")
     (rp.root / "patches" / "0070-ctx-window.patch").write_text(

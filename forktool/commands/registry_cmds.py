@@ -9,7 +9,7 @@ from forktool.cache import caches_root
 from forktool.commands import open_workspace
 from forktool.errors import ForktoolError
 from forktool.markers import scan_file
-from forktool.output import Report
+from forktool.output import Report, escape
 from forktool.project import Project
 from forktool.regcheck import registry_problems, render_md
 from forktool.tree import atomic_write
@@ -25,8 +25,14 @@ def check(project: Project) -> Report:
         problems, warnings, summary = registry_problems(ws, None, caches_root(ws.state_dir)) or ([], [], {})
         # sites are checked on the series applied in memory: an edit of the tree is not (verify names it)
         edited = ws.local_changes() if project.tree.exists() else []
-    lines = [f"[red]✗[/red] {p}" for p in problems] + [f"[yellow]advisory:[/yellow] {w}" for w in warnings]
-    if not problems:
+    # escaped: a symbol or a path is shown as written, never read as markup (`x[red]y[/red]` lost its brackets)
+    lines = [f"[red]✗[/red] {escape(str(p))}" for p in problems] + [
+        f"[yellow]advisory:[/yellow] {escape(w)}" for w in warnings]
+    if problems:
+        lines += [f"[red]error:[/red] registry check found {len(problems)} problem(s)",
+                  "  next: fix each item (docs/registry.md says which keys a person writes; `forktool refresh ID` "
+                  "rewrites the ones the tool derives), then run `forktool registry check` again"]
+    else:
         lines.append(f"registry: OK ({summary['patches']} patches, {summary['hooks']} hooks, "
                      "all markers at their sites)")
     if edited:
@@ -34,6 +40,7 @@ def check(project: Project) -> Report:
                      "tree that no patch explains (sites are checked on the series; `forktool status` lists the "
                      "files, `forktool refresh ID` takes them into a patch)")
     return Report({"ok": not problems, "problems": [{"where": p.where, "what": p.what} for p in problems],
+                   **({"error": f"registry check found {len(problems)} problem(s)"} if problems else {}),
                    "advisories": warnings, "patches": summary["patches"], "hooks": summary["hooks"],
                    "not_checked": ["tree"] if edited else []}, lines, exit_code=1 if problems else 0)
 
