@@ -456,3 +456,15 @@ def test_status_names_an_applied_patch_the_series_no_longer_names(proj: Proj):
     proj.run("apply")  # what the line says it does
     code, out, err = proj.run("status")
     assert "top: 0071; 2/2 applied\n" in err and "not in the series" not in err
+
+
+def test_status_shows_titles_and_paths_as_written(proj: Proj):
+    three_patches(proj)
+    proj.run("apply")
+    proj.run("new", "odd", "--title", "a [red]b[/red] c")
+    (proj.tree / "up" / "src" / "[red]d[/red]").mkdir(parents=True)
+    (proj.tree / "up" / "src" / "[red]d[/red]" / "f.c").write_text("x\n")
+    code, out, err = proj.run("status")
+    # both were read as markup: the title showed as "a b c" and the file as up/src/d/f.c, which does not exist
+    assert "+ 0090 a [red]b[/red] c (0 file(s))" in err
+    assert "  added up/src/[red]d[/red]/f.c" in err

@@ -50,7 +50,7 @@ def markers(project: Project) -> Report:
         found = []
         for rel in sorted(set(ws.state.files) | {p for _, p in ws.local_changes()}):
             found.extend(scan_file(rel, ws.disk_bytes(rel) or b""))
-    return Report({"markers": [m.to_json() for m in found]}, [f"{m.path}:{m.line}:{m.hook}" for m in found]
+    return Report({"markers": [m.to_json() for m in found]}, [escape(f"{m.path}:{m.line}:{m.hook}") for m in found]
                   or ["no markers in the tree (is the series applied?)"])
 
 

@@ -21,7 +21,8 @@ def _moved(ws: Workspace, what: str, res: dict) -> Report:
     else:
         lines.append(f"{what}: nothing to do, the tree is already there")
     for d in res["drift"]:
-        lines.append(f"[yellow]drift:[/yellow] {d['patch']} {d['file']} hunk #{d['hunk']} at offset {d['offset']:+d}")
+        lines.append(f"[yellow]drift:[/yellow] {d['patch']} {output.escape(d['file'])} hunk #{d['hunk']} at offset "
+                     f"{d['offset']:+d}")
     top = ws.state.top
     lines.append(f"top: {top or 'none (pristine)'} ({len(ws.state.applied)}/{len(ws.patches)} applied)")
     res = dict(res, top=top, applied=[a["id"] for a in ws.state.applied], total=len(ws.patches))
@@ -104,9 +105,10 @@ def status(project: Project) -> Report:
             rows.append({"id": p.id, "name": p.name, "title": p.title, "state": st, "drift": drift,
                          "files": p.paths})
             mark = {"applied": "[green]+[/green]", "changed": "[yellow]~[/yellow]", "unapplied": "[dim]-[/dim]"}[st]
-            shown = ", ".join(f"{d['file']}#{d['hunk']}{d['offset']:+d}" for d in drift)
+            # titles and paths are shown as written, never read as markup (a title `a [red]b[/red]` showed `a b`)
+            shown = output.escape(", ".join(f"{d['file']}#{d['hunk']}{d['offset']:+d}" for d in drift))
             dr = f" [yellow]drift {shown}[/yellow]" if drift else ""
-            lines.append(f"{mark} {p.id} {p.title} ({len(p.paths)} file(s)){dr}")
+            lines.append(f"{mark} {p.id} {output.escape(p.title)} ({len(p.paths)} file(s)){dr}")
         # applied patches the series no longer names (a line removed from patches/series): they are in the tree
         named = {p.id for p in ws.patches}
         gone = [a for a in ws.state.applied if a["id"] not in named]
@@ -119,10 +121,10 @@ def status(project: Project) -> Report:
                      f"{len(ws.state.applied) - len(gone)}/{len(ws.patches)} applied"
                      + (f", and {len(gone)} not in the series" if gone else ""))
         for s, path in changes[:50]:
-            lines.append(f"  [yellow]{s}[/yellow] {path}")
+            lines.append(f"  [yellow]{s}[/yellow] {output.escape(path)}")
         moves = vendor.pin_moves(project)  # "clean" is against the upstream the lock records: a moved pin is said apart
         for m in moves:
-            lines.append(f"[yellow]pin moved: {m}[/yellow]")
+            lines.append(f"[yellow]pin moved: {output.escape(m)}[/yellow]")
         if moves:
             lines.append("  next: `forktool unapply`, remove vendor/llamafile, then `forktool vendor fetch && forktool "
                          "apply` (docs/sync.md)")
