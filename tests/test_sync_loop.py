@@ -307,3 +307,17 @@ def test_a_full_disk_at_the_finish_report_does_not_hide_a_finished_move(moved, m
     proj.run("verify")
     proj.run("sync", "--undo")
     assert everything(proj) == before
+
+
+def test_a_title_is_shown_as_written_in_the_trial_and_at_the_stop(proj: Proj):
+    p = sync_patch("0002-a.patch", "a: [red]return[/red] ten", [("up/src/a.c", UPSTREAM["src/a.c"].encode(),
+                                                                  A_PATCHED.encode())])
+    proj.write_patch(p.name, p.raw.decode())
+    proj.run("apply")
+    commit = new_upstream(proj)
+    code, out, err = proj.run("sync", "--to", commit, expect=1)
+    # the title was read as markup: "conflict 0002 a: return ten"
+    assert "0002 a: [red]return[/red] ten up/src/a.c: conflict" in err, err
+    code, out, err = proj.run("sync", "--to", commit, "--start", expect=1)
+    assert "conflict 0002 a: [red]return[/red] ten" in err, err
+    proj.run("sync", "--abort")

@@ -37,7 +37,8 @@ def sync(project: Project, spec: str, accept: bool, build: bool, out: str) -> Re
                 extra += f" (ahead: {r.ahead['status']}" + (f", {blocks} block(s)" if blocks else "") + ")"
         elif r.status in ("merged", "conflict", "upstreamed"):
             extra = " " + ", ".join(f"{f.path}: {f.status}" for f in r.files if f.status != "clean")
-        lines.append(f"[{colour[r.status]}]{r.status:>10}[/{colour[r.status]}] {r.patch.id} {r.patch.title}{extra}")
+        shown = output.escape(f"{r.patch.id} {r.patch.title}{extra}")  # a title or path is never read as markup
+        lines.append(f"[{colour[r.status]}]{r.status:>10}[/{colour[r.status]}] {shown}")
     for r in res.results:
         for d in r.api:
             lines.append(f"[yellow]api drift[/yellow]: {d['line']}")
@@ -137,7 +138,7 @@ def loop_lines(st: dict) -> list[str]:
         kind = stop.get("kind", "conflict")
         word = {"conflict": "[red]  conflict[/red]", "compile": "[red]   compile[/red]"}.get(kind,
                                                                                         "[yellow]    review[/yellow]")
-        lines.append(f"  {word} {stop['id']} {stop['title']}" + (" (a 3-way merge without conflict: look at it "
+        lines.append(f"  {word} {stop['id']} {output.escape(stop['title'])}" + (" (a 3-way merge without conflict: look at it "
                                                                  "before it is carried)" if kind == "merged" else ""))
         if kind == "compile":
             c = stop["compile"]

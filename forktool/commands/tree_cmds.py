@@ -178,7 +178,7 @@ def verify(project: Project, use_cache: bool = True) -> Report:
                  f"tree digest {v.tree_digest[:12]}" + (" equals vendor.lock's record for this series" if full
                                                         else " (series not fully applied)")]
         lines.append(registry_line(v.registry))
-        lines += [f"[yellow]advisory:[/yellow] {a}" for a in v.advisories]
+        lines += [f"[yellow]advisory:[/yellow] {output.escape(a)}" for a in v.advisories]
         lines += compile_lines
         lines.append("[green]verify: OK[/green]" + (f"; not compiled: {', '.join(by['not compiled'])}" if
                                                      by["not compiled"] else "")
@@ -189,7 +189,7 @@ def verify(project: Project, use_cache: bool = True) -> Report:
     data["error"] = f"verify found {len(v.problems)} difference(s)"
     lines = [f"[red]✗[/red] {output.escape(str(p))}" for p in v.problems]
     lines += [f"[yellow]{NO_REGISTRY}[/yellow]"] * (v.registry is None)
-    lines += [f"[yellow]advisory:[/yellow] {a}" for a in v.advisories] + compile_lines
+    lines += [f"[yellow]advisory:[/yellow] {output.escape(a)}" for a in v.advisories] + compile_lines
     lines.append(f"[red]error:[/red] verify found {len(v.problems)} difference(s) "
                  f"(tree digest {v.tree_digest[:12]})")
     lines.append("  next: fix each item, then run `forktool verify` again")
