@@ -205,7 +205,8 @@ COMMANDS = [
     Command(("apply",), "Apply the series (exact context, atomic, writing only changed files).",
             [Param("upto", "--upto", kind="str", help="Stop after this patch id (e.g. 0072)."), FORCE,
              Param("reanchor", "--reanchor", help="Rewrite patches that now apply at an offset or over changed blobs "
-                   "into canonical form (same changes)."), JSON], _apply, quick=True, moves=True),
+                   "into canonical form (same changes); one that no longer applies is carried by the sync loop, "
+                   "which compiles what the series feeds."), JSON], _apply, quick=True, moves=True),
     Command(("unapply",), "Remove applied patches from the top (all of them without --to).",
             [Param("to", "--to", kind="str", help="Keep patches up to and including this id."), FORCE, JSON], _unapply,
             quick=True, moves=True),
