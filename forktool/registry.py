@@ -70,7 +70,8 @@ class Registry:
 
 def load(path: Path) -> Registry:
     """registry/UPSTREAM_SYNC.yaml checked against its schema (forktool/schemas.py), then cross-checked."""
-    top = read_yaml_mapping(path, "registry", "the registry lives there")
+    top = read_yaml_mapping(path, "registry", "restore it from git, or start one: write `schema: 1`, `patches: []` "
+                            "and `hooks: {}` there and run `forktool apply --reanchor`, which fills it (docs/registry.md)")
     return from_data(top, path)
 
 

@@ -116,6 +116,17 @@ def test_a_failing_check_shows_each_place_as_written_and_says_what_to_do(rp: Pro
     assert rp.json("registry", "check", expect=1)["error"] == "registry check found 3 problem(s)"
 
 
+def test_a_missing_registry_names_the_way_to_start_one_and_that_way_works(rp: Proj):
+    reg = rp.root / "registry" / "UPSTREAM_SYNC.yaml"
+    reg.unlink()
+    code, out, err = rp.run("registry", "check", expect=1)
+    assert "UPSTREAM_SYNC.yaml not found" in err  # the hint said only "the registry lives there"
+    assert "write `schema: 1`, `patches: []` and `hooks: {}` there and run `forktool apply --reanchor`" in err
+    reg.write_text("schema: 1\npatches: []\nhooks: {}\n")
+    rp.run("apply", "--reanchor")
+    assert problems(rp) == []
+
+
 def test_unregistered_marker_in_patch(rp: Proj):
     extra = CTX1.replace("    return c->a;\n", "    return c->a;\n    // opencoti-hook: ghost\n")
     (rp.root / "patches" / "0070-ctx-window.patch").write_text(
