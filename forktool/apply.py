@@ -102,7 +102,7 @@ def apply_file(patch: Patch, fd: FileDiff, content: bytes | None) -> tuple[bytes
         at_start, at_end = _anchors(h)
         at = _find(lines, old, expected, pos, at_start, at_end)
         if at is None:
-            raise ContextError(
+            err = ContextError(
                 f"hunk #{number} of {fd.path} does not apply (exact context only, no fuzz"
                 + (", at the beginning of the file" if at_start else ", at the end of the file" if at_end else "")
                 + ")",
@@ -110,6 +110,8 @@ def apply_file(patch: Patch, fd: FileDiff, content: bytes | None) -> tuple[bytes
                 details=[_first_difference(lines, old, max(expected, pos))],
                 hint="the upstream text changed here: edit the tree at this place and run `forktool refresh "
                      f"{patch.id}`, or let `forktool sync` report it")
+            err.patch, err.path = patch.name, fd.path
+            raise err
         shift = at - base
         if shift:
             drift.append(Drift(patch.id, fd.path, number, shift))

@@ -52,7 +52,14 @@ class ApplyError(ForktoolError):
 
 
 class ContextError(ApplyError):
-    """A hunk's context is found neither at its place nor at any offset (the text it was written against changed)."""
+    """A hunk's context is found neither at its place nor at any offset (the text it was written against changed).
+
+    `patch` and `path` name the patch file and the file; `below`: the patches before it in the series that change
+    that file (filled in by the command that knows the series)."""
+
+    patch = ""
+    path = ""
+    below: tuple[str, ...] = ()
 
 
 class DirtyTreeError(ForktoolError):

@@ -83,6 +83,9 @@ def test_conflict_names_patch_file_hunk_line_and_changes_nothing(proj: Proj):
     code, out, err = proj.run("apply", expect=1)
     assert "0071-two.patch" in err and "up/src/b.c" in err and "hunk #1" in err
     assert "line 9" in err and "no fuzz" in err
+    # 0070 changes a.c only: it once said "a patch below it changed the text it was written against"
+    assert "no patch below it changes up/src/b.c" in err and "git checkout -- patches/0071-two.patch" in err
+    assert "a patch below it" not in err
     assert proj.state_digest() == before
 
 

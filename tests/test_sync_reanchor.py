@@ -43,6 +43,7 @@ def test_plain_apply_names_the_way_that_works(proj: Proj):
     before = edit_lower(proj)
     _, _, err = proj.run("apply", expect=1)
     assert "apply --reanchor" in err and "refresh 0002" not in err
+    assert "a patch below it (0001) changed the text it was written against" in err
     assert everything(proj) == before
     _, _, err = proj.run("verify", expect=1)  # verify gives its report, not an apply error
     assert "verify found 1 difference(s)" in err and "0002-up.patch" in err

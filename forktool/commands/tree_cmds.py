@@ -38,9 +38,15 @@ def apply(project: Project, upto: str | None, force: bool, reanchor: bool = Fals
             raise  # a file missing or already there: no merge of the patch's hunks carries that across
         if not reanchor:
             # `refresh` of a patch that is not applied is refused: name the way that carries it across instead
-            e.hint = ("a patch below it changed the text it was written against: `forktool apply --reanchor` "
-                      "carries the series onto it, stopping at conflict blocks like a sync (`forktool sync "
-                      "--continue` / `--abort`)")
+            if e.below:
+                e.hint = (f"a patch below it ({', '.join(e.below)}) changed the text it was written against: "
+                          "`forktool apply --reanchor` carries the series onto it, stopping at conflict blocks like "
+                          "a sync (`forktool sync --continue` / `--abort`)")
+            else:  # upstream's text is what it was written against: no patch below explains the difference
+                e.hint = (f"no patch below it changes {e.path}, so patches/{e.patch} differs from the upstream text "
+                          f"it was written against (the patch was edited, or the pin moved): restore it (`git "
+                          f"checkout -- patches/{e.patch}`) or correct that hunk; `forktool apply --reanchor` carries "
+                          "it across as a 3-way merge, stopping at conflict blocks like a sync")
             raise
         if upto is not None or force:
             raise
@@ -59,7 +65,13 @@ def _apply(project: Project, upto: str | None, force: bool, reanchor: bool) -> R
             from forktool import authoring  # the patch writer, loaded only when patches are rewritten
 
             reanchored = authoring.reanchor(ws, end)
-        res = ws.goto(ws.patches[:end], force=force, label=label)
+        try:
+            res = ws.goto(ws.patches[:end], force=force, label=label)
+        except ContextError as e:
+            names = [p.name for p in ws.patches]
+            at = names.index(e.patch) if e.patch in names else 0
+            e.below = tuple(p.id for p in ws.patches[:at] if e.path in p.paths)
+            raise
         if reanchored:
             authoring.write_patches(ws, reanchored)
         rep = _moved(ws, "apply", res)
