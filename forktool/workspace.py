@@ -165,7 +165,16 @@ class Workspace:
             if dirty:
                 raise DirtyTreeError(f"the vendored tree has {len(dirty)} change(s) that no patch explains",
                                      where=str(self.tree), details=[f"{s}: {p}" for s, p in dirty[:50]],
-                                     hint=dirty_hint)
+                                     hint=self.no_record_note() + dirty_hint)
+
+    def no_record_note(self) -> str:
+        """What to say first where the tree differs from the record because there is no record: without
+        .opencoti/state.json every file a patch changed counts as an edit."""
+        if not self.tree.exists() or (self.state_dir / "state.json").exists():
+            return ""
+        return ("there is no .opencoti/state.json, the record of what is applied, so every file a patch changed "
+                "counts as an edit; if the tree holds the series, `forktool apply --force` backs it up and applies "
+                "the series again. Otherwise: ")
 
     def applied_stale(self) -> list[str]:
         """Applied patch ids whose file changed (or left the series) since they were applied."""

@@ -153,6 +153,19 @@ def test_the_hint_for_a_patch_forktool_cannot_read_is_one_that_works(applied: Pr
     assert _project_files(applied) == before
 
 
+def test_a_tree_without_its_state_file_says_so_and_the_way_it_names_works(applied: Proj) -> None:
+    (applied.root / ".opencoti" / "state.json").unlink()
+    before = _project_files(applied)
+    code, out, err = applied.run("apply", expect=1)
+    # it named only `forktool new SLUG` + `forktool refresh ID` for what are the series' own changes
+    assert "there is no .opencoti/state.json" in err and "`forktool apply --force` backs it up" in err
+    code, out, err = applied.run("status")
+    assert "note: there is no .opencoti/state.json" in err
+    assert _project_files(applied) == before
+    applied.run("apply", "--force")
+    applied.run("verify")
+
+
 def test_refresh_of_an_id_the_series_does_not_name_says_so(applied: Proj) -> None:
     before = _project_files(applied)
     code, out, err = applied.run("refresh", "0099", expect=2)

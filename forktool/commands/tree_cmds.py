@@ -134,6 +134,8 @@ def status(project: Project) -> Report:
                      + (f", and {len(gone)} not in the series" if gone else ""))
         for s, path in changes[:50]:
             lines.append(f"  [yellow]{s}[/yellow] {output.escape(path)}")
+        if changes and ws.no_record_note():
+            lines.append(f"[yellow]note:[/yellow] {ws.no_record_note().removesuffix(' Otherwise: ')}")
         moves = vendor.pin_moves(project)  # "clean" is against the upstream the lock records: a moved pin is said apart
         for m in moves:
             lines.append(f"[yellow]pin moved: {output.escape(m)}[/yellow]")
