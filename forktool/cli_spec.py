@@ -228,7 +228,9 @@ COMMANDS = [
             moves=True),
     # backups
     Command(("backup", "create"), "Back up the vendored tree (only files that differ from pristine are stored).",
-            [Param("slug", kind="arg", default="manual", help="Name part after the timestamp."), JSON], _backup_create,
+            [Param("slug", kind="arg", default="manual", help="Name part after the timestamp: lowercased, each run of "
+                   "characters other than a-z and 0-9 made one '-', at most 60 (the backup's name is printed)."),
+             JSON], _backup_create,
             moves=True),
     Command(("backup", "list"), "List backups, oldest first.", [JSON], _backup_list),
     Command(("backup", "restore"), "Verify a backup's checksums and return the tree to it, byte for byte.",

@@ -228,3 +228,12 @@ def test_a_sync_backup_is_not_restored_while_the_sync_is_stopped(stopped: Path) 
     assert "in progress" in err and "--abort" in err
     assert digest(scan(stopped / "vendor" / "llamafile")) == before
     assert (stopped / "vendor" / "vendor.lock").read_bytes() == lock
+
+
+def test_a_backup_name_is_made_from_the_slug_as_its_help_says(proj: Proj):
+    from forktool import cli_spec
+    [create] = [c for c in cli_spec.COMMANDS if c.words == ("backup", "create")]
+    assert "each run of characters other than a-z and 0-9 made one '-'" in create.params[0].help
+    name = proj.json("backup", "create", "../Before the_Edit!.v2")["name"]
+    assert name.endswith("-before-the-edit-v2") and "/" not in name
+    proj.run("backup", "restore", name)
