@@ -418,6 +418,9 @@ def _message(err: Any) -> str:
     if err.validator == "required":
         missing = sorted(k for k in err.validator_value if k not in err.instance)
         return f"missing key(s): {', '.join(missing)}"
+    if custom and err.validator == "type":  # the form it names may hold already: say what the value is instead
+        quote = " (quote it in YAML)" if err.validator_value == "string" and "quote" not in str(custom) else ""
+        return f"{custom}: got {_pytype(err.instance)}{quote}"
     if custom:
         return str(custom)
     if err.validator == "type":

@@ -140,3 +140,14 @@ def test_schema_error_for_unknown_key_lists_the_allowed_ones(tmp_path: Path) -> 
     with pytest.raises(ConfigError) as e:
         _parse_profiles(raw["profiles"], f"{p}: profiles")
     assert "unknown key(s): colour" in e.value.what and "flags" in e.value.hint
+
+
+def test_a_value_of_the_wrong_type_is_named_as_such_beside_the_form_it_must_take() -> None:
+    for value, what in ((1342, "a number"), (["a"], "a list"), (True, "a boolean")):
+        with pytest.raises(ConfigError) as e:
+            schema.check({"schema": 1, "patches": [{"id": "0070", "file": "0070-x.patch", "title": "t", "bug": value,
+                                                    "status": "dev", "build_impact": [], "files": [], "hooks": []}],
+                          "hooks": {}}, "registry", "r.yaml")
+        # it said only "expected one line of text", which a one-line 1342 seems to be
+        assert e.value.what == f"expected one line of text: got {what} (quote it in YAML)", e.value.what
+        assert e.value.where == "r.yaml: patches[0].bug"
