@@ -55,7 +55,7 @@ def _check_refreshable(ws: Workspace, pid: str) -> tuple[int, Patch]:
     patch = ws.patches[idx]
     # only its message edited: refresh keeps the new message
     message_only = ws.state.applied[applied.index(pid)].get("diff_sha256") == patch.diff_sha256
-    ws.refuse_unexplained(stale_hint="run `forktool apply --upto ID` to re-apply them first",
+    ws.refuse_unexplained(stale_hint=f"run `forktool apply --upto {ws.state.top}` to re-apply them first",
                           keep=(pid,) if message_only else ())
     return idx, patch
 

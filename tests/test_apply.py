@@ -471,3 +471,17 @@ def test_status_shows_titles_and_paths_as_written(proj: Proj):
     # both were read as markup: the title showed as "a b c" and the file as up/src/d/f.c, which does not exist
     assert "+ 0090 a [red]b[/red] c (0 file(s))" in err
     assert "  added up/src/[red]d[/red]/f.c" in err
+
+
+def test_refresh_below_an_applied_patch_whose_file_changed_names_the_apply_to_run(proj: Proj):
+    three_patches(proj)
+    proj.run("apply")
+    p = proj.root / "patches" / "0089-three.patch"
+    p.write_text(p.read_text().replace("Subject: [PATCH] three", "Subject: [PATCH] three, retitled"))
+    before = proj.state_digest()
+    code, out, err = proj.run("refresh", "0071", expect=1)
+    assert "applied patch(es) 0089 changed on disk since they were applied" in err
+    assert "run `forktool apply --upto 0089` to re-apply them first" in err  # it said `--upto ID`
+    assert proj.state_digest() == before
+    proj.run("apply", "--upto", "0089")
+    proj.run("refresh", "0071")
