@@ -48,6 +48,11 @@ def _check_refreshable(ws: Workspace, pid: str) -> tuple[int, Patch]:
     itself is kept)."""
     applied = [a["id"] for a in ws.state.applied]
     ws.patch(pid)  # one the series does not name: said so, with the ids it does name
+    if not ws.tree.exists():
+        # read as an empty tree, it made the patch a deletion of every upstream file and emptied its registry entry
+        raise ForktoolError(f"the vendored tree is absent, so there is nothing to refresh patch {pid} from",
+                            where=str(ws.tree), hint=f"`forktool apply --upto {pid}` makes the tree with the series "
+                            "up to it; edit there, then refresh")
     if pid not in applied:
         raise UsageError(f"patch {pid} is not applied (top: {ws.state.top or 'none'})", where=str(ws.tree),
                          hint=f"run `forktool apply --upto {pid}` first, edit, then refresh")

@@ -166,6 +166,20 @@ def test_a_tree_without_its_state_file_says_so_and_the_way_it_names_works(applie
     applied.run("verify")
 
 
+@pytest.mark.parametrize("pid", ["0089", "0071"])
+def test_refresh_without_a_vendored_tree_is_refused_and_the_patch_kept(applied: Proj, pid: str) -> None:
+    shutil.rmtree(applied.tree)
+    before = _project_files(applied)
+    code, out, err = applied.run("refresh", pid, expect=1)
+    # it rewrote the patch as the deletion of every upstream file, exit 0
+    assert f"the vendored tree is absent, so there is nothing to refresh patch {pid} from" in err
+    assert f"`forktool apply --upto {pid}`" in err
+    assert _project_files(applied) == before
+    applied.run("apply", "--upto", pid)  # the way it names works
+    code, out, err = applied.run("refresh", pid)
+    assert "(966 file(s)" not in err and "hooks: none" not in err
+
+
 def test_refresh_of_an_id_the_series_does_not_name_says_so(applied: Proj) -> None:
     before = _project_files(applied)
     code, out, err = applied.run("refresh", "0099", expect=2)
