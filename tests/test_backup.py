@@ -237,3 +237,12 @@ def test_a_backup_name_is_made_from_the_slug_as_its_help_says(proj: Proj):
     name = proj.json("backup", "create", "../Before the_Edit!.v2")["name"]
     assert name.endswith("-before-the-edit-v2") and "/" not in name
     proj.run("backup", "restore", name)
+
+
+def test_a_backup_of_an_absent_tree_is_refused(proj: Proj):
+    shutil.rmtree(proj.tree)
+    code, out, err = proj.run("backup", "create", "x", expect=1)
+    # it made a backup of 0 files, which would restore as an empty tree
+    assert "the vendored tree is absent, so there is nothing to back up" in err
+    assert not (proj.root / ".opencoti" / "vendor-backups").exists() or not any(
+        (proj.root / ".opencoti" / "vendor-backups").iterdir())
