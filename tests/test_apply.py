@@ -246,7 +246,8 @@ def test_verify_detects_local_edit_and_tree_digest(proj: Proj):
 def test_status_json_has_stable_keys(proj: Proj):
     three_patches(proj)
     st = proj.json("status")
-    assert set(st) == {"patches", "tree", "top", "local_changes", "applied_not_in_series", "pristine_digest"}
+    assert set(st) == {"patches", "tree", "top", "local_changes", "applied_not_in_series", "pristine_digest",
+                       "pin_moved"}
     assert set(st["patches"][0]) == {"id", "name", "title", "state", "drift", "files"}
 
 

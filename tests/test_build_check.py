@@ -17,6 +17,7 @@ from forktool.errors import ForktoolError
 from forktool.project import Project
 from forktool.tree import sha256_file
 from tests.helpers.build import CUDA_BUILD_YAML, CUDA_CMAKE, tiny_project
+from tests.helpers.cli import tool_that_dies
 
 needs_cmake = pytest.mark.skipif(not (shutil.which("cmake") and shutil.which("make") and shutil.which("cc")),
                                  reason="needs cmake, make and a C compiler")
@@ -137,12 +138,7 @@ def test_a_check_whose_make_a_signal_ends_keeps_its_marker(project: Project, tmp
     # stays and the next check compiles again what was written since; before, the check removed it as after any make
     bdir = project.root / "build" / "tiny"
     assert run_check(project, ["llama.cpp/src/b.c"]).ok
-    real = shutil.which("make")
-    wrap = tmp_path / "bin"
-    wrap.mkdir()
-    (wrap / "make").write_text(f'#!/bin/sh\ncase " $* " in *" -k "*) kill -KILL $$ ;; esac\nexec {real} "$@"\n')
-    (wrap / "make").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{wrap}{os.pathsep}{os.environ['PATH']}")
+    tool_that_dies(tmp_path / "bin", monkeypatch, "make", '*" -k "*', "KILL")
     res = run_check(project, ["llama.cpp/src/b.c"])
     assert res.status == "failed" and not res.ok and (bdir / b.RUNNING).exists()
     monkeypatch.setenv("PATH", os.environ["PATH"].split(os.pathsep, 1)[1])

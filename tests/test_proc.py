@@ -3,8 +3,6 @@ of the inputs; the command that ran it fails (exit 1)."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -13,6 +11,7 @@ import pytest
 from forktool import git as fgit
 from forktool import proc
 from forktool.errors import ForktoolError
+from tests.helpers.cli import tool_that_dies
 from tests.helpers.project import Proj
 
 SUICIDE = "import os, signal; os.kill(os.getpid(), signal.{})"
@@ -30,18 +29,8 @@ def test_a_child_killed_by_a_signal_is_named_so() -> None:
     assert e.value.what.startswith("command failed with exit code 3: ")
 
 
-def _git_that_dies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str, sig: str) -> None:
-    """PATH gets a `git` first that kills itself with sig when its arguments hold `when`, else runs git."""
-    real = shutil.which("git")
-    d = tmp_path / "bin"
-    d.mkdir()
-    (d / "git").write_text(f'#!/bin/sh\ncase "$*" in *{when}*) kill -{sig} $$ ;; esac\nexec {real} "$@"\n')
-    (d / "git").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{d}{os.pathsep}{os.environ['PATH']}")
-
-
 def test_git_merge_file_killed_is_not_taken_for_bad_inputs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _git_that_dies(tmp_path, monkeypatch, "merge-file", "SEGV")
+    tool_that_dies(tmp_path / "bin", monkeypatch, "git", "*merge-file*", "SEGV")
     with pytest.raises(ForktoolError) as e:
         fgit.merge_file(b"a\n", b"b\n", b"c\n", ("ours", "base", "theirs"))
     assert e.value.what == "git merge-file was killed by SIGSEGV" and "run the command again" in (e.value.hint or "")
@@ -50,7 +39,7 @@ def test_git_merge_file_killed_is_not_taken_for_bad_inputs(tmp_path: Path, monke
 def test_a_fetch_whose_git_is_killed_fails_naming_the_signal(proj: Proj, tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FORKTOOL_CACHE", str(tmp_path / "empty-cache"))  # nothing cached: git must clone
-    _git_that_dies(tmp_path, monkeypatch, "clone", "KILL")
+    tool_that_dies(tmp_path / "bin", monkeypatch, "git", "*clone*", "KILL")
     before = proj.state_digest()
     code, out, err = proj.run("vendor", "fetch", expect=1)
     assert "git was killed by SIGKILL" in err and "Traceback" not in err

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from forktool import cli
 
@@ -52,3 +54,13 @@ def signal_at(root: Path, sig: int, what: str, args: list[str], env: dict[str, s
     "open" is seen before the file exists; "os.rename" once the file renamed is whole)."""
     return subprocess.run([sys.executable, "-c", _SIGNAL_AT, str(int(sig)), event, what, *args],
                           env=dict(os.environ, FORKTOOL_ROOT=str(root), **(env or {})), capture_output=True, text=True)
+
+
+def tool_that_dies(bin_dir: Path, monkeypatch: Any, tool: str, when: str, sig: str) -> None:
+    """PATH gets, first, a `tool` (in bin_dir) that kills itself with sig when its arguments match the shell case
+    pattern `when` (the arguments joined by spaces, a space either side), and else runs the real one."""
+    real = shutil.which(tool)
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / tool).write_text(f'#!/bin/sh\ncase " $* " in {when}) kill -{sig} $$ ;; esac\nexec {real} "$@"\n')
+    (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
