@@ -197,16 +197,37 @@ def test_first_error_is_the_cause_in_each_tool_s_format() -> None:
     assert "`forktool refresh 0073`" in hint
 
 
-def test_the_record_answers_only_for_the_same_series_tree_and_rules(tmp_path: Path) -> None:
+def test_the_record_answers_only_for_the_same_series_tree_rules_and_compilers(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     project = Project(tmp_path)
     both = {"cpu": "r1", "cuda": "r2"}
     assert check.status_for(project, both, "s1", "t1") == {"cpu": "not compiled", "cuda": "not compiled"}
-    check.record(project, check.CheckResult("cpu", "compiled", series_digest="s1", tree_digest="t1", config="r1"), 5)
-    check.record(project, check.CheckResult("cuda", "failed", series_digest="s1", tree_digest="t1", config="r2"), 5)
+    cc, nvcc = tmp_path / "cc", tmp_path / "nvcc"
+    for exe in (cc, nvcc):
+        exe.write_text("#!/bin/sh\n")
+        exe.chmod(0o755)
+    monkeypatch.setenv("CUDACXX", str(nvcc))
+    comps = {"C": {"path": str(cc), "version": "1", "identity": check._identity(str(cc))}}
+    check.record(project, check.CheckResult("cpu", "compiled", series_digest="s1", tree_digest="t1", config="r1",
+                                            compilers=comps), 5)
+    check.record(project, check.CheckResult("cuda", "failed", series_digest="s1", tree_digest="t1", config="r2",
+                                            compilers={**comps, "CUDA": {"path": str(nvcc), "version": "13",
+                                                                         "identity": check._identity(str(nvcc))}}), 5)
     assert check.status_for(project, both, "s1", "t1") == {"cpu": "compiled", "cuda": "failed"}
     assert check.status_for(project, both, "s2", "t1") == {"cpu": "not compiled", "cuda": "not compiled"}
     assert check.status_for(project, {"cpu": "r1"}, "s1", "t2") == {"cpu": "not compiled"}
     assert check.status_for(project, {"cpu": "r3"}, "s1", "t1") == {"cpu": "not compiled"}  # other build rules
+    # $CUDACXX names another nvcc: the next build configures with that one (-DCMAKE_CUDA_COMPILER)
+    other = tmp_path / "other-nvcc"
+    other.write_text("#!/bin/sh\n")
+    other.chmod(0o755)
+    monkeypatch.setenv("CUDACXX", str(other))
+    assert check.judge(project, both, "s1", "t1") == {"cpu": ("compiled", ""), "cuda": (
+        "not compiled", f"the next build compiles CUDA with {other} ($CUDACXX, else PATH), the check compiled with "
+        f"{nvcc}")}
+    # a record that names no compiler (an earlier forktool's) vouches for none
+    check.record(project, check.CheckResult("cpu", "compiled", series_digest="s1", tree_digest="t1", config="r1"), 5)
+    assert check.judge(project, {"cpu": "r1"}, "s1", "t1")["cpu"][0] == "not compiled"
     (project.state_dir / check.RECORD).write_text("{broken")
     assert check.status_for(project, {"cpu": "r1"}, "s1", "t1") == {"cpu": "not compiled"}
 

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 RECORD = "compile-checks.json"  # in .opencoti/: the last check of each profile
 CHECK_LOG = "check.log"  # in the build directory
 NOT_COMPILED = "not compiled"
+NO_CHECK = "no compile check recorded"
 _INCLUDE_RE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"\n]+)[>"]', re.M)
 _MAKE_FAILED_RE = re.compile(r"\*\*\* \[[^\]]*?:\d+: (\S+)\] Error")
 _BUILDING_RE = re.compile(r"Building (?:C|CXX|CUDA|ASM) object (\S+)")
@@ -60,6 +62,7 @@ class CheckResult:
     series_digest: str = ""
     tree_digest: str = ""
     config: str = ""  # rules_key of the profile it checked
+    compilers: dict[str, dict[str, Any]] = field(default_factory=dict)  # what it compiled with (compilers())
 
     @property
     def ok(self) -> bool:
@@ -81,7 +84,7 @@ class CheckResult:
                 "compiled": self.compiled, "failed": self.failed,
                 "cause": {"text": self.cause.text, "file": self.cause.file, "line": self.cause.line} if self.cause
                 else None, "hint": self.hint, "seconds": round(self.seconds, 3), "cache": self.cache, "log": self.log,
-                "series_digest": self.series_digest, "tree_digest": self.tree_digest}
+                "series_digest": self.series_digest, "tree_digest": self.tree_digest, "compilers": self.compilers}
 
 
 def rules_key(cfg: BuildConfig, profile: Any) -> str:
@@ -92,6 +95,71 @@ def rules_key(cfg: BuildConfig, profile: Any) -> str:
 
     return key_of("compile-rules", profile.generator, list(profile.flags), list(profile.targets),
                   profile.cuda_architectures, [[a.name, list(a.targets)] for a in cfg.artifacts_in(profile)])
+
+
+# ---------------------------------------------------------------- the compilers a check compiled with
+
+_CACHED_COMPILER_RE = re.compile(rb"^CMAKE_(C|CXX|CUDA)_COMPILER:[A-Z]+=(.+)$", re.M)
+
+
+def _identity(path: str) -> list[int] | None:
+    """A cheap identity of a file (one stat, through symlinks): size, mtime_ns and inode; None when it is gone.
+    A compiler installed again at the same path (a package upgrade, an update-alternatives switch) changes it."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+def compilers(bdir: Path) -> dict[str, dict[str, Any]]:
+    """language -> {path, version, identity}: the compilers bdir's CMakeCache.txt names (what make runs), the version
+    CMake recorded when it detected each, and the identity of the file at that path now."""
+    try:
+        cache = read_file(bdir / "CMakeCache.txt")
+    except OSError:
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    for lang, raw in _CACHED_COMPILER_RE.findall(cache):
+        path = os.fsdecode(raw).strip()
+        if not path or path.endswith("-NOTFOUND"):
+            continue
+        if not os.path.isabs(path):  # a bare name (-DCMAKE_C_COMPILER=cc): the file PATH gives now
+            path = shutil.which(path) or path
+        name = lang.decode()
+        found: dict[str, str] = {}
+        for f in sorted(bdir.glob(f"CMakeFiles/*/CMake{name}Compiler.cmake")):
+            found.update(re.findall(rf'set\(CMAKE_{name}_COMPILER_(VERSION|TOOLKIT_ROOT) "([^"]*)"\)',
+                                    f.read_text(errors="replace")))
+        out[name] = {"path": path, "version": found.get("VERSION", ""), "identity": _identity(path)}
+        # nvcc named through a wrapper script (/usr/local/bin/nvcc exec'ing a toolkit's): the toolkit's own nvcc,
+        # as CMake found it behind the wrapper, is what a new toolkit replaces
+        inner = os.path.join(found.get("TOOLKIT_ROOT", ""), "bin", "nvcc")
+        if name == "CUDA" and found.get("TOOLKIT_ROOT") and os.path.realpath(inner) != os.path.realpath(path):
+            out["CUDA toolkit"] = {"path": inner, "version": out[name]["version"], "identity": _identity(inner)}
+    return out
+
+
+def compilers_changed(recorded: dict[str, Any]) -> str:
+    """Why the compilers a check recorded are no longer the ones a build would run ("" when they are): one stat per
+    compiler, and for CUDA the nvcc forktool would configure with now ($CUDACXX, else PATH); nothing is run."""
+    if not recorded:
+        return "the record does not name the compilers it compiled with (made by an earlier forktool)"
+    for lang, c in sorted(recorded.items()):
+        path = str(c.get("path", ""))
+        now = _identity(path)
+        what = "the CUDA toolkit's nvcc" if lang == "CUDA toolkit" else f"the {lang} compiler"
+        if now is None:
+            return f"{what} it compiled with is gone: {path}"
+        if now != c.get("identity"):
+            return f"{what} changed since the check: {path} is another file now"
+        if lang == "CUDA":
+            from forktool.build import cuda
+
+            nvcc = cuda.find_nvcc()
+            if nvcc is not None and os.path.realpath(nvcc) != os.path.realpath(path):
+                return f"the next build compiles CUDA with {nvcc} ($CUDACXX, else PATH), the check compiled with {path}"
+    return ""
 
 
 # ---------------------------------------------------------------- what the configured build compiles
@@ -235,6 +303,7 @@ def compile_units(project: Project, cfg: BuildConfig, plan: Plan, paths: list[st
         stats0 = cache_stats(tool, where=False) if tool else None
         # a check cut short leaves RUNNING (as a build does): the objects it wrote are compiled again
         forget_unfinished(bdir)
+        res.compilers = compilers(bdir)
         atomic_write(bdir / RUNNING, f"{plan.stamp}\n".encode(), durable=False)
         first = diagnose.FirstError()
         failed_objs: set[str] = set()
@@ -392,7 +461,7 @@ def read_records(project: Project) -> dict[str, dict[str, Any]]:
 def record(project: Project, res: CheckResult, applied: int) -> None:
     recs = read_records(project)
     recs[res.profile] = {"status": res.status, "series_digest": res.series_digest, "tree_digest": res.tree_digest,
-                         "rules": res.config,
+                         "rules": res.config, "compilers": res.compilers,
                          "applied": applied, "units": len(res.units), "compiled": len(res.compiled),
                          "failed": res.failed, "cause": res.cause.text if res.cause else "",
                          "seconds": round(res.seconds, 3), "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -401,25 +470,44 @@ def record(project: Project, res: CheckResult, applied: int) -> None:
 
 
 def status_for(project: Project, profiles: dict[str, str], series_digest: str, tree_digest: str) -> dict[str, str]:
-    """profile -> "compiled", "failed" or "not compiled", for this series digest, tree digest and the profile's
-    build rules (profiles: name -> its rules_key) only."""
+    """profile -> "compiled", "failed" or "not compiled", for this series digest, tree digest, the profile's build
+    rules (profiles: name -> its rules_key) and the compilers the check compiled with only."""
+    return {name: st for name, (st, _why) in judge(project, profiles, series_digest, tree_digest).items()}
+
+
+def judge(project: Project, profiles: dict[str, str], series_digest: str,
+          tree_digest: str) -> dict[str, tuple[str, str]]:
+    """profile -> (status, why it is "not compiled"; "" otherwise), as status_for answers."""
     recs = read_records(project)
     out = {}
     for name, rules in profiles.items():
-        r = recs.get(name, {})
-        same = (r.get("series_digest") == series_digest and r.get("tree_digest") == tree_digest
-                and r.get("rules") == rules)
-        out[name] = str(r.get("status")) if same and r.get("status") in ("compiled", "failed") else NOT_COMPILED
+        r = recs.get(name)
+        if r is None:
+            out[name] = (NOT_COMPILED, NO_CHECK)
+        elif r.get("status") not in ("compiled", "failed"):
+            out[name] = (NOT_COMPILED, "the recorded check compiled nothing")
+        elif r.get("series_digest") != series_digest or r.get("tree_digest") != tree_digest:
+            out[name] = (NOT_COMPILED, "the recorded check is of another series or tree")
+        elif r.get("rules") != rules:
+            out[name] = (NOT_COMPILED, "the recorded check is of other build rules (registry/build.yaml)")
+        else:
+            changed = compilers_changed(r.get("compilers") or {})
+            out[name] = (NOT_COMPILED, changed) if changed else (str(r["status"]), "")
     return out
 
 
-def profile_statuses(project: Project, series_digest: str, tree_digest: str) -> dict[str, str]:
-    """Every profile of registry/build.yaml -> its compile status for this series and tree (none: {})."""
+def profile_judgements(project: Project, series_digest: str, tree_digest: str) -> dict[str, tuple[str, str]]:
+    """Every profile of registry/build.yaml -> (its compile status for this series and tree, why not compiled)."""
     from forktool.impact import build_config
 
     try:
         cfg = build_config(project)
     except ForktoolError:
         return {}  # a project without build profiles (verify reports a broken build.yaml elsewhere)
-    return status_for(project, {n: rules_key(cfg, cfg.profiles[n]) for n in sorted(cfg.profiles)}, series_digest,
-                      tree_digest)
+    return judge(project, {n: rules_key(cfg, cfg.profiles[n]) for n in sorted(cfg.profiles)}, series_digest,
+                 tree_digest)
+
+
+def profile_statuses(project: Project, series_digest: str, tree_digest: str) -> dict[str, str]:
+    """Every profile of registry/build.yaml -> its compile status for this series and tree (none: {})."""
+    return {n: st for n, (st, _why) in profile_judgements(project, series_digest, tree_digest).items()}

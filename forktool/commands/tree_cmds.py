@@ -161,7 +161,7 @@ def registry_line(registry: dict | None) -> str:
 
 
 def verify(project: Project, use_cache: bool = True) -> Report:
-    from forktool.build.check import profile_statuses
+    from forktool.build.check import NO_CHECK, profile_judgements
     from forktool.regcheck import Problem
     from forktool.verification import verify as run_verify
 
@@ -170,17 +170,23 @@ def verify(project: Project, use_cache: bool = True) -> Report:
     data = v.to_json()
     data["not_checked"] = ["registry"] if v.registry is None else []  # what verify's OK does not cover
     full = v.full_series
-    compiled = data["compiled"] = profile_statuses(project, v.series_digest, v.tree_digest)
+    judged = profile_judgements(project, v.series_digest, v.tree_digest)
+    compiled = data["compiled"] = {name: st for name, (st, _why) in judged.items()}
+    data["not_compiled_why"] = {name: why for name, (st, why) in judged.items() if why}
     if not use_cache:
         # a recorded compile check is remembered, not proved by this run: --no-cache reads none, so a record
         # the checkout carries cannot say a profile compiled
         compiled = data["compiled"] = {name: NOT_READ for name in compiled}
+        data["not_compiled_why"] = {}
     by = {st: [n for n, s in compiled.items() if s == st] for st in ("compiled", "failed", "not compiled", NOT_READ)}
     compile_lines = [f"[green]compiled for this series and tree: {', '.join(by['compiled'])}[/green]"] * bool(
         by["compiled"]) + [f"[yellow]not compiled for this series and tree: {', '.join(by['not compiled'])}[/yellow]"
                            " (`forktool build --check --all`)"] * bool(by["not compiled"]) + [
         f"[yellow]compile checks not read (--no-cache reads no recorded check): {', '.join(by[NOT_READ])}; "
-        "`forktool build --check --all` compiles them[/yellow]"] * bool(by[NOT_READ])
+        "`forktool build --check --all` compiles them[/yellow]"] * bool(by[NOT_READ]) + [
+        # why a recorded check no longer counts (a profile never checked needs no reason beside the line above)
+        f"[yellow]  {name}: {output.escape(why)}[/yellow]" for name, why in data["not_compiled_why"].items()
+        if why != NO_CHECK]
     if v.ok and by["failed"]:
         v.ok, data["ok"] = False, False  # the last scoped check of this very tree failed to compile
         v.problems.append(Problem(".opencoti/compile-checks.json", f"the last compile check of this series failed "
