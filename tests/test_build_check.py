@@ -16,6 +16,7 @@ from forktool.build import check, cmakeapi, cuda, diagnose
 from forktool.errors import ForktoolError
 from forktool.project import Project
 from forktool.tree import sha256_file
+from tests.helpers.build import CMAKE as BUILD_CMAKE
 from tests.helpers.build import CUDA_BUILD_YAML, CUDA_CMAKE, tiny_project
 from tests.helpers.cli import tool_that_dies
 
@@ -129,6 +130,51 @@ def test_a_check_after_one_cut_short_compiles_the_objects_that_run_left_again(pr
     assert res.status == "failed" and res.failed == ["llama.cpp/src/b.c"] and res.cause is not None
     assert res.cause.file == str(src / "src" / "b.c") and res.cause.line == 3
     assert not (bdir / b.RUNNING).exists()  # that make ran to its end
+
+
+@needs_cmake
+def test_an_object_planted_or_touched_in_the_build_directory_is_compiled_again(project: Project) -> None:
+    # make takes an object newer than its source for up to date: an object planted (other bytes) or touched after
+    # the source broke made the check say compiled without compiling the source
+    src = project.tree / "llama.cpp"
+    bdir = project.root / "build" / "tiny"
+    good = (src / "src" / "b.c").read_text()
+    broken = good + "this is a syntax error;\n"
+    b_obj = bdir / "CMakeFiles/demo.dir/src/b.c.o"
+    assert run_check(project, ["llama.cpp/src/b.c"]).ok
+    again = run_check(project, ["llama.cpp/src/b.c"])
+    assert again.ok and again.compiled == [] and again.distrusted == 0  # the object the last check saw made
+    assert "1 up to date by make's timestamps" in again.describe()
+    (src / "src" / "b.c").write_text(broken)
+    time.sleep(0.01)
+    b_obj.write_bytes(b"planted")  # newer than the broken source, other bytes
+    res = run_check(project, ["llama.cpp/src/b.c"])
+    assert res.status == "failed" and res.failed == ["llama.cpp/src/b.c"] and res.distrusted == 1
+    (src / "src" / "b.c").write_text(good)
+    assert run_check(project, ["llama.cpp/src/b.c"]).ok
+    (src / "src" / "b.c").write_text(broken)
+    time.sleep(0.01)
+    os.utime(b_obj)  # touched: the same bytes, newer than the broken source
+    res = run_check(project, ["llama.cpp/src/b.c"])
+    assert res.status == "failed" and res.failed == ["llama.cpp/src/b.c"] and res.distrusted == 1
+
+
+@needs_cmake
+def test_the_objects_a_build_compiled_are_not_compiled_again_by_the_next_check(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # what make compiled in `forktool build` was made by the compilers the cache names: the check trusts those
+    # objects (and only those) as it trusts its own
+    monkeypatch.setenv("FORKTOOL_LAUNCHER", "none")
+    project = tiny_project(tmp_path, BUILD_CMAKE, {"src/a.c": "int a(void) { return 1; }\n",
+                                                   "src/b.c": "int b(void) { return 2; }\n",
+                                                   "tools/main.c": "int main(void) { return 0; }\n"})
+    cfg = b.load_config(project)
+    b.run_build(project, cfg, b.make_plan(project, cfg, cfg.profile("tiny"), [], []), 2)
+    res = run_check(project, ["llama.cpp/src/a.c", "llama.cpp/src/b.c"])
+    assert res.ok and res.compiled == [] and res.distrusted == 0, res.describe()
+    os.utime(project.root / "build" / "tiny" / "CMakeFiles/demo.dir/src/a.c.o")
+    res = run_check(project, ["llama.cpp/src/a.c", "llama.cpp/src/b.c"])
+    assert res.ok and res.compiled == ["CMakeFiles/demo.dir/src/a.c.o"] and res.distrusted == 1
 
 
 @needs_cmake

@@ -4,7 +4,9 @@ sync at that patch, and the fixed tree finishes it."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -242,3 +244,38 @@ def test_a_check_of_other_build_rules_does_not_say_this_profile_compiled(proj: P
     code, out, err = proj.run("build", "--check", "--json", expect=1)  # what a check of these rules says
     assert json.loads(out)["profiles"][0]["status"] == "failed"
     assert proj.json("verify", expect=1)["compiled"] == {"cpu": "failed"}
+
+
+def wrapper_compiler(path: Path, note: str) -> None:
+    """A compiler at path: a shell script that runs the real cc (note changes its bytes: another 'version')."""
+    real = shutil.which("cc")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f'#!/bin/sh\n# {note}\nexec {real} "$@"\n')
+    path.chmod(0o755)
+
+
+def test_a_compiler_installed_again_at_the_same_path_is_not_compiled(proj: Proj, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # the record named no compiler: after a new compiler at the same path, verify still said compiled, and the next
+    # check said compiled (2 up to date) from the objects the old compiler made
+    monkeypatch.setenv("FORKTOOL_LAUNCHER", "none")
+    cc = tmp_path / "toolchain" / "cc"
+    wrapper_compiler(cc, "version 1")
+    monkeypatch.setenv("CC", str(cc))  # CMake takes $CC on the first configure
+    assert proj.json("build", "--check")["ok"]
+    assert proj.json("verify")["compiled"] == {"cpu": "compiled"}
+    time.sleep(0.01)
+    wrapper_compiler(tmp_path / "toolchain" / "cc.new", "version 2, other bytes")
+    os.replace(tmp_path / "toolchain" / "cc.new", cc)  # as a package upgrade installs it
+    v = proj.json("verify")
+    assert v["compiled"] == {"cpu": "not compiled"}
+    assert v["not_compiled_why"]["cpu"] == f"the C compiler changed since the check: {cc} is another file now"
+    _, _, err = proj.run("verify")
+    assert "not compiled for this series and tree: cpu" in err and "C compiler changed" in err
+    # the next check compiles the fed units again with the new compiler, not "up to date" by make's timestamps
+    [res] = proj.json("build", "--check")["profiles"]
+    assert res["status"] == "compiled" and len(res["compiled"]) == 2 and res["distrusted"] == 2
+    assert res["compilers"]["C"]["path"] == str(cc) and res["compilers"]["C"]["version"]
+    assert proj.json("verify")["compiled"] == {"cpu": "compiled"}
+    cc.unlink()
+    assert proj.json("verify")["not_compiled_why"]["cpu"] == f"the C compiler it compiled with is gone: {cc}"

@@ -63,6 +63,7 @@ class CheckResult:
     tree_digest: str = ""
     config: str = ""  # rules_key of the profile it checked
     compilers: dict[str, dict[str, Any]] = field(default_factory=dict)  # what it compiled with (compilers())
+    distrusted: int = 0  # objects compiled again because no earlier check had made them with these compilers
 
     @property
     def ok(self) -> bool:
@@ -74,7 +75,9 @@ class CheckResult:
         n = len(self.units)
         if self.ok:
             return (f"{self.profile}: compiled {n} translation unit(s) the series feeds ({len(self.compiled)} "
-                    f"recompiled, {n - len(self.compiled)} up to date) in {self.seconds:.1f} s"
+                    f"recompiled, {n - len(self.compiled)} up to date by make's timestamps) in {self.seconds:.1f} s"
+                    + (f"; {self.distrusted} object(s) compiled again that no earlier check had made with these "
+                       "compilers" if self.distrusted else "")
                     + (f"; {self.cache}" if self.cache else ""))
         return (f"{self.profile}: {len(self.failed) or 'some'} of {n} translation unit(s) failed to compile: "
                 f"{self.cause.text if self.cause else 'see ' + self.log}")
@@ -84,7 +87,8 @@ class CheckResult:
                 "compiled": self.compiled, "failed": self.failed,
                 "cause": {"text": self.cause.text, "file": self.cause.file, "line": self.cause.line} if self.cause
                 else None, "hint": self.hint, "seconds": round(self.seconds, 3), "cache": self.cache, "log": self.log,
-                "series_digest": self.series_digest, "tree_digest": self.tree_digest, "compilers": self.compilers}
+                "series_digest": self.series_digest, "tree_digest": self.tree_digest, "compilers": self.compilers,
+                "distrusted": self.distrusted}
 
 
 def rules_key(cfg: BuildConfig, profile: Any) -> str:
@@ -100,6 +104,7 @@ def rules_key(cfg: BuildConfig, profile: Any) -> str:
 # ---------------------------------------------------------------- the compilers a check compiled with
 
 _CACHED_COMPILER_RE = re.compile(rb"^CMAKE_(C|CXX|CUDA)_COMPILER:[A-Z]+=(.+)$", re.M)
+CHECKED = "forktool-checked.json"  # in the build directory: the objects checks saw made, and with which compilers
 
 
 def _identity(path: str) -> list[int] | None:
@@ -304,6 +309,8 @@ def compile_units(project: Project, cfg: BuildConfig, plan: Plan, paths: list[st
         # a check cut short leaves RUNNING (as a build does): the objects it wrote are compiled again
         forget_unfinished(bdir)
         res.compilers = compilers(bdir)
+        seen = _seen_objects(bdir, res.compilers)
+        res.distrusted = _distrust(bdir, [u.obj for u in todo], seen)
         atomic_write(bdir / RUNNING, f"{plan.stamp}\n".encode(), durable=False)
         first = diagnose.FirstError()
         failed_objs: set[str] = set()
@@ -355,6 +362,8 @@ def compile_units(project: Project, cfg: BuildConfig, plan: Plan, paths: list[st
                 res.status = "failed"
                 killed = killed or made.returncode < 0
     if not killed:  # make ran to its end: its objects are what it says
+        _note_made(bdir, res.compilers, seen, [u.obj for u in todo if u.obj not in failed_objs],
+                   [u.obj for u in todo if u.obj in failed_objs])
         (bdir / RUNNING).unlink(missing_ok=True)
     # else a signal ended a make (an OOM kill): compiles it started may still land objects, so the marker stays and
     # the next check compiles again what was written since this one began
@@ -368,6 +377,58 @@ def compile_units(project: Project, cfg: BuildConfig, plan: Plan, paths: list[st
         res.hint = diagnose.compile_hint(first.cause, root, [(p.id, p.files) for p in plan.patches])
     res.seconds = time.monotonic() - t0
     return res
+
+
+def _compilers_key(comps: dict[str, dict[str, Any]]) -> list[Any]:
+    return sorted([lang, c["path"], c["identity"]] for lang, c in comps.items())
+
+
+def _seen_objects(bdir: Path, comps: dict[str, dict[str, Any]]) -> dict[str, list[int]]:
+    """object -> its identity when an earlier check saw make leave it, with these same compilers ({} otherwise)."""
+    try:
+        raw = json.loads(read_file(bdir / CHECKED))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(raw, dict) or raw.get("compilers") != _compilers_key(comps) or not comps:
+        return {}
+    objs = raw.get("objects")
+    return dict(objs) if isinstance(objs, dict) else {}
+
+
+def _note_made(bdir: Path, comps: dict[str, dict[str, Any]], seen: dict[str, list[int]], made: list[str],
+               failed: list[str]) -> None:
+    """Write CHECKED: seen, plus the identity of each object of made as it is now, less the failed ones."""
+    for obj in made:
+        ident = _identity(str(bdir / obj))
+        if ident is None:
+            seen.pop(obj, None)
+        else:
+            seen[obj] = ident
+    for obj in failed:
+        seen.pop(obj, None)
+    atomic_write(bdir / CHECKED, json.dumps({"compilers": _compilers_key(comps), "objects": seen},
+                                            sort_keys=True).encode(), durable=False)
+
+
+def note_build(bdir: Path, compiled: list[str]) -> None:
+    """After a make that ran to its end: the objects it compiled (from its own lines) were made by the compilers
+    the build directory names, so the next check need not compile them again."""
+    comps = compilers(bdir)
+    _note_made(bdir, comps, _seen_objects(bdir, comps), compiled, [])
+
+
+def _distrust(bdir: Path, objs: list[str], seen: dict[str, list[int]]) -> int:
+    """Remove the objects no earlier check saw make leave with these compilers (made by another compiler, planted,
+    touched or rewritten since: one stat each), so that make compiles them now and does not take them for up to date
+    by their times. Returns how many it removed."""
+    gone = 0
+    for obj in objs:
+        ident = _identity(str(bdir / obj))
+        if ident is not None and seen.get(obj) != ident:
+            (bdir / obj).unlink(missing_ok=True)
+            seen.pop(obj, None)
+            gone += 1
+    return gone
 
 
 def _unavailable(project: Project, profile: Any) -> str:

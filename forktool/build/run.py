@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from forktool import proc, schema
 from forktool.build import cmakeapi, cuda, diagnose
 from forktool.build.cachestats import CacheStats, cache_stats
+from forktool.build.check import note_build
 from forktool.build.config import ArtifactSpec, BuildConfig
 from forktool.build.plan import (
     CONFIGURE_RECORD,
@@ -257,6 +258,7 @@ def run_build(project: Project, cfg: BuildConfig, plan: Plan, jobs: int,
         if made.returncode != 0:
             raise _failed("make", made.returncode, log_path, first.cause, tail, diagnose.compile_hint(
                 first.cause, str(project.tree), [(p.id, p.files) for p in plan.patches]))
+    note_build(bdir, objects)  # the next compile check need not compile again what this make compiled
     stats1 = cache_stats(tool) if tool and stats0 else None
     cache = stats1.since(stats0) if stats1 and stats0 else None
     after, shipped = _hash_outputs(bdir, in_profile)
