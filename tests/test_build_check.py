@@ -321,6 +321,44 @@ def test_a_cuda_tree_configures_and_compiles_without_a_gpu(tmp_path: Path, monke
     assert os.path.isfile(bad.log)
 
 
+@needs_cmake
+@pytest.mark.skipif(cuda.find_nvcc() is None, reason="needs nvcc")
+def test_another_cudacxx_configures_afresh_and_the_record_of_the_old_nvcc_no_longer_holds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # CMake reads $CUDACXX only at a first configure: a build directory kept its first nvcc whatever $CUDACXX said
+    # later, and a record named no compiler, so verify could not tell
+    real = cuda.find_nvcc()
+    try:
+        cuda.find_toolkit()
+    except ForktoolError as e:
+        pytest.skip(f"no cuBLAS: {e.what}")
+    monkeypatch.setenv("FORKTOOL_LAUNCHER", "none")
+    monkeypatch.setenv("CUDA_PATH", str(cuda.toolkit_root(real or "")))  # the wrappers' toolkit
+    wrappers = []
+    for name in ("one", "two"):
+        w = tmp_path / name / "nvcc"
+        w.parent.mkdir()
+        w.write_text(f'#!/bin/sh\nexec {real} "$@"\n')
+        w.chmod(0o755)
+        wrappers.append(w)
+    project = tiny_project(tmp_path / "p", CUDA_CMAKE, {"src/k.cu": KERNEL, "src/k.h": "#define K 1\n"})
+    (project.registry_dir / "build.yaml").write_text(CUDA_BUILD_YAML)
+    monkeypatch.setenv("CUDACXX", str(wrappers[0]))
+    first = run_check(project, ["llama.cpp/src/k.h"], "gpu")
+    assert first.ok and first.compilers["CUDA"]["path"] == str(wrappers[0]), first.describe()
+    assert check.compilers_changed(first.compilers) == ""
+    monkeypatch.setenv("CUDACXX", str(wrappers[1]))
+    assert check.compilers_changed(first.compilers) == (
+        f"the next build compiles CUDA with {wrappers[1]} ($CUDACXX, else PATH), the check compiled with {wrappers[0]}")
+    cfg = b.load_config(project)
+    assert b.make_plan(project, cfg, cfg.profile("gpu"), [], []).configure_reason == b.CUDA_COMPILER_CHANGED
+    second = run_check(project, ["llama.cpp/src/k.h"], "gpu")
+    assert second.ok and second.compilers["CUDA"]["path"] == str(wrappers[1])
+    assert second.compiled == ["CMakeFiles/kern.dir/src/k.cu.o"]  # by the new nvcc (--fresh removed CMakeFiles/)
+    assert b.make_plan(project, cfg, cfg.profile("gpu"), [], []).configure_reason not in b.FRESH  # no build yet
+    assert check.compilers_changed(second.compilers) == ""
+
+
 GEN_CMAKE = """\
 cmake_minimum_required(VERSION 3.16)
 project(demo C)

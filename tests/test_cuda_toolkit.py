@@ -110,7 +110,7 @@ def test_cudacxx_names_the_only_nvcc(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("CUDACXX", str(tk / "bin" / "nvcc"))
     assert cuda.find_nvcc() == str(tk / "bin" / "nvcc") and cuda.toolkit_root(cuda.find_nvcc() or "") == tk
     toolkit = cuda.Toolkit(str(tk / "bin" / "nvcc"), tk, None, None, None, tk / "lib" / "libcuda.so")
-    assert toolkit.cmake_flags(tmp_path / "build") == [f"-DCUDAToolkit_ROOT={tk}", f"-DCMAKE_CUDA_COMPILER={toolkit.nvcc}"]
+    assert toolkit.cmake_flags(tmp_path / "build") == [f"-DCUDAToolkit_ROOT={tk}"]
 
 
 KERNEL = """\

@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     from forktool.build.impact import PatchImpact, patch_impact, touched_paths
     from forktool.build.plan import (
         CONFIGURE_RECORD,
+        CUDA_COMPILER_CHANGED,
+        FRESH,
         LAUNCHERS,
         RECORD,
         RUNNING,
@@ -54,6 +56,8 @@ _HOME = {
     "BuildEvent": "run",
     "BuildResult": "run",
     "CONFIGURE_RECORD": "plan",
+    "CUDA_COMPILER_CHANGED": "plan",
+    "FRESH": "plan",
     "CacheStats": "cachestats",
     "IMPACTS": "config",
     "LAUNCHERS": "plan",
@@ -103,7 +107,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "CONFIGURE_RECORD", "IMPACTS", "LAUNCHERS", "MAKE_LOG", "OBJECT_RE", "OUTPUTS_INDEX", "RECORD", "RUNNING",
+    "CONFIGURE_RECORD", "CUDA_COMPILER_CHANGED", "FRESH",
+    "IMPACTS", "LAUNCHERS", "MAKE_LOG", "OBJECT_RE", "OUTPUTS_INDEX", "RECORD", "RUNNING",
     "UNFINISHED", "ArtifactSpec", "BuildConfig", "BuildEvent", "BuildResult", "CacheStats", "MakeProgress",
     "PatchImpact", "Plan", "Profile",
     "_flags_key", "_parse_profiles", "_which", "build_dir", "cache_stats", "cmake_argv", "cmake_inputs_digest",

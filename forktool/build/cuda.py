@@ -31,9 +31,7 @@ class Toolkit:
         """What CMake's FindCUDAToolkit needs: the toolkit of this nvcc (FindCUDAToolkit runs before the CUDA
         language is enabled and would otherwise take the first nvcc on PATH, not $CUDACXX's), and where cuBLAS and
         libcuda are when the toolkit lacks them."""
-        # and the compiler by name: CMake reads $CUDACXX only on a first configure, after which its cache wins; named
-        # here, another nvcc changes the flags and the build configures afresh with it
-        flags = [f"-DCUDAToolkit_ROOT={self.root}", f"-DCMAKE_CUDA_COMPILER={self.nvcc}"]
+        flags = [f"-DCUDAToolkit_ROOT={self.root}"]
         if self.cublas and self.cublas_lt and self.cublas_include:
             flags += [f"-DCUDA_cublas_LIBRARY={self.cublas}", f"-DCUDA_cublasLt_LIBRARY={self.cublas_lt}",
                       f"-DCMAKE_CUDA_STANDARD_INCLUDE_DIRECTORIES={self.cublas_include}"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import sysconfig
@@ -27,6 +28,8 @@ CONFIGURE_RECORD = "forktool-configure.json"
 # make) leaves outputs its record does not describe, so the next plan holds nothing to its bytes
 RUNNING = "forktool-build.running"
 UNFINISHED = "the last build did not finish"
+CUDA_COMPILER_CHANGED = "another nvcc ($CUDACXX, else PATH) than CMake's cache names"
+FRESH = ("profile flags changed", CUDA_COMPILER_CHANGED)  # configured afresh (cmake --fresh): everything compiles
 
 
 def stamp(upstream_commit: str, applied: list[tuple[str, str, str]], dirty: bool) -> tuple[str, int]:
@@ -171,7 +174,16 @@ def _is_cmake_input(rel: str) -> bool:
     return name == "CMakeLists.txt" or name.endswith(".cmake")
 
 
-def _configure_reason(bdir: Path, flags_key: str, inputs_key: str, stamp_: str) -> str:
+def cached_cuda_compiler(bdir: Path) -> str:
+    """The nvcc bdir's CMakeCache.txt names ("" when none)."""
+    try:
+        m = re.search(rb"^CMAKE_CUDA_COMPILER:[A-Z]+=(.+)$", read_file(bdir / "CMakeCache.txt"), re.M)
+    except OSError:
+        return ""
+    return os.fsdecode(m.group(1)).strip() if m else ""
+
+
+def _configure_reason(bdir: Path, flags_key: str, inputs_key: str, stamp_: str, nvcc: str | None = None) -> str:
     if not (bdir / "CMakeCache.txt").is_file():
         return "first configure"
     try:
@@ -180,6 +192,10 @@ def _configure_reason(bdir: Path, flags_key: str, inputs_key: str, stamp_: str) 
         return "no configure record"
     if rec.get("flags_key") != flags_key:
         return "profile flags changed"
+    cached = cached_cuda_compiler(bdir) if nvcc else ""
+    if cached and os.path.realpath(cached) != os.path.realpath(nvcc or ""):
+        # CMake reads $CUDACXX only at a first configure: its cache would keep the old nvcc
+        return CUDA_COMPILER_CHANGED
     if rec.get("inputs_key") != inputs_key:
         return "CMake inputs changed"
     if rec.get("stamp") != stamp_:
@@ -204,7 +220,8 @@ def make_plan(project: Project, cfg: BuildConfig, profile: Profile, patches: lis
     flags = configure_flags(profile, bdir)
     src = project.tree / "llama.cpp"
     inputs_key = cmake_inputs_digest(src, manifest)
-    reason = _configure_reason(bdir, _flags_key(profile, flags), inputs_key, stamp_)
+    reason = _configure_reason(bdir, _flags_key(profile, flags), inputs_key, stamp_,
+                               cuda.find_nvcc() if profile.has_cuda else None)
     rec = read_record(bdir)
     in_profile = cfg.artifacts_in(profile)
     names = [a.name for a in in_profile]
@@ -212,7 +229,7 @@ def make_plan(project: Project, cfg: BuildConfig, profile: Profile, patches: lis
     outputs_present = all((bdir / o).is_file() for a in in_profile for o in a.outputs)
     unfinished = os.path.lexists(bdir / RUNNING)
     first = unfinished or not rec or rec.get("profile") != profile.name or not outputs_present or reason in (
-        "first configure", "no configure record", "profile flags changed")
+        "first configure", "no configure record", *FRESH)
     reason = reason or (UNFINISHED if unfinished else "")
     if first:
         return Plan(profile, bdir, impacts, stamp_, number, dirty, True, [p.id for p in patches],

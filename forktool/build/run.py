@@ -19,6 +19,7 @@ from forktool.build.check import note_build
 from forktool.build.config import ArtifactSpec, BuildConfig
 from forktool.build.plan import (
     CONFIGURE_RECORD,
+    FRESH,
     RECORD,
     RUNNING,
     Plan,
@@ -150,9 +151,16 @@ def cmake_argv(project: Project, plan: Plan) -> list[str | os.PathLike[str]]:
         f"-DLLAMA_BUILD_COMMIT={plan.stamp}", f"-DLLAMA_BUILD_NUMBER={plan.build_number}",
         # the scoped check reads the translation units from it
         "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON"]
-    if plan.configure_reason == "profile flags changed":
-        # a flag dropped from the profile would otherwise live on in CMakeCache.txt
+    fresh = plan.configure_reason in FRESH
+    if fresh:
+        # a flag dropped from the profile, or the nvcc of an earlier $CUDACXX, would otherwise live on in
+        # CMakeCache.txt
         argv.insert(1, "--fresh")
+    nvcc = cuda.find_nvcc() if plan.profile.has_cuda else None
+    if nvcc and (fresh or not (bdir / "CMakeCache.txt").is_file()):
+        # the nvcc forktool found and named the toolkit of, which is what CMake takes from $CUDACXX on a first
+        # configure; beyond that, make_plan configures afresh when it differs from the cache's
+        argv.append(f"-DCMAKE_CUDA_COMPILER={nvcc}")
     if any(cuda.STUB_DIR in f for f in plan.flags):
         cuda.make_driver_stub(bdir)
     cmakeapi.request(bdir)  # the targets and their sources, for the scoped check and the drift report
