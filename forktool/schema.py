@@ -375,7 +375,7 @@ def check(data: Any, name: str, where: str, hint: str = "") -> Any:
         err = min(err.context, key=lambda e: -len(e.absolute_path))
     at = where_of(err.absolute_path)
     msg = _message(err)
-    raise ConfigError(msg, where=f"{where}: {at}" if at else where, hint=hint or _hint(err))
+    raise ConfigError(msg, where=f"{where}: {at}" if at else where, hint=hint or _hint(err, name))
 
 
 def _relevance(err: Any) -> Any:
@@ -447,10 +447,15 @@ def _message(err: Any) -> str:
     return f"{key or 'value'}: {err.message[:200]}"
 
 
-def _hint(err: Any) -> str:
+def _hint(err: Any, name: str) -> str:
+    """What to do: the failing key's own advice (the keys allowed, an x-hint), then the document's FIX."""
+    from forktool import schemas
+    own = ""
     if err.validator == "additionalProperties":
-        return f"allowed: {', '.join(sorted(err.schema.get('properties', {})))}"
-    return str(err.schema.get("x-hint", "")) if isinstance(err.schema, dict) else ""
+        own = f"allowed: {', '.join(sorted(err.schema.get('properties', {})))}"
+    elif isinstance(err.schema, dict):
+        own = str(err.schema.get("x-hint", ""))
+    return "; ".join(h for h in (own, schemas.FIX[name]) if h)
 
 
 # ---------------------------------------------------------------- one call per file

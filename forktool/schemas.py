@@ -1,6 +1,7 @@
 """The JSON Schema of every file forktool reads; forktool/schema.py loads and checks against them.
 
-`x-error` on a subschema replaces the generic message for a failure there; `x-hint` adds what to do.
+`x-error` on a subschema replaces the generic message for a failure there; `x-hint` adds what to do. `FIX` says,
+for each document, where a refusal is fixed and what checks it again: every schema refusal ends with it.
 """
 
 from __future__ import annotations
@@ -363,3 +364,26 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "state": STATE, "journal": JOURNAL, "backup": BACKUP, "pristine": PRISTINE, "sync-state": SYNC_STATE,
         "sync-ended": SYNC_ENDED, "release": RELEASE,
     }.items()}
+
+_CONFIG = "fix that key in {file}; {again} re-checks it"
+_STATE = "restore the newest backup (`forktool backup restore NAME`), or, with the tree pristine, delete {file}"
+# the `next:` of a refusal by each schema, after the failing key's own x-hint (a caller's hint replaces both):
+# project files name the file to edit and the command that reads it again; files forktool writes say how to
+# replace them
+FIX: dict[str, str] = {
+    "vendor": _CONFIG.format(file="vendor/vendor.yaml", again="`forktool vendor status`"),
+    **{f"component-{k}": _CONFIG.format(file="vendor/vendor.yaml", again="`forktool vendor status`")
+       for k in KINDS},
+    "vendor-lock": "restore vendor/vendor.lock from git, or delete it and run `forktool vendor fetch`",
+    "registry": _CONFIG.format(file="registry/UPSTREAM_SYNC.yaml", again="`forktool registry check`"),
+    **{name: _CONFIG.format(file="registry/build.yaml", again="`forktool build --plan`")
+       for name in ("build", "build-artifact", "build-profile")},
+    "build-record": "delete the build directory's record; the next `forktool build` rewrites it",
+    "state": _STATE.format(file=".opencoti/state.json"),
+    "journal": "run `forktool recover`; docs/safety.md says what it does with a damaged journal",
+    "backup": "the backup is damaged; pick another one (`forktool backup list`)",
+    "pristine": "delete the cached pristine manifest; `forktool vendor fetch` writes it again",
+    "sync-state": "move .opencoti/sync/state.json away; docs/sync.md says how to put back what the sync changed",
+    "sync-ended": "delete .opencoti/sync/ended.json; it only tells `forktool sync --undo` how the last sync ended",
+    "release": "build the release again with `forktool package`",
+}

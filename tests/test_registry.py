@@ -166,6 +166,25 @@ def test_schema_rejects_with_file_and_key(rp: Proj, change, message):
     assert message in err and "UPSTREAM_SYNC.yaml: patches[0]" in err
 
 
+@pytest.mark.parametrize("change, message", [
+    ({"patches.0.status": "Shipped"}, "status must be one of"),
+    ({"schema": True}, "unsupported schema (expected 1)"),
+    ({"hooks.ctx-window.sites.0.line": -5}, "line must be a positive whole number"),
+    ({"patches.0.colour": "blue"}, "unknown key(s): colour"),
+])
+def test_every_schema_refusal_says_what_to_do(rp: Proj, change, message):
+    # a schema refusal said what and where but had no `next:` line; every one now names the file to fix and the
+    # command that checks it again, and changes nothing
+    path = rp.root / "registry" / "UPSTREAM_SYNC.yaml"
+    path.write_text(yaml.safe_dump(mutated(**change), sort_keys=False))
+    before = rp.digest()
+    code, out, err = rp.run("registry", "check", expect=1)
+    assert message in err, err
+    assert "next: " in err and "fix that key in registry/UPSTREAM_SYNC.yaml; `forktool registry check` re-checks it" \
+        in err, err
+    assert rp.digest() == before
+
+
 def test_duplicate_ids(rp: Proj):
     r = mutated()
     r["patches"].append(dict(r["patches"][0]))

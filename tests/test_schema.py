@@ -24,6 +24,12 @@ def test_every_schema_is_a_valid_json_schema(name: str) -> None:
     jsonschema.validators.validator_for(s).check_schema(s)
 
 
+def test_every_schema_names_what_to_do_about_a_refusal() -> None:
+    # the `next:` of every schema refusal comes from schemas.FIX: a schema without one would refuse with no hint
+    assert set(schemas.FIX) == set(schemas.SCHEMAS)
+    assert all(hint.strip() for hint in schemas.FIX.values())
+
+
 def test_the_shipped_configs_pass_their_schemas() -> None:
     root = corpus.REPO
     schema.load_yaml(root / "registry" / "UPSTREAM_SYNC.yaml", "registry")
