@@ -70,7 +70,9 @@ def _local_edits(ws: Workspace, current: Manifest) -> set[str]:
     for rel in sorted(changed):
         e = current.get(rel)
         if e is not None and e.mode == SYMLINK:
-            raise ForktoolError(f"{rel} is a symlink; patches carry regular files only", where=rel)
+            raise ForktoolError(f"{rel} is a symlink; patches carry regular files only", where=rel,
+                                hint="replace the link with a regular file, or undo that change "
+                                     "(`forktool status` lists the local changes)")
     return changed
 
 
@@ -265,7 +267,9 @@ def _remember_reexport(ws: Workspace, patch: Patch, before: Applied, diffed: dic
 
 def new(ws: Workspace, slug: str, title: str, author: str, want: str | None = None) -> dict:
     if not re.match(r"^[a-z0-9][a-z0-9._-]*$", slug):
-        raise UsageError(f"bad slug {slug!r}", hint="use lowercase letters, digits, '-', '.', '_'")
+        raise UsageError(f"bad slug {slug!r}", where="SLUG",
+                         hint="use lowercase letters, digits, '-', '.', '_', starting with a letter or digit "
+                              "(e.g. `forktool new kv-window`)")
     top = ws.state.top
     pos = ws.index(top) + 1 if top else 0
     ids = {int(p.id) for p in ws.patches}

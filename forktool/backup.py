@@ -250,7 +250,8 @@ def load_for_restore(path: Path, pristine_get, state_schema: str | None = None
         else:
             data = pristine_get(e.sha256)
         if sha256_bytes(data) != e.sha256:
-            raise ForktoolError(f"backup {path.name}: {rel} does not match its sha256", where=str(path))
+            raise ForktoolError(f"backup {path.name}: {rel} does not match its sha256", where=str(path),
+                                hint="the backup is damaged; pick another one (`forktool backup list`)")
         contents[rel] = data
     return manifest, contents, m.get("state", {})
 
@@ -294,7 +295,8 @@ def prune(backups_dir: Path, keep: int, needed: frozenset[Path] | set[Path] = fr
     """Delete all but the newest `keep` backups, never one in `needed` (the caller holds the project lock);
     returns (removed, kept because needed)."""
     if keep < 0:
-        raise UsageError(f"--keep {keep}: must be zero or more", where="--keep")
+        raise UsageError(f"--keep {keep}: must be zero or more", where="--keep",
+                         hint="give how many of the newest backups to keep, e.g. --keep 5")
     backups = list_backups(backups_dir)
     doomed = backups[: max(0, len(backups) - keep)]
     held = [b.name for b in doomed if b.path in needed]

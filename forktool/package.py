@@ -47,7 +47,7 @@ class ReleaseSpec:
 def source_date_epoch() -> int:
     raw = os.environ.get("SOURCE_DATE_EPOCH", "0")
     if not raw.isdigit():
-        raise ForktoolError(f"SOURCE_DATE_EPOCH={raw!r} is not a whole number of seconds",
+        raise ForktoolError(f"SOURCE_DATE_EPOCH={raw!r} is not a whole number of seconds", where="SOURCE_DATE_EPOCH",
                             hint="unset it or give seconds since 1970")
     return int(raw)
 
@@ -90,7 +90,9 @@ def write_targz(root: Path, prefix: str, dest: Path, epoch: int) -> None:
                 target = os.readlink(p)
                 # invariant: nothing in an archive may point outside its root
                 if target.startswith("/") or ".." in PurePosixPath(rel).parent.joinpath(target).parts:
-                    raise UnsafePathError(f"symlink {rel} -> {target} points outside the tree", where=str(p))
+                    raise UnsafePathError(f"symlink {rel} -> {target} points outside the tree", where=str(p),
+                                          hint="remove the link or make it point inside the tree; `forktool verify` "
+                                               "names what changed there")
                 tar.addfile(_info(name, tarfile.SYMTYPE, 0o777, epoch, link=target))
             elif stat.S_ISDIR(st.st_mode):
                 tar.addfile(_info(name, tarfile.DIRTYPE, 0o755, epoch))
@@ -241,7 +243,8 @@ def verify_release(directory: Path, work: Path | None = None) -> dict[str, Any]:
                         Path(tmp, member.name.strip("/")).mkdir(parents=True, exist_ok=True)
             tops = os.listdir(tmp)
             if len(tops) != 1:
-                raise VerifyError("the archive must hold exactly one release directory", where=str(directory))
+                raise VerifyError("the archive must hold exactly one release directory", where=str(directory),
+                                  hint="give the archive `forktool package` wrote, unchanged")
             res = verify_release(Path(tmp, tops[0]))
             return dict(res, directory=str(directory))
     if not directory.is_dir():
@@ -251,7 +254,8 @@ def verify_release(directory: Path, work: Path | None = None) -> dict[str, Any]:
     try:
         text = (directory / SUMS).read_text(encoding="utf-8")
     except (FileNotFoundError, UnicodeDecodeError) as e:
-        raise VerifyError(f"{SUMS} is missing or unreadable", where=str(directory)) from e
+        raise VerifyError(f"{SUMS} is missing or unreadable", where=str(directory),
+                          hint="give the whole directory `forktool package` wrote (or its archive)") from e
     sums: dict[str, str] = {}
     for n, line in enumerate(text.splitlines(), 1):
         m = _SUM_RE.match(line)

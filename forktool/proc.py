@@ -68,7 +68,9 @@ def run(argv: Sequence[str | os.PathLike[str]], *, cwd: Path | None = None, chec
         raise _not_found(args) from e
     except subprocess.TimeoutExpired as e:
         raise ForktoolError(f"command timed out after {timeout} s: {' '.join(args)}", where=str(cwd or Path.cwd()),
-                            details=[f"stderr: {_tail(e.stderr or b'')}"]) from e
+                            details=[f"stderr: {_tail(e.stderr or b'')}"],
+                            hint="run that command by hand there to see where it stops, then run forktool again") \
+            from e
     res = Result(args, cp.returncode, cp.stdout or b"", cp.stderr or b"")
     if check and cp.returncode != 0:
         raise CalledProcessError(

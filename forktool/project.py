@@ -56,17 +56,19 @@ class VendorConfig(NamedTuple):
         for c in self.components:
             if c.name == name:
                 return c
-        raise ConfigError(f"no component named {name!r}", where=str(self.source))
+        raise ConfigError(f"no component named {name!r}", where=str(self.source),
+                          hint=f"components: {', '.join(c.name for c in self.components)}")
 
 
 def parse_component(raw: Any, where: str) -> Component:
     """One vendor.yaml component, checked against the schema of its kind."""
-    from forktool import schema
+    from forktool import schema, schemas
     if not isinstance(raw, dict):
-        raise ConfigError("a component must be a mapping", where=where)
+        raise ConfigError("a component must be a mapping", where=where, hint=schemas.fix("vendor", "it"))
     kind = raw.get("kind")
     if kind not in KINDS:
-        raise ConfigError(f"unknown component kind {kind!r} (expected {', '.join(KINDS)})", where=f"{where}.kind")
+        raise ConfigError(f"unknown component kind {kind!r} (expected {', '.join(KINDS)})", where=f"{where}.kind",
+                          hint=schemas.fix("vendor"))
     schema.check(raw, f"component-{kind}", where)
     return Component(
         name=raw["name"], kind=kind, include=tuple(raw["include"]), exclude=tuple(raw.get("exclude") or ()),
@@ -85,10 +87,12 @@ def read_yaml_mapping(path: Path, schema_name: str, missing_hint: str = "") -> d
 
 def load_vendor_config(path: Path) -> VendorConfig:
     raw = read_yaml_mapping(path, "vendor", "is this a forktool project?")
+    from forktool import schemas
     parsed = tuple(parse_component(c, f"{path}: components[{i}]") for i, c in enumerate(raw["components"]))
     names = [c.name for c in parsed]
     if len(set(names)) != len(names):
-        raise ConfigError("component names must be unique", where=f"{path}: components")
+        raise ConfigError("component names must be unique", where=f"{path}: components",
+                          hint=schemas.fix("vendor", "the `name:` of one of them"))
     return VendorConfig(parsed, path)
 
 

@@ -125,7 +125,9 @@ def update_text(text: str, want: rg.Registry, where: str = "registry/UPSTREAM_SY
             for k in new_data:
                 if new_data[k] != old_data.get(k):
                     if k not in pairs:
-                        raise ForktoolError(f"cannot add key {k!r} to patch {pid} in place", where=where)
+                        raise ForktoolError(f"cannot add key {k!r} to patch {pid} in place", where=where,
+                                            hint=f"add `{k}:` to that entry by hand (any value) and run the "
+                                                 "command again")
                     ed.replace_key(*pairs[k], new_data[k])
             for k in set(old_data) - set(new_data):
                 key, value = pairs[k]
@@ -150,7 +152,9 @@ def update_text(text: str, want: rg.Registry, where: str = "registry/UPSTREAM_SY
             for k in new_data:
                 if new_data[k] != old_data.get(k):
                     if k not in pairs:
-                        raise ForktoolError(f"cannot add key {k!r} to hook {hid} in place", where=where)
+                        raise ForktoolError(f"cannot add key {k!r} to hook {hid} in place", where=where,
+                                            hint=f"add `{k}:` to that entry by hand (any value) and run the "
+                                                 "command again")
                     ed.replace_key(*pairs[k], new_data[k])
         for hid in have.hooks.keys() - want.hooks.keys():
             key, value = hooks[hid]

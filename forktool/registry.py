@@ -77,13 +77,15 @@ def load(path: Path) -> Registry:
 
 def from_data(top: dict, path: Path) -> Registry:
     """The model of registry data already checked against its schema."""
+    from forktool import schemas
     reg = Registry(path)
     seen: set[str] = set()
     for i, d in enumerate(top["patches"]):
         w = f"{path}: patches[{i}]"
         pid = d["id"]
         if pid in seen:
-            raise ConfigError(f"duplicate patch id {pid}", where=f"{w}.id")
+            raise ConfigError(f"duplicate patch id {pid}", where=f"{w}.id",
+                              hint=schemas.fix("registry", "one of the two entries"))
         seen.add(pid)
         gates = tuple(Gate(g["name"], tuple(g["needs"]), tuple(g["command"]), g["proves"], g.get("timeout", 1800),
                            tuple((g.get("parts") or {}).items()))

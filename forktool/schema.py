@@ -36,6 +36,8 @@ STATE_LIMIT = 256 << 20  # manifests of whole trees
 PATCH_LIMIT = 32 << 20  # one patch file
 MAX_DEPTH = 64  # nesting of mappings and lists in any document
 MAX_NODES = 2_000_000  # values in one document once YAML aliases are expanded
+_UNREADABLE = "give your user read access to it (the reason above says what stopped it) and run the command again"
+_MOVING = "something changed the file while forktool read it; run the command again once nothing writes to it"
 
 
 # ---------------------------------------------------------------- reading bytes
@@ -55,7 +57,8 @@ def check_no_symlink_out(path: Path, root: Path, what: str, label: str = "") -> 
         except FileNotFoundError:
             return
         except OSError as e:
-            raise ConfigError(f"{label or path.name}: {path} cannot be read: {e.strerror}", where=str(path)) from None
+            raise ConfigError(f"{label or path.name}: {path} cannot be read: {e.strerror}", where=str(path),
+                              hint=_UNREADABLE) from None
         if link:
             raise UnsafePathError(f"{cur} is a symlink; forktool does not follow links in {what}",
                                   where=str(cur), hint=f"replace the link with the real {'file' if cur == path else 'directory'}")
@@ -72,7 +75,8 @@ def read_regular(path: Path, what: str = "", limit: int = CONFIG_LIMIT, root: Pa
     except FileNotFoundError:
         raise ConfigError(f"{label}: {path} not found", where=where or str(path), hint=missing_hint) from None
     except OSError as e:
-        raise ConfigError(f"{label}: {path} cannot be read: {e.strerror}", where=str(path)) from None
+        raise ConfigError(f"{label}: {path} cannot be read: {e.strerror}", where=str(path),
+                          hint=_UNREADABLE) from None
     if not stat.S_ISREG(st.st_mode):
         kind = _kind(st.st_mode)
         raise ConfigError(f"{label}: {path} is a {kind}, not a regular file", where=str(path),
@@ -83,17 +87,19 @@ def read_regular(path: Path, what: str = "", limit: int = CONFIG_LIMIT, root: Pa
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) * (root is not None))
     except OSError as e:
-        raise ConfigError(f"{label}: {path} cannot be opened: {e.strerror}", where=str(path)) from None
+        raise ConfigError(f"{label}: {path} cannot be opened: {e.strerror}", where=str(path),
+                          hint=_UNREADABLE) from None
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # swapped for something else since the stat
-            raise ConfigError(f"{label}: {path} is not a regular file", where=str(path))
+            raise ConfigError(f"{label}: {path} is not a regular file", where=str(path), hint=_MOVING)
         # read what the stat promised (asking for limit + 1 bytes at once makes Python allocate that much first),
         # then, only for a file that grew since, on up to the limit
         data = f.read(min(limit, st.st_size) + 1)
         if len(data) > st.st_size:
             data += f.read(limit + 1 - len(data))
     if len(data) > limit:
-        raise ConfigError(f"{label}: {path} grew past the {limit >> 20} MiB limit while being read", where=str(path))
+        raise ConfigError(f"{label}: {path} grew past the {limit >> 20} MiB limit while being read", where=str(path),
+                          hint=_MOVING)
     return data
 
 
@@ -448,14 +454,14 @@ def _message(err: Any) -> str:
 
 
 def _hint(err: Any, name: str) -> str:
-    """What to do: the failing key's own advice (the keys allowed, an x-hint), then the document's FIX."""
+    """What to do: the failing key's own advice (the keys allowed, an x-hint), then the document's fix."""
     from forktool import schemas
     own = ""
     if err.validator == "additionalProperties":
         own = f"allowed: {', '.join(sorted(err.schema.get('properties', {})))}"
     elif isinstance(err.schema, dict):
         own = str(err.schema.get("x-hint", ""))
-    return "; ".join(h for h in (own, schemas.FIX[name]) if h)
+    return "; ".join(h for h in (own, schemas.fix(name)) if h)
 
 
 # ---------------------------------------------------------------- one call per file
@@ -464,8 +470,14 @@ def _hint(err: Any, name: str) -> str:
 def load_yaml(path: Path, name: str, missing_hint: str = "", limit: int = CONFIG_LIMIT,
               root: Path | None = None) -> Any:
     """A YAML file read safely and checked against the schema `name` (root: no symlink below it is followed)."""
-    text = decode(read_regular(path, path.name, limit, root, missing_hint), path)
-    return check(parse_yaml(text, str(path)), name, str(path))
+    try:
+        text = decode(read_regular(path, path.name, limit, root, missing_hint), path)
+        return check(parse_yaml(text, str(path)), name, str(path))
+    except ConfigError as e:
+        if not e.hint:  # a file that cannot be read or parsed: the same next step as a key the schema refuses
+            from forktool import schemas
+            e.hint = schemas.fix(name, "the file")
+        raise
 
 
 def load_json(path: Path, name: str, missing_hint: str = "", limit: int = CONFIG_LIMIT, root: Path | None = None,
@@ -475,8 +487,9 @@ def load_json(path: Path, name: str, missing_hint: str = "", limit: int = CONFIG
         text = decode(read_regular(path, path.name, limit, root, missing_hint), path)
         return check(parse_json(text, str(path)), name, str(path), hint=hint)
     except ConfigError as e:
-        if hint and not e.hint:
-            e.hint = hint
+        if not e.hint:
+            from forktool import schemas
+            e.hint = hint or schemas.fix(name, "the file")
         raise
 
 

@@ -365,21 +365,21 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "sync-ended": SYNC_ENDED, "release": RELEASE,
     }.items()}
 
-_CONFIG = "fix that key in {file}; {again} re-checks it"
-_STATE = "restore the newest backup (`forktool backup restore NAME`), or, with the tree pristine, delete {file}"
-# the `next:` of a refusal by each schema, after the failing key's own x-hint (a caller's hint replaces both):
-# project files name the file to edit and the command that reads it again; files forktool writes say how to
-# replace them
-FIX: dict[str, str] = {
-    "vendor": _CONFIG.format(file="vendor/vendor.yaml", again="`forktool vendor status`"),
-    **{f"component-{k}": _CONFIG.format(file="vendor/vendor.yaml", again="`forktool vendor status`")
-       for k in KINDS},
+# the `next:` of a refusal by each schema, after the failing key's own x-hint (a caller's hint replaces both): a
+# project file you edit names the file and the command that reads it again; a file forktool writes says how to
+# replace it
+_EDITED = {
+    "vendor": ("vendor/vendor.yaml", "`forktool vendor status`"),
+    **{f"component-{k}": ("vendor/vendor.yaml", "`forktool vendor status`") for k in KINDS},
+    "registry": ("registry/UPSTREAM_SYNC.yaml", "`forktool registry check`"),
+    **{name: ("registry/build.yaml", "`forktool build --plan`") for name in ("build", "build-artifact",
+                                                                           "build-profile")},
+}
+_WRITTEN = {
     "vendor-lock": "restore vendor/vendor.lock from git, or delete it and run `forktool vendor fetch`",
-    "registry": _CONFIG.format(file="registry/UPSTREAM_SYNC.yaml", again="`forktool registry check`"),
-    **{name: _CONFIG.format(file="registry/build.yaml", again="`forktool build --plan`")
-       for name in ("build", "build-artifact", "build-profile")},
     "build-record": "delete the build directory's record; the next `forktool build` rewrites it",
-    "state": _STATE.format(file=".opencoti/state.json"),
+    "state": "restore the newest backup (`forktool backup restore NAME`), or, with the tree pristine, delete "
+             ".opencoti/state.json",
     "journal": "run `forktool recover`; docs/safety.md says what it does with a damaged journal",
     "backup": "the backup is damaged; pick another one (`forktool backup list`)",
     "pristine": "delete the cached pristine manifest; `forktool vendor fetch` writes it again",
@@ -387,3 +387,12 @@ FIX: dict[str, str] = {
     "sync-ended": "delete .opencoti/sync/ended.json; it only tells `forktool sync --undo` how the last sync ended",
     "release": "build the release again with `forktool package`",
 }
+
+
+def fix(name: str, part: str = "that key") -> str:
+    """What to do about a refusal of the document checked by schema `name` (part: what to fix in a file you edit;
+    the checks in code after the schema use it too)."""
+    if name in _EDITED:
+        file, again = _EDITED[name]
+        return f"fix {part} in {file}; {again} re-checks it"
+    return _WRITTEN[name]

@@ -456,7 +456,8 @@ def diff_file(path: str, old: bytes | None, new: bytes | None, old_mode: str | N
         raise PatchFormatError(f"{path}: mode change {old_mode} -> {new_mode} cannot be expressed",
                                where=path, hint="restore the file mode")
     if (old is not None and b"\0" in old) or (new is not None and b"\0" in new):
-        raise PatchFormatError(f"{path} is binary and cannot be carried in a patch", where=path)
+        raise PatchFormatError(f"{path} is binary and cannot be carried in a patch", where=path,
+                               hint="keep binary files out of the series: undo that change to the file")
     a = split_lines(old or b"")
     b = split_lines(new or b"")
     fd = FileDiff(path, old_mode if old is not None else None, new_mode if new is not None else None,

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from forktool import schema
+from forktool import schema, schemas
 from forktool.errors import ForktoolError
 from forktool.tree import Entry, atomic_write, read_file
 
@@ -78,7 +78,8 @@ def applied_stamp(project: Project) -> str:
     except FileNotFoundError:
         st = State()
     except (json.JSONDecodeError, KeyError, TypeError, IndexError, AttributeError) as e:
-        raise ForktoolError(f"{project.state_dir / STATE_FILE} is unreadable: {e}") from e
+        raise ForktoolError(f"{project.state_dir / STATE_FILE} is unreadable: {e}",
+                            where=str(project.state_dir / STATE_FILE), hint=schemas.fix("state")) from e
     comps = project.vendor.components
     commit = comps[0].upstream_commit if comps else ""
     return stamp(commit, [(a["id"], a["name"], a["sha256"]) for a in st.applied], False)[0]

@@ -316,7 +316,9 @@ def _move(tree: Path, tdir: Path, e: dict[str, Any], made_dirs: frozenset[str] =
         elif target.is_dir() and e["path"] in made_dirs:
             pass
         elif target.exists():
-            raise ForktoolError(f"{e['path']} is not a file and cannot be removed", where=str(target))
+            raise ForktoolError(f"{e['path']} is not a file and cannot be removed", where=str(target),
+                                hint="move it out of the tree (forktool removes only files) and run the command "
+                                     "again")
         return True
     src = tdir / "new" / e["staged"]
     if src.exists():  # gone: already moved before a crash

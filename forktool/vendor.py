@@ -115,7 +115,9 @@ def pip_download(requirement: str, dest: Path, progress: Callable[[str], None] |
     found = sorted(dest.glob("*.tar.gz"))
     if len(found) != 1:
         raise ForktoolError(f"pip did not produce one sdist for {requirement}", where=str(dest),
-                            details=[p.name for p in found])
+                            details=[p.name for p in found],
+                            hint="check the component's package and version in vendor/vendor.yaml; pip's lines "
+                                 "above say what it fetched")
     return found[0]
 
 
@@ -454,7 +456,8 @@ def check_local_sdist(comps: tuple[Component, ...], path: Path) -> None:
     try:
         got = sha256_file(path)
     except OSError as e:
-        raise ForktoolError(f"--sdist {path}: cannot be read: {e.strerror}", where=str(path)) from None
+        raise ForktoolError(f"--sdist {path}: cannot be read: {e.strerror}", where=str(path),
+                            hint="give the path of a readable sdist file") from None
     if got != sdists[0].sha256:
         raise ForktoolError(f"sha256 mismatch for --sdist {path}: {sdists[0].spec} is pinned at {sdists[0].sha256}, "
                             f"the file is {got}", where=str(path), hint="nothing was written; give the sdist "
@@ -507,7 +510,8 @@ def materialise_to(store: ObjectStore, manifest: Manifest, dest: Path) -> None:
     """The one materialiser: manifest's files and symlinks (each checked to stay inside) written to dest, which
     must not exist yet, through a temp dir renamed into place."""
     if os.path.lexists(dest):
-        raise ForktoolError(f"{dest} already exists", where=str(dest))
+        raise ForktoolError(f"{dest} already exists", where=str(dest),
+                            hint="move it away and run the command again")
     dest.parent.mkdir(parents=True, exist_ok=True)
     import shutil
 
@@ -526,7 +530,9 @@ def materialise_to(store: ObjectStore, manifest: Manifest, dest: Path) -> None:
                 target = data.decode("utf-8", "surrogateescape")
                 inside = os.path.normpath(os.path.join(os.path.dirname(rel), target))
                 if target.startswith("/") or inside == ".." or inside.startswith("../"):
-                    raise UnsafePathError(f"pristine symlink {rel} -> {target} points outside the tree", where=rel)
+                    raise UnsafePathError(f"pristine symlink {rel} -> {target} points outside the tree", where=rel,
+                                          hint="the cached pristine is damaged: `forktool vendor fetch` writes it "
+                                               "again")
                 p.symlink_to(target)
             else:
                 p.write_bytes(data)

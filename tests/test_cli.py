@@ -140,3 +140,30 @@ def test_the_manual_lists_every_command_and_option_as_declared_and_as_help_shows
         for p in c.params:
             for name in (*p.names, *((p.off,) if p.off else ())):
                 assert name in out + err, (c.words, name)
+
+
+def _spoil_build_yaml(p: Proj) -> None:
+    path = p.root / "registry" / "build.yaml"
+    path.write_text(path.read_text() + "stamped: [nosuch]\n")
+
+
+@pytest.mark.parametrize("argv, spoil, code, what, where, hint", [
+    (["gates", "0099"], None, 2, "no patch 0099 in the registry", "registry/UPSTREAM_SYNC.yaml",
+     "`forktool gates --list` shows the gates of every patch"),
+    (["new", "x y"], None, 2, "bad slug 'x y'", "SLUG", "use lowercase letters"),
+    (["backup", "prune", "--keep", "-1"], None, 2, "must be zero or more", "--keep", "--keep 5"),
+    (["build", "--plan"], _spoil_build_yaml, 1, "unknown artifact 'nosuch'", "links/stamped",
+     "fix that name in registry/build.yaml; `forktool build --plan` re-checks it"),
+])
+def test_a_refusal_names_where_and_what_to_do(rp: Proj, argv, spoil, code, what, where, hint) -> None:
+    # these said what was wrong but not where (`new 'x y'`) or not what to do next (`gates 0099`, the build.yaml
+    # cross-checks); every refusal now has both, and changes nothing
+    if spoil is not None:
+        spoil(rp)
+    before = rp.digest()
+    _, out, err = rp.run(*argv, expect=code)
+    lines = err.splitlines()
+    assert what in err and hint in err, err
+    assert any(ln.startswith("  where: ") and ln.endswith(where) for ln in lines), err
+    assert any(ln.startswith("  next: ") for ln in lines), err
+    assert rp.digest() == before

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from forktool import schema
+from forktool import schema, schemas
 from forktool.errors import ConfigError, UsageError
 from forktool.project import Project
 from forktool.vendor import matches
@@ -92,7 +92,8 @@ def _parse_artifact(raw: Any, where: str, profile_names: set[str]) -> ArtifactSp
     profiles = tuple(raw.get("profiles") or ())
     bad = sorted(set(profiles) - profile_names)
     if bad:
-        raise ConfigError(f"unknown profile(s) {', '.join(bad)}", where=f"{where}.profiles")
+        raise ConfigError(f"unknown profile(s) {', '.join(bad)}", where=f"{where}.profiles",
+                          hint=f"profiles: {', '.join(sorted(profile_names))}; " + schemas.fix("build"))
     return ArtifactSpec(raw["name"], tuple(imp) if isinstance(imp, list) else (imp,), tuple(raw.get("paths") or ()),
                         tuple(raw.get("targets") or ()), tuple(raw.get("outputs") or ()), profiles)
 
@@ -106,9 +107,11 @@ def _parse_profiles(raw: dict[str, Any], where: str) -> dict[str, Profile]:
         if name in out:
             return out[name]
         if name in seen:
-            raise ConfigError(f"profile inheritance loops: {' -> '.join(seen + (name,))}", where=where)
+            raise ConfigError(f"profile inheritance loops: {' -> '.join(seen + (name,))}", where=where,
+                              hint=schemas.fix("build", "one of those `inherits:`"))
         if name not in raw:
-            raise ConfigError(f"profile {seen[-1]!r} inherits unknown profile {name!r}", where=f"{where}.{seen[-1]}")
+            raise ConfigError(f"profile {seen[-1]!r} inherits unknown profile {name!r}", where=f"{where}.{seen[-1]}",
+                              hint=f"profiles: {', '.join(sorted(raw))}; " + schemas.fix("build", "its `inherits:`"))
         body = raw[name]
         base = resolve(body["inherits"], seen + (name,)) if body.get("inherits") else None
         w = f"{where}.{name}"
@@ -120,7 +123,8 @@ def _parse_profiles(raw: dict[str, Any], where: str) -> dict[str, Profile]:
         flags = (base.flags if base else ()) + tuple(body.get("flags") or ())
         targets = tuple(body.get("targets") or ()) or (base.targets if base else ())
         if not targets:
-            raise ConfigError("a profile needs make targets", where=f"{w}.targets")
+            raise ConfigError("a profile needs make targets", where=f"{w}.targets",
+                              hint=schemas.fix("build", "its `targets:` (or those of the profile it inherits)"))
         archs = str(body.get("cuda_architectures", base.cuda_architectures if base else ""))
         out[name] = Profile(name, generator, flags, targets, archs)
         return out[name]
@@ -139,10 +143,12 @@ def load_config(project: Project) -> BuildConfig:
                       for i, a in enumerate(raw["artifacts"]))
     names = {a.name for a in artifacts}
     if len(names) != len(artifacts):
-        raise ConfigError("artifact names must be unique", where=f"{path}: artifacts")
+        raise ConfigError("artifact names must be unique", where=f"{path}: artifacts",
+                          hint=schemas.fix("build", "the `name:` of one of them"))
     links = {str(k): tuple(v) for k, v in (raw.get("links") or {}).items()}
     stamped = tuple(raw.get("stamped") or ())
     for n in set(links) | {d for v in links.values() for d in v} | set(stamped):
         if n not in names:
-            raise ConfigError(f"unknown artifact {n!r}", where=f"{path}: links/stamped")
+            raise ConfigError(f"unknown artifact {n!r}", where=f"{path}: links/stamped",
+                              hint=f"artifacts: {', '.join(sorted(names))}; " + schemas.fix("build", "that name"))
     return BuildConfig(path, artifacts, profiles, links, stamped)

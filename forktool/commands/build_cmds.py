@@ -14,7 +14,8 @@ from forktool.project import Project
 
 def build(project: Project, profile: str, plan: bool, jobs: int | None) -> Report:
     if jobs is not None and not 1 <= jobs <= 1024:
-        raise UsageError(f"-j {jobs}: the number of make jobs must be between 1 and 1024", where="--jobs")
+        raise UsageError(f"-j {jobs}: the number of make jobs must be between 1 and 1024", where="--jobs",
+                         hint="give -j a number from 1 to 1024, or leave it out")
     cfg = b.load_config(project)
     prof = cfg.profile(profile)
     # the lock is held through make: the tree must not move under the compiler
@@ -70,7 +71,8 @@ def check(project: Project, profile: str | None, every: bool, jobs: int | None) 
     from forktool.build import check as bcheck
 
     if jobs is not None and not 1 <= jobs <= 1024:
-        raise UsageError(f"-j {jobs}: the number of make jobs must be between 1 and 1024", where="--jobs")
+        raise UsageError(f"-j {jobs}: the number of make jobs must be between 1 and 1024", where="--jobs",
+                         hint="give -j a number from 1 to 1024, or leave it out")
     if every and profile is not None:
         raise UsageError("--all and --profile name the profiles twice", where="--all", hint="give one of them")
     cfg = b.load_config(project)

@@ -278,7 +278,9 @@ def gates(project: Project, patch_id: str | None, name: str | None, list_only: b
     selected = [(p.id, g) for p in reg.patches for g in p.gates
                 if (patch_id is None or p.id == patch_id) and (name is None or g.name == name)]
     if patch_id and reg.patch(patch_id) is None:
-        raise UsageError(f"no patch {patch_id} in the registry", where="registry/UPSTREAM_SYNC.yaml")
+        raise UsageError(f"no patch {patch_id} in the registry", where="registry/UPSTREAM_SYNC.yaml",
+                         hint="`forktool gates --list` shows the gates of every patch; `forktool status` lists the "
+                              "ids of the series")
     if not selected:
         raise UsageError("no gate matches", where="registry/UPSTREAM_SYNC.yaml",
                          hint="`forktool gates --list` shows them")

@@ -366,7 +366,9 @@ def dispatch(project: Project, to: str | None, accept: bool, build: bool, out: s
             raise UsageError("--accept and --build belong to the trial, not to the loop", where="forktool sync",
                              hint="the loop moves the fork itself; build afterwards with `forktool build`")
         if to is not None and actions[0] != "start":
-            raise UsageError(f"--to goes with --start, not --{actions[0]}", where="forktool sync")
+            raise UsageError(f"--to goes with --start, not --{actions[0]}", where="forktool sync",
+                             hint=f"--to names the upstream a new sync moves to (`forktool sync --to SPEC --start`); "
+                                  f"leave it out of --{actions[0]}")
         if not review_merged and actions[0] != "start":
             raise UsageError("--no-review-merged goes with --start", where="forktool sync",
                              hint="the choice is made when the sync starts and kept until it finishes")

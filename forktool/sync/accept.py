@@ -36,7 +36,8 @@ def _repin_text(text: str, name: str, new: Component) -> str:
     start = next((i for i, ln in enumerate(lines)
                   if re.match(r"^\s*-\s*name:\s*['\"]?" + re.escape(name) + r"['\"]?\s*$", ln)), None)
     if start is None:
-        raise ConfigError(f"cannot find component {name!r} in vendor.yaml", where="vendor/vendor.yaml")
+        raise ConfigError(f"cannot find component {name!r} in vendor.yaml", where="vendor/vendor.yaml",
+                          hint=f"write its entry as a block that starts with the line `- name: {name}`")
     indent = len(lines[start]) - len(lines[start].lstrip())
     end = start + 1
     while end < len(lines) and (not lines[end].strip() or lines[end].lstrip().startswith("#")

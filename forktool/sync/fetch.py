@@ -221,7 +221,8 @@ def _fetch_sdist(project: Project, comp: Component, progress: Callable[[str], No
         m = re.match(r"^(.+)-([^-]+)\.tar\.gz$", found[0].name)
         version = comp.version or (m.group(2) if m else "")
         if not version:
-            raise ForktoolError(f"cannot read the version from {found[0].name}", where=want)
+            raise ForktoolError(f"cannot read the version from {found[0].name}", where=want,
+                                hint="name the version in the target: `--to PACKAGE==VERSION`")
         comp = comp._replace(version=version, sha256=sha256_file(found[0]))
         path = vendor.download_sdist(project, comp, found[0])
     atomic_write(_by_spec(project, comp), (comp.sha256 + "\n").encode())

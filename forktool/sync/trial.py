@@ -65,9 +65,10 @@ def _hunk_places(patch: Patch, fd: FileDiff, theirs: bytes | None) -> list[dict]
     out: list[dict[str, object]] = []
     for n, h in enumerate(fd.hunks, 1):
         one = FileDiff(fd.path, fd.old_mode, fd.new_mode, fd.old_index, fd.new_index, [h])
+        if theirs is None:  # the file is gone upstream
+            out.append({"hunk": n, "how": "changed", "offset": None})
+            continue
         try:
-            if theirs is None:
-                raise ApplyError("absent")
             _, drift = apply_file(patch, one, theirs)
             off = drift[0].offset if drift else 0
             out.append({"hunk": n, "how": "offset" if off else "exact", "offset": off})
