@@ -32,6 +32,11 @@ def read_series(path: Path) -> list[SeriesEntry]:
     from forktool import schema
     text = schema.decode(schema.read_regular(path, "patches/series", schema.CONFIG_LIMIT, path.parent.parent,
                                              "create it (one patch name a line)"), path, "patches/series")
+    if "\r" in text:  # splitlines would read CRLF as LF, and `forktool new` would write the file back with LF
+        n = text[: text.index("\r")].count("\n") + 1
+        raise ConfigError("patches/series contains CR (CRLF line endings); the series uses LF only, as patches do",
+                          where=f"{path}:{n}", hint="convert it with `sed -i 's/\\r$//' patches/series` (or "
+                          "`dos2unix patches/series`) and run the command again; nothing was changed")
     out: list[SeriesEntry] = []
     seen: dict[str, int] = {}
     for n, raw in enumerate(text.splitlines(), 1):

@@ -103,3 +103,19 @@ def test_a_bad_series_line_says_what_is_wrong_and_what_to_do(tmp_path, line, wha
         read_series(series)
     assert e.value.what == what and hint in e.value.hint
     assert e.value.where == f"{series}:3"
+
+
+@pytest.mark.parametrize("argv", [["status"], ["apply"], ["unapply"], ["verify"], ["new", "more", "--title", "more"]])
+def test_a_series_with_crlf_line_endings_is_refused_and_left_as_it_is(proj, argv):
+    # a CRLF series was read as LF and `forktool new` wrote it back with LF; it is refused as a CRLF patch is
+    from tests import corpus
+    for name, text in corpus.SERIES.items():
+        proj.write_patch(name, text)
+    proj.run("apply")
+    series = proj.root / "patches" / "series"
+    series.write_bytes(series.read_bytes().replace(b"\n", b"\r\n"))
+    raw, before = series.read_bytes(), proj.state_digest()
+    _, out, err = proj.run(*argv, expect=1)
+    assert "patches/series contains CR (CRLF line endings)" in err and f"where: {series}:1" in err, err
+    assert "next: convert it with `sed -i 's/\\r$//' patches/series`" in err, err
+    assert series.read_bytes() == raw and proj.state_digest() == before
