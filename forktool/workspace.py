@@ -217,7 +217,7 @@ class Workspace:
         recorded = [(a["id"], a["sha256"]) for a in self.state.applied]
         if not dirty and not fresh and recorded == [(p.id, p.sha256) for p in target]:
             # the tree holds exactly what the state records for these very patches on this pristine
-            return {"written": [], "backup": None, "forced": [],
+            return {"written": [], "backup": None, "forced": [], "forced_changes": [],
                     "drift": [d for a in self.state.applied for d in a.get("drift", [])]}
         self.progress(f"applying {len(target)} patch(es) in memory")
         result = self.compute(target)
@@ -252,6 +252,7 @@ class Workspace:
             if writes:
                 self.tree_moved()
         return {"written": [w.path for w in writes], "backup": backup_name, "forced": [p for _, p in dirty],
+                "forced_changes": [{"path": p, "change": kind} for kind, p in dirty],
                 "drift": [d.to_json() for p in target for d in result.drift.get(p.id, [])]}
 
     def restore(self, name: str) -> dict:

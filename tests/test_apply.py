@@ -106,6 +106,34 @@ def test_dirty_tree_refused_then_forced_with_backup(proj: Proj):
     assert proj.state_digest() == before
 
 
+@pytest.mark.parametrize("argv", [["unapply", "--force"], ["apply", "--force"]])
+def test_force_names_the_edits_it_overwrote_and_the_backup_that_brings_them_back(proj: Proj, argv):
+    # `--force` said only "backed up and overwrote 1 locally changed file(s)" and the backup's name: not which
+    # files' edits went, nor how to get them back
+    three_patches(proj)
+    proj.run("apply", "--upto", "0071")
+    proj.edit("up/src/b.c", "line 3\n", "my local edit\n")
+    (proj.tree / "up" / "mine.txt").write_text("mine\n")
+    before = proj.state_digest()
+    _, out, err = proj.run(*argv)
+    name = next(ln.split("backup ")[1] for ln in err.splitlines() if ": wrote " in ln)
+    assert "backed up and overwrote 2 locally changed file(s), your edits to:" in err, err
+    assert "  modified: up/src/b.c" in err and "  added: up/mine.txt" in err, err
+    assert f"the edits are in backup {name}: `forktool backup restore {name}` puts the tree back as it was before " \
+           f"this {argv[0]}, edits included" in err, err
+    res = proj.json("backup", "restore", name)
+    assert "my local edit" in (proj.tree / "up/src/b.c").read_text() and (proj.tree / "up" / "mine.txt").exists()
+    assert proj.state_digest() == before, res
+
+
+def test_force_lists_the_overwritten_edits_in_json(proj: Proj):
+    three_patches(proj)
+    proj.run("apply")
+    proj.edit("up/src/b.c", "line 3\n", "my local edit\n")
+    res = proj.json("unapply", "--force")
+    assert res["forced"] == ["up/src/b.c"] and res["forced_changes"] == [{"path": "up/src/b.c", "change": "modified"}]
+
+
 def test_edit_loop_refresh_and_conflicting_later_patch(proj: Proj):
     three_patches(proj)
     proj.run("apply", "--upto", "0071")

@@ -13,13 +13,18 @@ from forktool.workspace import Workspace
 def _moved(ws: Workspace, what: str, res: dict) -> Report:
     lines = []
     if res["forced"]:
-        lines.append(f"[yellow]--force:[/yellow] backed up and overwrote {len(res['forced'])} locally changed file(s)")
+        lines.append(f"[yellow]--force:[/yellow] backed up and overwrote {len(res['forced'])} locally changed file(s), "
+                     "your edits to:")
+        lines += [output.escape(f"  {c['change']}: {c['path']}") for c in res["forced_changes"]]
     if res["written"]:
         # a tree written where there was none has nothing to back up, so no backup is named
         taken = f"backup [bold]{res['backup']}[/bold]" if res["backup"] else "no backup (there was no tree to keep)"
         lines.append(f"{what}: wrote {len(res['written'])} file(s); {taken}")
     else:
         lines.append(f"{what}: nothing to do, the tree is already there")
+    if res["forced"] and res["backup"]:
+        lines.append(f"the edits are in backup [bold]{res['backup']}[/bold]: `forktool backup restore {res['backup']}` "
+                     f"puts the tree back as it was before this {what}, edits included")
     for d in res["drift"]:
         lines.append(f"[yellow]drift:[/yellow] {d['patch']} {output.escape(d['file'])} hunk #{d['hunk']} at offset "
                      f"{d['offset']:+d}")
