@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 
 import pytest
@@ -277,6 +278,25 @@ def test_status_json_has_stable_keys(proj: Proj):
     assert set(st) == {"patches", "tree", "top", "local_changes", "applied_not_in_series", "pristine_digest",
                        "pin_moved"}
     assert set(st["patches"][0]) == {"id", "name", "title", "state", "drift", "files"}
+
+
+def test_status_with_the_tree_absent_shows_no_patch_applied(proj: Proj):
+    # with vendor/... removed, status showed every patch "+" (applied) beside "tree: absent"; with no tree no
+    # patch is on disk: each is unapplied, the top is none, and the line says what the state recorded and what to run
+    three_patches(proj)
+    proj.run("apply")
+    shutil.rmtree(proj.tree)
+    code, out, err = proj.run("status")
+    assert code == 0
+    assert "+ 00" not in err and err.count("- 00") == 3, err
+    assert "tree: absent; top: none; 0/3 applied" in err, err
+    assert "does not exist, so no patch is applied (the state records 0089 as its top); next: `forktool apply`" \
+        in err, err
+    st = proj.json("status")
+    assert st["tree"] == "absent" and st["top"] is None and st["local_changes"] == []
+    assert [p["state"] for p in st["patches"]] == ["unapplied"] * 3
+    proj.run("apply")
+    assert proj.json("status")["top"] == "0089"
 
 
 def test_missing_series_file_entry(proj: Proj):

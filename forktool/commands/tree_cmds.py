@@ -111,8 +111,13 @@ def status(project: Project) -> Report:
         if rep is not None:
             return rep
     with open_workspace(project) as ws:
-        applied = {a["id"]: a for a in ws.state.applied}
-        stale = set(ws.applied_stale())
+        # no tree, no patch on disk: what the state recorded is not shown as applied (`apply` starts over from
+        # pristine there)
+        absent = not project.tree.exists()
+        on_disk = [] if absent else ws.state.applied
+        top = None if absent else ws.state.top
+        applied = {a["id"]: a for a in on_disk}
+        stale = set() if absent else set(ws.applied_stale())
         rows = []
         lines = []
         for p in ws.patches:
@@ -128,15 +133,19 @@ def status(project: Project) -> Report:
             lines.append(f"{mark} {p.id} {output.escape(p.title)} ({len(p.paths)} file(s)){dr}")
         # applied patches the series no longer names (a line removed from patches/series): they are in the tree
         named = {p.id for p in ws.patches}
-        gone = [a for a in ws.state.applied if a["id"] not in named]
+        gone = [a for a in on_disk if a["id"] not in named]
         for a in gone:
             lines.append(f"[red]![/red] {a['id']} {a['name']}: applied, but patches/series no longer names it "
                          "(`forktool apply` takes it off the tree; put the line back to keep it)")
-        changes = ws.local_changes() if project.tree.exists() else []
-        tree = "absent" if not project.tree.exists() else ("dirty" if changes else "clean")
-        lines.append(f"tree: {tree}; top: {ws.state.top or 'none'}; "
-                     f"{len(ws.state.applied) - len(gone)}/{len(ws.patches)} applied"
+        changes = [] if absent else ws.local_changes()
+        tree = "absent" if absent else ("dirty" if changes else "clean")
+        lines.append(f"tree: {tree}; top: {top or 'none'}; "
+                     f"{len(on_disk) - len(gone)}/{len(ws.patches)} applied"
                      + (f", and {len(gone)} not in the series" if gone else ""))
+        if absent:
+            recorded = f" (the state records {ws.state.top} as its top)" if ws.state.top else ""
+            lines.append(f"  {output.escape(str(project.tree))} does not exist, so no patch is applied{recorded}; "
+                         "next: `forktool apply` writes pristine + the series there")
         for s, path in changes[:50]:
             lines.append(f"  [yellow]{s}[/yellow] {output.escape(path)}")
         if changes and ws.no_record_note():
@@ -147,7 +156,7 @@ def status(project: Project) -> Report:
         if moves:
             lines.append("  next: `forktool unapply`, remove vendor/llamafile, then `forktool vendor fetch && forktool "
                          "apply` (docs/sync.md)")
-        return Report({"patches": rows, "tree": tree, "top": ws.state.top,
+        return Report({"patches": rows, "tree": tree, "top": top,
                        "local_changes": [{"status": s, "path": path} for s, path in changes],
                        "applied_not_in_series": [a["id"] for a in gone],
                        "pristine_digest": ws.pristine_digest, "pin_moved": moves}, lines)
