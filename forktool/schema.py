@@ -36,7 +36,7 @@ STATE_LIMIT = 256 << 20  # manifests of whole trees
 PATCH_LIMIT = 32 << 20  # one patch file
 MAX_DEPTH = 64  # nesting of mappings and lists in any document
 MAX_NODES = 2_000_000  # values in one document once YAML aliases are expanded
-_UNREADABLE = "give your user read access to it (the reason above says what stopped it) and run the command again"
+_UNREADABLE = "give your user read access to it (the error says what stopped it) and run the command again"
 _MOVING = "something changed the file while forktool read it; run the command again once nothing writes to it"
 
 
