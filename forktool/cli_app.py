@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 import typer.main
 
-from forktool.cli_spec import APP_HELP, COMMANDS, GROUPS, REQUIRED, VERSION, Call, Command, Param
+from forktool.cli_spec import APP_HELP, COMMANDS, GROUPS, REQUIRED, VERSION, Call, Command, Param, find
 
 try:  # typer >= 0.16 vendors its own click
     from typer._click.exceptions import ClickException  # type: ignore[import-not-found]
@@ -112,5 +112,9 @@ def parse(argv: list[str]) -> Call | None | int:
         return int(e.exit_code or 0)
     except ClickException as e:  # usage errors (exit 2), and no arguments at all (help, exit 2)
         e.show(file=sys.stderr)
+        if getattr(e, "ctx", None) is None:  # click showed no usage line (`apply --upto` with no value): say where
+            command = find(list(argv))
+            words = " ".join((_detect_program_name(), *(command.words if command else ())))
+            sys.stderr.write(f"Try '{words} --help' for help.\n")
         return e.exit_code
     raise RuntimeError(f"the typer app read {argv!r} without picking a command")  # every callback picks one

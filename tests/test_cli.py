@@ -167,3 +167,16 @@ def test_a_refusal_names_where_and_what_to_do(rp: Proj, argv, spoil, code, what,
     assert any(ln.startswith("  where: ") and ln.endswith(where) for ln in lines), err
     assert any(ln.startswith("  next: ") for ln in lines), err
     assert rp.digest() == before
+
+
+@pytest.mark.parametrize("argv, command", [(["apply", "--upto"], "apply"),
+                                           (["backup", "prune", "--keep"], "backup prune")])
+def test_an_option_without_its_value_says_where_help_is(proj: Proj, argv, command) -> None:
+    # click says "Option '--upto' requires an argument." and, having no context there, nothing else: the line
+    # now points at the command's help as click's other usage errors do
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "forktool", *argv], capture_output=True, text=True,
+                       env=dict(os.environ, FORKTOOL_ROOT=str(proj.root)))
+    assert r.returncode == 2 and f"Option '{argv[-1]}' requires an argument." in r.stderr, r.stderr
+    assert f"forktool {command} --help' for help." in r.stderr.splitlines()[-1], r.stderr  # 'python -m forktool ...'
