@@ -368,10 +368,15 @@ def pin_moves(project: Project) -> list[str]:
     out = []
     for c in project.vendor.components:
         was = recorded.get(c.name)
-        if was is not None and was != component_lock_key(c):
-            held = was.get("spec", "?") if isinstance(was, dict) else "?"
-            out.append(f"{c.name}: vendor.yaml pins {c.spec}, the tree holds {held}"
-                       + (" (other filters)" if held == c.spec else ""))
+        now = component_lock_key(c)
+        if was is None or was == now:
+            continue
+        was = was if isinstance(was, dict) else {}
+        if was.get("spec") != c.spec:
+            out.append(f"{c.name}: vendor.yaml pins {c.spec}, the tree holds {was.get('spec', '?')}")
+        else:  # the same spec: say which of the pin's other keys differ
+            keys = ", ".join(k for k in now if was.get(k) != now[k])
+            out.append(f"{c.name}: vendor.yaml pins {c.spec} with another {keys} than the tree was made from")
     return out
 
 

@@ -272,6 +272,19 @@ def test_verify_detects_local_edit_and_tree_digest(proj: Proj):
     assert "modified up/src/a.c" in err
 
 
+def test_status_says_which_key_of_a_pin_differs_from_what_the_tree_was_made_from(proj: Proj):
+    three_patches(proj)
+    proj.run("apply")
+    assert proj.json("status")["pin_moved"] == []
+    pin = proj.root / "vendor" / "vendor.yaml"
+    before = proj.state_digest()
+    pin.write_text(pin.read_text().replace("exclude: ['*.md']", "exclude: ['*.md', '*.txt']"))
+    code, out, err = proj.run("status")
+    assert "tree: clean" in err and "pin moved: up: vendor.yaml pins " in err
+    assert "with another exclude than the tree was made from" in err and "vendor fetch && forktool apply" in err
+    assert proj.state_digest() == before
+
+
 def test_status_json_has_stable_keys(proj: Proj):
     three_patches(proj)
     st = proj.json("status")
