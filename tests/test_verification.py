@@ -12,7 +12,7 @@ from forktool.tree import scan
 from tests.helpers.project import Proj
 
 KEYS = {"ok", "problems", "tree_digest", "series_digest", "applied", "exported", "full_series", "registry",
-        "advisories", "cached", "compiled", "not_checked"}
+        "advisories", "cached", "compiled", "not_compiled_why", "not_checked"}
 
 
 def verdict(p: Proj, *extra: str) -> dict:
