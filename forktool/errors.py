@@ -18,6 +18,7 @@ class ForktoolError(Exception):
         self.where = where
         self.hint = hint
         self.details = list(details or [])
+        self.extra: dict[str, object] = {}  # more keys for --json, where an error says more than what failed
 
     def __str__(self) -> str:
         parts = [self.what]
@@ -30,7 +31,7 @@ class ForktoolError(Exception):
 
     def to_json(self) -> dict[str, object]:
         return {"error": self.what, "where": self.where, "hint": self.hint, "details": self.details,
-                "kind": type(self).__name__}
+                "kind": type(self).__name__, **self.extra}
 
 
 class UsageError(ForktoolError):

@@ -189,6 +189,41 @@ def test_kill_inside_start(moved, point, then):
 
 
 @pytest.mark.parametrize("then", ["--abort", "--continue"])
+def test_a_start_that_fails_says_the_sync_is_in_progress(moved, tmp_path, monkeypatch, then):
+    """An error after the start recorded the sync (here `git merge-file` killed at 0002) leaves the sync in
+    progress: the error says so, at which stage, and what to run; the text and --json agree with `status`."""
+    import os
+    import shutil
+
+    proj, commit, before = moved
+    real = shutil.which("git")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "git").write_text(f'#!/bin/sh\ncase "$*" in *merge-file*) kill -SEGV $$ ;; esac\n'
+                                          f'exec {real} "$@"\n')
+    (tmp_path / "bin" / "git").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    _, out, err = proj.run("sync", "--to", commit, "--start", "--json", expect=1)
+    data = json.loads(out)
+    assert data["error"].startswith("git merge-file was killed by SIGSEGV; ")
+    to = f"{proj.upstream}@{commit}"
+    assert f"the sync to {to} is in progress, at stage starting" in data["error"]
+    assert data["sync"] == {"in_progress": True, "to": to, "stage": "starting", "position": 0,
+                            "next": ["forktool sync --continue", "forktool sync --abort"]}
+    assert "`forktool sync --continue` goes on" in data["hint"] and "`forktool sync --abort` puts" in data["hint"]
+    assert "run the command again" in data["details"][0]  # the failure's own hint is kept
+    assert "in progress, at stage starting" in err and "--continue" in err and "--abort" in err
+    _, _, err = proj.run("status")
+    assert ": starting" in err and "`forktool sync --continue`" in err and "--abort" in err
+    monkeypatch.setenv("PATH", os.environ["PATH"].split(os.pathsep, 1)[1])
+    if then == "--abort":
+        proj.run("sync", "--abort")
+        assert everything(proj) == before
+    else:
+        _, _, err = proj.run("sync", "--continue", expect=1)
+        assert "stopped" in err and "up/src/a.c" in err
+
+
+@pytest.mark.parametrize("then", ["--abort", "--continue"])
 @pytest.mark.parametrize("point", ["staging", "committed", "replacing", "state-written"])
 def test_kill_inside_continue(moved, point, then):
     proj, commit, before = moved

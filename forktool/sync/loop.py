@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from forktool import backup as bk
@@ -302,9 +303,10 @@ def start(project: Project, spec: str | None, progress: Progress = lambda _m: No
                   "position": 0, "done": [], "stop": None, "review_merged": review_merged,
                   "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         atomic_write(state_path(project), json.dumps(st, indent=1, sort_keys=True).encode())
-        txn.fault("sync-started")
-        _back_up(project, st, ws, current, progress)
-        res = _run(project, st, {}, progress)
+        with _left_in_progress(project):
+            txn.fault("sync-started")
+            _back_up(project, st, ws, current, progress)
+            res = _run(project, st, {}, progress)
     res["timings"] = {"fetch_s": round(t_fetched - t0, 3), "tool_s": round(time.monotonic() - t_fetched, 3),
                       "fetch_from_cache": target.from_cache}
     return res
@@ -334,11 +336,39 @@ def start_reanchor(project: Project, progress: Progress = lambda _m: None) -> di
               "done": [], "stop": None, "review_merged": True,
               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         atomic_write(state_path(project), json.dumps(st, indent=1, sort_keys=True).encode())
-        txn.fault("sync-started")
-        _back_up(project, st, ws, current, progress)
-        res = _run(project, st, {}, progress)
+        with _left_in_progress(project):
+            txn.fault("sync-started")
+            _back_up(project, st, ws, current, progress)
+            res = _run(project, st, {}, progress)
     res["timings"] = {"tool_s": round(time.monotonic() - t0, 3)}
     return res
+
+
+@contextmanager
+def _left_in_progress(project: Project) -> Iterator[None]:
+    """A start that fails once it has recorded the sync leaves that sync in progress (a `--start` again is refused):
+    its error says so, at which stage, and what to run, as `forktool status` would."""
+    try:
+        yield
+    except ForktoolError as e:
+        try:
+            st = read_state(project)
+        except ForktoolError:  # the record itself is unreadable: the error that came first is the news
+            raise e from None
+        if st is None:
+            raise
+        what = "re-anchoring" if reanchoring(st) else f"sync to {st['to_spec']}"
+        back = ("puts pin, lock, patches and tree back as they were" if st["backups"]
+                else "removes its record (nothing was moved yet)")
+        e.what = f"{e.what}; the {what} is in progress, at stage {st['stage']}"
+        if e.hint:
+            e.details.append(f"about the failure: {e.hint}")
+        e.hint = (f"once the cause is fixed, `forktool sync --continue` goes on from stage {st['stage']}; "
+                  f"`forktool sync --abort` {back} (`forktool status` shows where it stands)")
+        e.extra["sync"] = {"in_progress": True, "to": st["to_spec"], "stage": st["stage"],
+                           "position": st["position"], "next": ["forktool sync --continue", "forktool sync --abort"]}
+        e.args = (e.what,)
+        raise
 
 
 def _back_up(project: Project, st: dict, ws: Workspace, current: Manifest, progress: Progress) -> None:
