@@ -3,6 +3,7 @@ and what it leaves there is removed by the next forktool that fetches or starts 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -108,3 +109,57 @@ def test_a_trial_ended_by_sigterm_leaves_nothing_in_tmpdir_or_its_out(proj: Proj
     assert "report.md" in err
     assert os.listdir(tmpdir) == [] and os.listdir(proj.root / ".opencoti" / "tmp") == []
     assert sorted(os.listdir(out)) == ["patches", "report.json", "report.md"]
+
+
+@pytest.mark.parametrize("event,moment", [("os.rename", "/.patches-"), ("open", "/dist/sync/.forktool-")])
+def test_a_trial_ended_by_sigterm_never_leaves_a_report_of_another_run(proj: Proj, event: str, moment: str) -> None:
+    # a second trial into the same --out, ended between putting its patches/ in place and writing its reports
+    # (the old patches/ moved out, the new one not yet in; the new patches in, the reports not yet all written):
+    # every report DIR holds describes the patches beside it, and none is the first trial's
+    from tests.helpers.project import git
+
+    loop_series(proj)
+    first = new_upstream(proj)
+    out = proj.root / "dist" / "sync"
+    proj.run("sync", "--to", first, expect=1)
+    old = {n: (out / n).read_bytes() for n in ("report.json", "report.md")}
+    b = proj.upstream / "src" / "b.c"
+    b.write_text("newer\n" + b.read_text())  # 0001 moves by one more line: another refreshed patch
+    git(proj.upstream, "commit", "-qam", "newer still")
+    second = git(proj.upstream, "rev-parse", "HEAD")
+    r = signal_at(proj.root, signal.SIGTERM, moment, ["sync", "--to", second], event=event)
+    assert r.returncode == -signal.SIGTERM, r.stderr
+    left = {n: (out / n).read_bytes() for n in ("report.json", "report.md") if (out / n).exists()}
+    patches = {p.name: p.read_bytes() for p in (out / "patches").iterdir()} if (out / "patches").is_dir() else None
+    assert not any(left[n] == old[n] for n in left), "a report of the first trial is left beside other patches"
+    proj.run("sync", "--to", second, expect=1)
+    assert sorted(os.listdir(out)) == ["patches", "report.json", "report.md"]
+    for n, data in left.items():  # a report left by the killed trial is the one a whole run writes
+        assert data == (out / n).read_bytes()
+        assert patches == {p.name: p.read_bytes() for p in (out / "patches").iterdir()}
+
+
+def test_a_trial_with_build_retires_the_reports_before_its_build(proj: Proj, monkeypatch: pytest.MonkeyPatch) -> None:
+    # --build fills DIR/build-project/ before the reports are written: the reports of the trial before are gone by
+    # then, so a trial cut short during its build leaves no report of another build beside it
+    from forktool.sync import job
+    from tests.helpers.project import git
+
+    loop_series(proj)
+    out = proj.root / "dist" / "sync"
+    b = proj.upstream / "src" / "b.c"
+    b.write_text("newer\n" + b.read_text())  # every patch applies (0001 at an offset): the build is tried
+    git(proj.upstream, "commit", "-qam", "newer")
+    commit = git(proj.upstream, "rev-parse", "HEAD")
+    proj.run("sync", "--to", commit, expect=0)
+    assert (out / "report.json").is_file()
+    seen = []
+
+    def build(project: object, scratch: Path, *a: object) -> dict:
+        seen.append(sorted(n for n in ("report.json", "report.md") if (out / n).exists()))
+        return {"status": "failed", "step": "build", "exit_code": 1, "log_tail": [], "seconds": 0.0}
+
+    monkeypatch.setattr(job, "run_build", build)
+    proj.run("sync", "--to", commit, "--build", expect=1)
+    assert seen == [[]]
+    assert json.loads((out / "report.json").read_text())["build"]["status"] == "failed"

@@ -12,7 +12,7 @@ from forktool.sync import buildfiles
 from forktool.sync.accept import _repin_text, _series_text
 from forktool.sync.fetch import fetch_target, pinned_manifest, resolve_spec
 from forktool.sync.relocate import relocate_hooks
-from forktool.sync.report import SyncResult, write_outputs
+from forktool.sync.report import SyncResult, retire_outputs, write_outputs
 from forktool.sync.scratch import run_build
 from forktool.sync.trial import Reader, final_state, name_api_drift, trial
 from forktool.tree import REGULAR, Manifest
@@ -83,6 +83,7 @@ def sync(project: Project, spec: str, *, build: bool, out: Path,
         if any(r.status in ("conflict", "blocked") for r in results):
             build_res = {"status": "skipped", "reason": "some patches do not apply on the new upstream"}
         else:
+            retire_outputs(out)  # the reports of the trial before never stand beside this trial's build
             build_res = run_build(project, out / "build-project", yaml_text, results, series_text, progress)
     timings = {"fetch_s": round(t_fetched - t_start, 3), "trial_s": round(t_trial - t_fetched, 3),
                "hooks_s": round(t_hooks - t_trial, 3), "analysis_s": round(t_analysis - t_fetched, 3),

@@ -90,32 +90,44 @@ def _clean_work_dirs(out: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
+REPORTS = ("report.json", "report.md")
+
+
+def retire_outputs(out: Path) -> None:
+    """Remove the reports of the trial before, first of all that a trial writes into out: until this trial's own are
+    written (report.json last), out holds no report (nor registry proposal) that could describe other patches or
+    another build."""
+    for name in (*REPORTS, "registry/UPSTREAM_SYNC.yaml"):
+        if (out / name).is_file() or (out / name).is_symlink():
+            (out / name).unlink()
+
+
 def write_outputs(out: Path, res: SyncResult) -> dict:
-    """patches/ (refreshed ones + series), report.json, report.md; patches/ is replaced as a whole."""
+    """patches/ (refreshed ones + series), the registry proposal, report.md, then report.json; the earlier trial's
+    reports go first and patches/ is replaced as a whole, so a run cut short leaves no report of another run."""
     out.mkdir(parents=True, exist_ok=True)
     # the work directory's name carries this process's id: one that a SIGTERM or a kill left is removed here by the
     # next trial writing to out, once its process is gone
     _clean_work_dirs(out)
-    tmp = Path(tempfile.mkdtemp(prefix=f".patches-{os.getpid()}-", dir=out))
+    retire_outputs(out)
+    work = Path(tempfile.mkdtemp(prefix=f".patches-{os.getpid()}-", dir=out))
     try:
+        new = work / "patches"
+        new.mkdir()
         for r in res.results:
             if r.refreshed is not None:
-                (tmp / r.patch.name).write_bytes(r.refreshed.raw)
-        (tmp / "series").write_bytes(res.series_text.encode())
+                (new / r.patch.name).write_bytes(r.refreshed.raw)
+        (new / "series").write_bytes(res.series_text.encode())
         old = out / "patches"
         if old.exists():
-            shutil.rmtree(old)
-        tmp.rename(old)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            old.rename(work / "old")  # out of the way whole: what is left of it goes with the work directory
+        new.rename(old)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     proposal = out / "registry" / "UPSTREAM_SYNC.yaml"
     if res.registry_yaml is not None:
         atomic_write(proposal, res.registry_yaml.encode())
-    elif proposal.exists():
-        proposal.unlink()
     data = res.report()
-    atomic_write(out / "report.json", (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
     atomic_write(out / "report.md", render_markdown(data).encode())
+    atomic_write(out / "report.json", (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
     return data
-
