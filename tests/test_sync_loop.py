@@ -84,6 +84,27 @@ def test_skip_drops_the_patch(moved):
     proj.run("verify")
 
 
+def test_skip_refuses_to_throw_away_edits_outside_the_stopped_patch(moved):
+    """--skip puts the stopped patch's files back; an edit or a new file elsewhere in the tree would go with them."""
+    proj, commit, before = moved
+    proj.run("sync", "--to", commit, "--start", expect=1)
+    proj.edit("up/src/b.c", "line 3\n", "line three\n")
+    (proj.tree / "up/src/mine.c").write_text("mine\n")
+    stopped = everything(proj)
+    _, out, err = proj.run("sync", "--skip", "--json", expect=1)
+    data = json.loads(out)
+    assert data["error"] == "2 file(s) outside 0002 changed since the stop; --skip would throw them away"
+    assert data["details"] == ["vendor/llamafile/up/src/b.c", "vendor/llamafile/up/src/mine.c"]
+    assert "--continue" in data["hint"] and "--abort" in data["hint"]
+    assert everything(proj) == stopped  # nothing touched
+    proj.edit("up/src/b.c", "line three\n", "line 3\n")
+    (proj.tree / "up/src/mine.c").unlink()
+    proj.edit("up/src/a.c", "<<<<<<<", "<<<<<<< (half edited)")  # the stopped patch's own file: skip drops it
+    proj.run("sync", "--skip")
+    assert "line 3\n" in (proj.tree / "up/src/b.c").read_text() and "<<<<<<<" not in (proj.tree / "up/src/a.c").read_text()
+    proj.run("verify")
+
+
 def test_abort_restores_everything_byte_identical(moved):
     proj, commit, before = moved
     proj.run("sync", "--to", commit, "--start", expect=1)

@@ -507,6 +507,18 @@ def skip(project: Project, progress: Progress = lambda _m: None) -> dict:
             raise ForktoolError(f"the sync is {st['stage']}, not stopped at a patch", where=str(state_path(project)),
                                 hint="`forktool sync --continue` goes on, `--abort` goes back")
         stop = st["stop"]
+        ctx = context(project, st)
+        _, expected = _stop_base(ctx)
+        own = set(ctx.original[st["position"]].paths) | {f["file"] for f in stop["files"]} \
+            | set(stop.get("remembered_files", []))
+        elsewhere = sorted({rel for _, rel in diff_manifests(expected, scan(project.tree))} - own)
+        if elsewhere:
+            raise ForktoolError(f"{len(elsewhere)} file(s) outside {stop['id']} changed since the stop; --skip would "
+                                "throw them away", where=f"{TREE}/{elsewhere[0]}",
+                                details=[f"{TREE}/{rel}" for rel in elsewhere],
+                                hint=f"nothing was changed; to keep them, `forktool sync --continue` carries them in "
+                                     f"{stop['id']} (as `refresh` would); to drop them, undo those edits (remove the "
+                                     f"files you added) and skip again; `forktool sync --abort` goes back")
         st["done"].append({"id": stop["id"], "name": stop["name"], "status": "skipped", "drift": [], "files": []})
         st["position"] += 1
         res = _run(project, st, {}, progress)
