@@ -105,6 +105,23 @@ def test_skip_refuses_to_throw_away_edits_outside_the_stopped_patch(moved):
     proj.run("verify")
 
 
+def test_continue_refuses_a_stopped_file_deleted_from_the_tree(moved):
+    """A file of the stopped patch removed by hand is not taken for the patch deleting it."""
+    proj, commit, before = moved
+    proj.run("sync", "--to", commit, "--start", expect=1)
+    (proj.tree / "up/src/a.c").unlink()
+    stopped = everything(proj)
+    _, out, _ = proj.run("sync", "--continue", "--json", expect=1)
+    data = json.loads(out)
+    assert data["error"] == "up/src/a.c, a file 0002 changes, is gone from the tree; taken so, 0002 would delete it"
+    assert data["where"] == "vendor/llamafile/up/src/a.c" and "--skip" in data["hint"] and "--abort" in data["hint"]
+    assert everything(proj) == stopped  # nothing touched: patches, series, state and tree as the stop left them
+    proj.run("sync", "--abort")
+    assert everything(proj) == before
+    proj.run("sync", "--to", commit, "--start", expect=1)  # the same stop, the file as the stop writes it
+    assert "<<<<<<< " in (proj.tree / "up/src/a.c").read_text()
+
+
 def test_abort_restores_everything_byte_identical(moved):
     proj, commit, before = moved
     proj.run("sync", "--to", commit, "--start", expect=1)

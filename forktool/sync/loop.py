@@ -439,6 +439,15 @@ def continue_(project: Project, progress: Progress = lambda _m: None) -> dict:
             current = scan(project.tree)
             changed = {rel for _, rel in diff_manifests(expected, current)}
             rels = sorted(set(patch.paths) | changed)
+            gone = [fd.path for fd in patch.files if not fd.is_deleted and fd.path not in current
+                    and (fd.path in expected or preimage_path(project, fd.path).is_file())]
+            if gone:
+                raise ForktoolError(f"{gone[0]}, a file {patch.id} changes, is gone from the tree; taken so, "
+                                    f"{patch.id} would delete it", where=f"{TREE}/{gone[0]}",
+                                    details=[f"{TREE}/{rel}" for rel in gone[1:]],
+                                    hint=f"nothing was changed; `forktool sync --skip` drops {patch.id}; "
+                                         "`forktool sync --abort` goes back, and a `--start` again stops here with "
+                                         "the file as the stop wrote it (the blocks you resolved are remembered)")
             left = conflict_lines(project, rels)
             if left:
                 raise ForktoolError(f"{len(left)} conflict-block line(s) remain in the tree", where=left[0],
