@@ -122,6 +122,23 @@ def test_continue_refuses_a_stopped_file_deleted_from_the_tree(moved):
     assert "<<<<<<< " in (proj.tree / "up/src/a.c").read_text()
 
 
+def test_continue_refuses_a_symlink_naming_where_and_what_to_do(moved):
+    import os
+
+    proj, commit, _ = moved
+    proj.run("sync", "--to", commit, "--start", expect=1)
+    resolve(proj)
+    os.symlink("b.c", proj.tree / "up/src/link.c")
+    stopped = everything(proj)
+    _, out, _ = proj.run("sync", "--continue", "--json", expect=1)
+    data = json.loads(out)
+    assert data["error"] == "up/src/link.c is a symlink; patches carry regular files only"
+    assert data["where"] == "vendor/llamafile/up/src/link.c" and "regular file" in data["hint"]
+    assert everything(proj) == stopped
+    (proj.tree / "up/src/link.c").unlink()
+    proj.run("sync", "--continue")
+
+
 def test_abort_restores_everything_byte_identical(moved):
     proj, commit, before = moved
     proj.run("sync", "--to", commit, "--start", expect=1)

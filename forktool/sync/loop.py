@@ -459,9 +459,10 @@ def continue_(project: Project, progress: Progress = lambda _m: None) -> dict:
                 old = before[rel] if rel in before else ctx.new_read(rel)
                 e = current.get(rel)
                 if e is not None and e.mode == SYMLINK:
-                    raise ForktoolError(f"{rel} is a symlink; patches carry regular files only", where=rel,
-                                        hint="replace the link with a regular file, or undo that change "
-                                             "(`forktool status` lists the local changes)")
+                    raise ForktoolError(f"{rel} is a symlink; patches carry regular files only", where=f"{TREE}/{rel}",
+                                        hint="nothing was changed; make it a regular file (or remove it, if you "
+                                             "added it), then `forktool sync --continue`; `forktool sync --abort` "
+                                             "goes back")
                 new = (project.tree / rel).read_bytes() if e is not None else None
                 mode = ctx.mode_of(rel) if old is not None else (e.mode if e else REGULAR)
                 fd = series.diff_file(rel, old, new, mode if old is not None else None,
