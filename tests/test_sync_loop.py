@@ -139,6 +139,28 @@ def test_continue_refuses_a_symlink_naming_where_and_what_to_do(moved):
     proj.run("sync", "--continue")
 
 
+def test_a_marker_like_line_upstream_has_does_not_block_continue(moved):
+    """A lone `=======` line (a comment rule, a heading underline) that the new upstream itself holds is its text,
+    not a conflict marker left behind; one a block leaves is still refused."""
+    proj, _, _ = moved
+    a = proj.upstream / "src" / "a.c"
+    a.write_text(a.read_text().replace("// filler 20\n", "// filler 20\n/*\n=======\n*/\n"))
+    git(proj.upstream, "commit", "-qam", "a rule in a comment")
+    commit = git(proj.upstream, "rev-parse", "HEAD")
+    proj.run("sync", "--to", commit, "--start", expect=1)
+    text = (proj.tree / "up/src/a.c").read_text()
+    # a half-made resolution: the block's other markers gone, its `=======` left
+    half = "".join(ln for ln in text.splitlines(keepends=True) if not ln.startswith(("<<<<<<< ", "||||||| ", ">>>>>>> ")))
+    (proj.tree / "up/src/a.c").write_text(half)
+    _, _, err = proj.run("sync", "--continue", expect=1)
+    assert "conflict-block line(s) remain" in err and "up/src/a.c:" in err
+    (proj.tree / "up/src/a.c").write_text(text)
+    resolve(proj)
+    assert "\n=======\n" in (proj.tree / "up/src/a.c").read_text()
+    proj.run("sync", "--continue")
+    proj.run("verify")
+
+
 def test_abort_restores_everything_byte_identical(moved):
     proj, commit, before = moved
     proj.run("sync", "--to", commit, "--start", expect=1)

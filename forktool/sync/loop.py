@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -403,16 +404,27 @@ def _require(project: Project, what: str) -> dict:
     return st
 
 
-def conflict_lines(project: Project, rels: list[str]) -> list[str]:
-    """file:line of every conflict-block line left in these tree files."""
+def _markers(text: bytes) -> list[tuple[int, bytes]]:
+    """(line number, line) of each line that reads as a conflict-block marker."""
+    return [(n, line) for n, line in enumerate(text.split(b"\n"), 1)
+            if line.startswith(CONFLICT_PREFIXES) or line.rstrip(b"\r") == b"======="]
+
+
+def conflict_lines(project: Project, rels: list[str],
+                   own: Callable[[str], Counter[bytes]] = lambda _rel: Counter()) -> list[str]:
+    """file:line of every conflict-block line left in these tree files. own(rel) counts the marker-like lines the
+    file holds of its own (a lone `=======` rule upstream, or one the patch adds): the file must hold more of a line
+    than that for them to be named."""
     out = []
     for rel in rels:
         p = project.tree / rel
         if p.is_symlink() or not p.is_file():
             continue
-        for n, line in enumerate(p.read_bytes().split(b"\n"), 1):
-            if line.startswith(CONFLICT_PREFIXES) or line.rstrip(b"\r") == b"=======":
-                out.append(f"{TREE}/{rel}:{n}: {line.decode('utf-8', 'replace')[:60]}")
+        marks = _markers(p.read_bytes())
+        have = Counter(line.rstrip(b"\r") for _, line in marks)
+        allowed = own(rel)
+        out += [f"{TREE}/{rel}:{n}: {line.decode('utf-8', 'replace')[:60]}" for n, line in marks
+                if have[line.rstrip(b"\r")] > allowed[line.rstrip(b"\r")]]
     return out
 
 
@@ -448,7 +460,13 @@ def continue_(project: Project, progress: Progress = lambda _m: None) -> dict:
                                     hint=f"nothing was changed; `forktool sync --skip` drops {patch.id}; "
                                          "`forktool sync --abort` goes back, and a `--start` again stops here with "
                                          "the file as the stop wrote it (the blocks you resolved are remembered)")
-            left = conflict_lines(project, rels)
+            def own(rel: str) -> Counter[bytes]:  # the marker-like lines of the text the stop began from, and the patch's
+                base = before[rel] if rel in before else ctx.new_read(rel)
+                added = b"".join(t for fd in patch.files if fd.path == rel for h in fd.hunks
+                                 for op, t in h.lines if op == b"+")
+                return Counter(line.rstrip(b"\r") for _, line in _markers(base or b"") + _markers(added))
+
+            left = conflict_lines(project, rels, own)
             if left:
                 raise ForktoolError(f"{len(left)} conflict-block line(s) remain in the tree", where=left[0],
                                     details=left[:50], hint="resolve each block (keep what the patch means on "
