@@ -161,6 +161,24 @@ def test_a_marker_like_line_upstream_has_does_not_block_continue(moved):
     proj.run("verify")
 
 
+def test_continue_with_the_stopped_patch_file_removed_is_refused_not_a_crash(moved):
+    proj, commit, _ = moved
+    proj.run("sync", "--to", commit, "--start", expect=1)
+    resolve(proj)
+    patch = proj.root / "patches" / "0002-a.patch"
+    kept = patch.read_bytes()
+    patch.unlink()
+    stopped = everything(proj)
+    code, out, _ = proj.run("sync", "--continue", "--json", expect=None)
+    assert code == 1, out  # was an internal error (exit 3, FileNotFoundError)
+    data = json.loads(out)
+    assert data["error"] == "patches/0002-a.patch is gone, and the sync in progress carries it"
+    assert data["where"] == "patches/0002-a.patch" and "--skip" in data["hint"] and "--abort" in data["hint"]
+    assert everything(proj) == stopped
+    patch.write_bytes(kept)
+    proj.run("sync", "--continue")
+
+
 def test_abort_restores_everything_byte_identical(moved):
     proj, commit, before = moved
     proj.run("sync", "--to", commit, "--start", expect=1)

@@ -129,8 +129,16 @@ def component_of(raw: dict[str, Any]) -> Component:
 
 
 def disk_patch(project: Project, name: str, pending: dict[str, bytes]) -> Patch:
-    data = pending[name] if name in pending else (project.patches_dir / name).read_bytes()
-    return series.parse_patch(data, name)
+    if name in pending:
+        return series.parse_patch(pending[name], name)
+    path = project.patches_dir / name
+    if not path.is_file():  # removed (or replaced) during a stop: the sync carries this file
+        raise ForktoolError(f"patches/{name} is gone, and the sync in progress carries it", where=f"patches/{name}",
+                            hint=f"nothing was changed; put it back, then run the command again (`git checkout -- "
+                                 f"patches/{name}` gives it as before the sync); to drop the stopped patch use "
+                                 "`forktool sync --skip`; `forktool sync --abort` puts every patch back as before "
+                                 "the start")
+    return series.parse_patch(path.read_bytes(), name)
 
 
 def done_patches(ctx: Context, pending: dict[str, bytes]) -> list[Patch]:
