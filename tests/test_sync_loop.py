@@ -179,6 +179,25 @@ def test_continue_with_the_stopped_patch_file_removed_is_refused_not_a_crash(mov
     proj.run("sync", "--continue")
 
 
+def test_a_continue_that_fails_past_its_checks_says_where_the_sync_stands(moved):
+    """A series line added during the stop fails the finish's verify: the error says the sync is in progress at
+    its stage and that `--continue` goes on from there; it does, once the line is gone."""
+    proj, commit, _ = moved
+    proj.run("sync", "--to", commit, "--start", expect=1)
+    resolve(proj)
+    series = proj.root / "patches" / "series"
+    text = series.read_text()
+    series.write_text(text + "0005-x.patch\n")
+    _, out, err = proj.run("sync", "--continue", "--json", expect=1)
+    data = json.loads(out)
+    assert "0005-x.patch not found" in data["error"] and "is in progress, at stage finished" in data["error"]
+    assert data["sync"]["stage"] == "finished" and "`forktool sync --continue` goes on" in data["hint"]
+    assert data["details"] == ["about the failure: add the file or remove the line from patches/series"]
+    series.write_text(text)
+    proj.run("sync", "--continue")
+    proj.run("verify")
+
+
 def test_abort_restores_everything_byte_identical(moved):
     proj, commit, before = moved
     proj.run("sync", "--to", commit, "--start", expect=1)

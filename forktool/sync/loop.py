@@ -347,8 +347,9 @@ def start_reanchor(project: Project, progress: Progress = lambda _m: None) -> di
 
 @contextmanager
 def _left_in_progress(project: Project) -> Iterator[None]:
-    """A start that fails once it has recorded the sync leaves that sync in progress (a `--start` again is refused):
-    its error says so, at which stage, and what to run, as `forktool status` would."""
+    """A step that fails once the sync is recorded (a start, or a `--continue`/`--skip` past its checks) leaves that
+    sync in progress (a `--start` again is refused): its error says so, at which stage, and what to run, as
+    `forktool status` would."""
     try:
         yield
     except ForktoolError as e:
@@ -362,10 +363,11 @@ def _left_in_progress(project: Project) -> Iterator[None]:
         back = ("puts pin, lock, patches and tree back as they were" if st["backups"]
                 else "removes its record (nothing was moved yet)")
         e.what = f"{e.what}; the {what} is in progress, at stage {st['stage']}"
-        if e.hint:
-            e.details.append(f"about the failure: {e.hint}")
-        e.hint = (f"once the cause is fixed, `forktool sync --continue` goes on from stage {st['stage']}; "
-                  f"`forktool sync --abort` {back} (`forktool status` shows where it stands)")
+        if "`forktool sync --" not in e.hint:  # a hint that names the sync's own commands already says what to run
+            if e.hint:
+                e.details.append(f"about the failure: {e.hint}")
+            e.hint = (f"once the cause is fixed, `forktool sync --continue` goes on from stage {st['stage']}; "
+                      f"`forktool sync --abort` {back} (`forktool status` shows where it stands)")
         e.extra["sync"] = {"in_progress": True, "to": st["to_spec"], "stage": st["stage"],
                            "position": st["position"], "next": ["forktool sync --continue", "forktool sync --abort"]}
         e.args = (e.what,)
@@ -434,15 +436,17 @@ def continue_(project: Project, progress: Progress = lambda _m: None) -> dict:
     with txn.locked(project.state_dir):
         _recover(project, progress)
         st = _require(project, "continue")
-        if st["stage"] == "starting":
-            if not st["backups"]:  # killed before the backups were recorded: the tree has not moved
-                ws = Workspace(project)
-                _back_up(project, st, ws, scan(project.tree), progress)
-            res = _run(project, st, {}, progress)
-        elif st["stage"] == "finishing":
-            res = finish(project, st, progress)
-        elif st["stage"] == "finished":  # verify failed last time: check again
-            res = conclude(project, st, progress)
+        if st["stage"] in ("starting", "finishing", "finished"):
+            with _left_in_progress(project):
+                if st["stage"] == "starting":
+                    if not st["backups"]:  # killed before the backups were recorded: the tree has not moved
+                        ws = Workspace(project)
+                        _back_up(project, st, ws, scan(project.tree), progress)
+                    res = _run(project, st, {}, progress)
+                elif st["stage"] == "finishing":
+                    res = finish(project, st, progress)
+                else:  # finished, and verify failed last time: check again
+                    res = conclude(project, st, progress)
         else:
             ctx = context(project, st)
             k = st["position"]
@@ -495,15 +499,16 @@ def continue_(project: Project, progress: Progress = lambda _m: None) -> dict:
                 order = {rel: n for n, rel in enumerate(patch.paths)}
                 fds = sorted(resolved.files, key=lambda f: order.get(f.path, len(order)))
                 resolved = series.parse_patch(series.with_files(patch, fds).raw, patch.name)
-            stopped = _compile_resolved(ctx, st, resolved, progress)
-            if stopped is not None:
-                stopped["timings"] = {"tool_s": round(time.monotonic() - t0, 3)}
-                return stopped
-            st["done"].append({"id": patch.id, "name": patch.name, "status": how, "drift": [],
-                               "files": [{"file": f.path, "status": how} for f in resolved.files],
-                               "api": (st.get("stop") or {}).get("api", [])})
-            st["position"] = k + 1
-            res = _run(project, st, {patch.name: resolved.raw}, progress)
+            with _left_in_progress(project):
+                stopped = _compile_resolved(ctx, st, resolved, progress)
+                if stopped is not None:
+                    stopped["timings"] = {"tool_s": round(time.monotonic() - t0, 3)}
+                    return stopped
+                st["done"].append({"id": patch.id, "name": patch.name, "status": how, "drift": [],
+                                   "files": [{"file": f.path, "status": how} for f in resolved.files],
+                                   "api": (st.get("stop") or {}).get("api", [])})
+                st["position"] = k + 1
+                res = _run(project, st, {patch.name: resolved.raw}, progress)
     res["timings"] = {"tool_s": round(time.monotonic() - t0, 3)}
     return res
 
@@ -549,7 +554,8 @@ def skip(project: Project, progress: Progress = lambda _m: None) -> dict:
                                      f"files you added) and skip again; `forktool sync --abort` goes back")
         st["done"].append({"id": stop["id"], "name": stop["name"], "status": "skipped", "drift": [], "files": []})
         st["position"] += 1
-        res = _run(project, st, {}, progress)
+        with _left_in_progress(project):
+            res = _run(project, st, {}, progress)
     res["timings"] = {"tool_s": round(time.monotonic() - t0, 3)}
     return res
 
