@@ -198,6 +198,30 @@ def test_a_continue_that_fails_past_its_checks_says_where_the_sync_stands(moved)
     proj.run("verify")
 
 
+def test_a_backup_removed_by_hand_is_not_taken_for_a_stop_recorded_elsewhere(moved, tmp_path):
+    """One of the start's two backups gone from the checkout that made them: said so (the other is here), not
+    'recorded elsewhere' with a `--start` that cannot reach the stop; put back, --abort restores everything."""
+    import shutil
+
+    proj, commit, before = moved
+    proj.run("sync", "--to", commit, "--start", expect=1)
+    [tree_backup] = (proj.root / ".opencoti" / "vendor-backups").glob("*-sync-start-*")
+    shutil.move(tree_backup, tmp_path / "aside")
+    stopped = everything(proj)
+    for action in ("--abort", "--continue", "--skip"):
+        _, out, _ = proj.run("sync", action, "--json", expect=1)
+        data = json.loads(out)
+        assert data["error"].startswith("a backup of the sync to ") and "is gone from this checkout" in data["error"]
+        assert data["details"] == [f".opencoti/vendor-backups/{tree_backup.name}"]
+        assert f"`forktool sync {action}` needs the start's backups" in data["hint"]
+    _, _, err = proj.run("status")
+    assert "a backup of this sync is gone" in err and "recorded elsewhere" not in err
+    assert everything(proj) == stopped
+    shutil.move(tmp_path / "aside", tree_backup)
+    proj.run("sync", "--abort")
+    assert everything(proj) == before
+
+
 def test_abort_restores_everything_byte_identical(moved):
     proj, commit, before = moved
     proj.run("sync", "--to", commit, "--start", expect=1)

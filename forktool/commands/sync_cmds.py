@@ -347,7 +347,11 @@ def status_report(project: Project) -> Report | None:
     if st is None:
         return None
     lines = loop_lines(st)
-    if not loop.has_backups(project, st):
+    gone, lost_here = loop.missing_backups(project, st)
+    if lost_here:
+        lines.append(f"a backup of this sync is gone from this checkout ({', '.join(gone)}): put it back, "
+                     "`--abort` and `--continue` need it")
+    elif not loop.has_backups(project, st):
         lines.append("recorded elsewhere: run `forktool sync --start` to reach this stop here")
     elif st["stage"] == "stopped":
         lines.append(_next(st))

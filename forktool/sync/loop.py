@@ -45,6 +45,7 @@ from forktool.sync.move import (
     undo_path,
 )
 from forktool.sync.move import backups_in_use as backups_in_use  # re-exported: the loop's public face
+from forktool.sync.move import missing_backups as missing_backups  # re-exported: the loop's public face
 from forktool.sync.move import report_path as report_path  # re-exported: the loop's public face
 from forktool.sync.move import write_report as write_report  # re-exported: the loop's public face
 from forktool.sync.trial import LABELS, HunkSide, OldSide, _conflict_blocks, classify, rebase
@@ -400,9 +401,16 @@ def _require(project: Project, what: str) -> dict:
                             hint="start one with `forktool sync --to SPEC --start`")
     bk.check_dirs(project)  # a backup directory replaced by a file or a link is refused, not taken for "elsewhere"
     if not has_backups(project, st) and not (st["stage"] == "starting" and not st.get("backups")):
+        gone, lost_here = missing_backups(project, st)
+        if lost_here:
+            raise ForktoolError(f"a backup of the sync to {st['to_spec']} is gone from this checkout", where=gone[0],
+                                details=gone, hint=f"nothing was changed; `forktool sync --{what}` needs the "
+                                "start's backups: put it back where it was (`forktool backup prune` keeps the "
+                                "backups of a sync in progress, so it was moved or removed by hand)")
         raise ForktoolError(f"the sync to {st['to_spec']} was recorded elsewhere; this checkout has not reached "
-                            "its stop", where=str(state_path(project)),
-                            hint="run `forktool sync --start` to reach the same stop here")
+                            "its stop", where=str(state_path(project)), details=[f"no {d}" for d in gone],
+                            hint="run `forktool sync --start` to reach the same stop here; if this checkout did "
+                                 "reach it and its backups were removed since, put them back first")
     return st
 
 

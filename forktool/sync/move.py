@@ -87,6 +87,15 @@ def has_backups(project: Project, st: dict) -> bool:
         (project.state_dir / "sync-backups" / b.get("project", "")).is_dir()
 
 
+def missing_backups(project: Project, st: dict) -> tuple[list[str], bool]:
+    """(the start's backup directories this checkout lacks, True when it has the other one: it made them itself and
+    lost one since, rather than the sync being recorded elsewhere)."""
+    b = st.get("backups") or {}
+    dirs = [f".opencoti/vendor-backups/{b['tree']}", f".opencoti/sync-backups/{b['project']}"] if b else []
+    gone = [d for d in dirs if not (project.root / d).is_dir()]
+    return gone, 0 < len(gone) < len(dirs)
+
+
 @dataclass
 class Context:
     project: Project
