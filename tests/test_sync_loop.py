@@ -222,6 +222,24 @@ def test_a_backup_removed_by_hand_is_not_taken_for_a_stop_recorded_elsewhere(mov
     assert everything(proj) == before
 
 
+def test_a_resolution_that_leaves_the_patch_empty_is_refused(moved):
+    """Every block resolved to the new upstream's side: the patch would be carried as an empty one, `resolved`."""
+    proj, commit, _ = moved
+    proj.run("sync", "--to", commit, "--start", expect=1)
+    text = (proj.tree / "up/src/a.c").read_text()
+    start, end = text.index("<<<<<<< "), text.index(">>>>>>> ")
+    (proj.tree / "up/src/a.c").write_text(text[:start] + "    return 2; /* upstream */\n"
+                                          + text[text.index("\n", end) + 1:])
+    stopped = everything(proj)
+    _, out, _ = proj.run("sync", "--continue", "--json", expect=1)
+    data = json.loads(out)
+    assert data["error"].startswith("resolved as the tree stands, 0002 changes nothing")
+    assert data["where"] == "patches/0002-a.patch" and "--skip" in data["hint"]
+    assert everything(proj) == stopped
+    _, out, _ = proj.run("sync", "--skip", "--json")
+    assert [d["status"] for d in json.loads(out)["done"]] == ["offset", "skipped", "clean", "clean"]
+
+
 def test_abort_restores_everything_byte_identical(moved):
     proj, commit, before = moved
     proj.run("sync", "--to", commit, "--start", expect=1)

@@ -499,6 +499,13 @@ def continue_(project: Project, progress: Progress = lambda _m: None) -> dict:
                                       (e.mode if e else None) if new is not None else None)
                 if fd is not None:
                     fds.append(fd)
+            if not fds:  # as git's rebase: a change that became empty is dropped on purpose, never carried as nothing
+                raise ForktoolError(f"resolved as the tree stands, {patch.id} changes nothing: every file it touches "
+                                    "holds the text the patches before it give on the new upstream",
+                                    where=f"patches/{patch.name}", details=[f"{TREE}/{rel}" for rel in patch.paths],
+                                    hint=f"nothing was changed; if the new upstream already does what {patch.id} did, "
+                                         f"`forktool sync --skip` drops it (series comments it out, the file stays); "
+                                         "else edit the files to keep its change, then `forktool sync --continue`")
             resolved, _ = with_derived_trailers(project, patch, fds)
             _harvest(project, st)
             # a reviewed merge taken as it stood stays `merged`; any edit makes it the maintainer's resolution
