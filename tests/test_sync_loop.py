@@ -240,6 +240,21 @@ def test_a_resolution_that_leaves_the_patch_empty_is_refused(moved):
     assert [d["status"] for d in json.loads(out)["done"]] == ["offset", "skipped", "clean", "clean"]
 
 
+def test_continue_says_which_files_outside_the_patch_it_took_in(moved):
+    proj, commit, _ = moved
+    proj.run("sync", "--to", commit, "--start", expect=1)
+    resolve(proj)
+    proj.edit("up/src/b.c", "line 3\n", "line three\n")
+    _, out, _ = proj.run("sync", "--continue", "--json")
+    assert json.loads(out)["joined"] == {"id": "0002", "files": ["up/src/b.c"]}
+    assert "up/src/b.c" in (proj.root / "patches" / "0002-a.patch").read_text()
+    proj.run("sync", "--undo")
+    proj.run("sync", "--to", commit, "--start", expect=1)  # the same stop: block and b.c put back from memory
+    assert "line three" in (proj.tree / "up/src/b.c").read_text()
+    _, _, err = proj.run("sync", "--continue")
+    assert "0002 took in 1 file(s) outside it that changed during the stop (as `refresh` would): up/src/b.c" in err
+
+
 def test_abort_restores_everything_byte_identical(moved):
     proj, commit, before = moved
     proj.run("sync", "--to", commit, "--start", expect=1)

@@ -308,8 +308,14 @@ def loop_report(project: Project, res: dict) -> Report:
                           "learnt from this stop): the next sync applies them where the same conflict comes back"]
                          if mem.get("total") else []),
                       exit_code=0 if same else 1)
+    joined = []
+    if res.get("joined"):
+        data["joined"] = res["joined"]
+        j = res["joined"]
+        joined = [f"{j['id']} took in {len(j['files'])} file(s) outside it that changed during the stop (as `refresh` "
+                  "would): " + ", ".join(output.escape(f) for f in j["files"])]
     if res["stage"] == "stopped":
-        lines = loop_lines(st)
+        lines = joined + loop_lines(st)
         lines.append(_next(st))
         t = data["timings"]
         if "tool_s" in t:
@@ -317,6 +323,7 @@ def loop_report(project: Project, res: dict) -> Report:
                          f"{', cached' if t.get('fetch_from_cache') else ''})" if "fetch_s" in t else ""))
         return Report(data, lines, exit_code=1)
     short, detail, path = _finish_report(project, st, res)
+    short = joined + short
     written: Path | None = path
     try:
         loop.write_report(project, "\n".join(detail) + "\n")

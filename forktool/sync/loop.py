@@ -524,6 +524,9 @@ def continue_(project: Project, progress: Progress = lambda _m: None) -> dict:
                                    "api": (st.get("stop") or {}).get("api", [])})
                 st["position"] = k + 1
                 res = _run(project, st, {patch.name: resolved.raw}, progress)
+            joined = sorted(f.path for f in resolved.files if f.path not in patch.paths)
+            if joined:  # edits outside the stopped patch's files went into it: said, never silently
+                res["joined"] = {"id": patch.id, "files": joined}
     res["timings"] = {"tool_s": round(time.monotonic() - t0, 3)}
     return res
 
