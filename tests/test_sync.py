@@ -420,3 +420,20 @@ def test_a_trial_build_names_the_profile_it_built_and_that_no_other_was(tmp_path
     text = "\n".join(rep.lines)
     assert "build: the cpu profile built (283 object(s) compiled, 12.5 s); no other profile was built or compiled" \
         in text and "build: ok" not in text
+
+
+@pytest.mark.parametrize("out", [".", "patches", "vendor/x", "registry", ".opencoti/out", "afile", "afile/sub"])
+def test_an_out_that_is_not_a_directory_of_its_own_is_refused(proj, out: str) -> None:
+    # the trial replaces DIR/patches/ and writes DIR/registry/UPSTREAM_SYNC.yaml: `--out .` replaced the project's
+    # own patches/ with the refreshed ones (the conflicting ones gone, exit 1), and a file there was an internal error
+    from tests.helpers.sync import everything, loop_series, new_upstream
+
+    loop_series(proj)
+    commit = new_upstream(proj)
+    (proj.root / "afile").write_text("x\n")
+    before = everything(proj)
+    code, out_text, _ = proj.run("sync", "--to", commit, "--out", out, "--json", expect=2)
+    err = json.loads(out_text)
+    assert err["kind"] == "UsageError" and err["where"].startswith("--out ") and "nothing was changed" in err["hint"]
+    assert everything(proj) == before
+    assert not (proj.root / "report.json").exists() and (proj.root / "afile").read_text() == "x\n"

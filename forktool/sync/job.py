@@ -12,7 +12,7 @@ from forktool.sync import buildfiles
 from forktool.sync.accept import _repin_text, _series_text
 from forktool.sync.fetch import fetch_target, pinned_manifest, resolve_spec
 from forktool.sync.relocate import relocate_hooks
-from forktool.sync.report import SyncResult, retire_outputs, write_outputs
+from forktool.sync.report import SyncResult, check_out, retire_outputs, write_outputs
 from forktool.sync.scratch import run_build
 from forktool.sync.trial import Reader, final_state, name_api_drift, trial
 from forktool.tree import REGULAR, Manifest
@@ -23,6 +23,7 @@ def sync(project: Project, spec: str, *, build: bool, out: Path,
     """Fetch SPEC, trial the series on it, relocate hooks, diff the build files, optionally build; write outputs.
     need_commit=False: a source that does not say its llama.cpp commit is tried all the same (fetch_target)."""
     from forktool.workspace import load_patches
+    check_out(project, out)
     t_start = time.monotonic()
     from forktool.sync.loop import recover
     with txn.locked(project.state_dir):  # every journal a sync can leave, in one place, under the lock

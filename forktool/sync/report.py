@@ -10,6 +10,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from forktool.project import Project
 from forktool.sync.fetch import Target
 from forktool.sync.trial import NEEDS_HUMAN, STATUSES, PatchResult
 from forktool.tree import atomic_write, digest
@@ -91,6 +92,26 @@ def _clean_work_dirs(out: Path) -> None:
 
 
 REPORTS = ("report.json", "report.md")
+
+
+def check_out(project: Project, out: Path) -> None:
+    """--out DIR before anything is fetched: a directory of its own. The trial replaces DIR/patches/ and writes
+    DIR/registry/UPSTREAM_SYNC.yaml, so DIR must be neither the project root (its patches/ and registry/ are the
+    project's own) nor inside the directories forktool keeps (patches/, vendor/, registry/, .opencoti/)."""
+    from forktool.errors import UsageError
+
+    real = out.resolve()
+    root = project.root.resolve()
+    own = [project.patches_dir, project.root / "vendor", project.registry_dir, project.state_dir]
+    if real == root or any(real == d.resolve() or real.is_relative_to(d.resolve()) for d in own):
+        raise UsageError(f"--out {out} is the project's own {'root' if real == root else 'directory'}: the trial "
+                         "would replace its patches/ (or write among forktool's files)", where=f"--out {out}",
+                         hint="nothing was changed; give a directory of its own, e.g. the default `--out dist/sync`")
+    there = next(d for d in (out, *out.parents) if d.exists())  # what stands at DIR, or the nearest parent that does
+    if not there.is_dir():
+        raise UsageError(f"--out {out} is not a directory" + (f" ({there} is a file)" if there != out else ""),
+                         where=f"--out {out}",
+                         hint="nothing was changed; give a directory (it is made when absent), e.g. `--out dist/sync`")
 
 
 def retire_outputs(out: Path) -> None:
