@@ -255,6 +255,20 @@ def test_continue_says_which_files_outside_the_patch_it_took_in(moved):
     assert "0002 took in 1 file(s) outside it that changed during the stop (as `refresh` would): up/src/b.c" in err
 
 
+def test_a_stop_at_a_file_gone_upstream_says_so_and_not_to_edit_blocks(moved):
+    proj, _, before = moved
+    git(proj.upstream, "rm", "-q", "src/a.c")
+    git(proj.upstream, "commit", "-qm", "a.c gone")
+    commit = git(proj.upstream, "rev-parse", "HEAD")
+    _, _, err = proj.run("sync", "--to", commit, "--start", expect=1)
+    assert "vendor/llamafile/up/src/a.c: conflict, hunks #1 changed; the new upstream has no such file" in err
+    assert "no conflict block to edit" in err and "each `<<<<<<< patch`" not in err
+    _, _, err = proj.run("status")
+    assert "the new upstream has no such file" in err and "no conflict block to edit" in err
+    proj.run("sync", "--abort")
+    assert everything(proj) == before
+
+
 def test_abort_restores_everything_byte_identical(moved):
     proj, commit, before = moved
     proj.run("sync", "--to", commit, "--start", expect=1)

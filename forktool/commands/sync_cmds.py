@@ -86,6 +86,10 @@ REVIEW = ("review the merged hunks above in the tree (edit them if the merge is 
 REMEMBERED = ("check the files above (every conflict block was resolved as you resolved it before), then run "
               "`forktool sync --continue`; `forktool sync --skip` drops {id}; `forktool sync --abort` puts pin, lock, "
               "patches and tree back as they were")
+GONE = ("no conflict block to edit: the file(s) above could not be merged (the reason is beside each); make {id}'s "
+        "change where its code now lives (edit those files in vendor/llamafile), then run "
+        "`forktool sync --continue`; `forktool sync --skip` drops {id}; `forktool sync --abort` puts pin, lock, "
+        "patches and tree back as they were")
 REVIEW_LINES_MAX = 60
 
 
@@ -105,6 +109,8 @@ def _next(st: dict) -> str:
                                                 " (`--no-review-merged` at the start carries merges without stopping)")
     if not any(f["blocks"] for f in stop["files"]) and any(f.get("remembered") for f in stop["files"]):
         return REMEMBERED.format(id=stop["id"])
+    if not any(f["blocks"] for f in stop["files"]):  # a file gone upstream (or a patch that fails on the pin too)
+        return GONE.format(id=stop["id"])
     if st.get("kind") == "reanchor":
         return NEXT.format(id=stop["id"]).replace("`>>>>>>> new upstream`", "`>>>>>>> the tree now`").replace(
             "on the new upstream", "on the edited patches below it")
@@ -154,6 +160,8 @@ def loop_lines(st: dict) -> list[str]:
             blocks = ", ".join(str(n) for n in f["blocks"])
             what = f"{f['status']}" + (f", hunks {hunks}" if hunks else "") + \
                 (f"; conflict block(s) at line {blocks}" if blocks else "")
+            if f["status"] == "conflict" and not f["blocks"] and f.get("reason"):  # no block to edit: say why
+                what += f"; {output.escape(f['reason'])}"
             if f.get("remembered"):
                 what += f"; {f['remembered']} block(s) resolved as you resolved them before (check them)"
             lines.append(f"             vendor/llamafile/{f['file']}: {what}")
