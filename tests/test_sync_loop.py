@@ -269,6 +269,21 @@ def test_a_stop_at_a_file_gone_upstream_says_so_and_not_to_edit_blocks(moved):
     assert everything(proj) == before
 
 
+def test_accept_is_refused_while_a_sync_is_stopped(moved, tmp_path):
+    """The trial reads patches/ as the stopped loop left them; --accept would rewrite them (and the pin) under it."""
+    proj, commit, before = moved
+    proj.run("sync", "--to", commit, "--start", expect=1)
+    stopped = everything(proj)
+    pinned = git(proj.upstream, "rev-parse", "HEAD~1")  # every patch applies there: a trial --accept would take
+    _, out, _ = proj.run("sync", "--to", pinned, "--accept", "--out", str(tmp_path / "o"), "--json", expect=1)
+    data = json.loads(out)
+    assert data["error"].startswith("--accept refused: a sync to ") and "is in progress (stopped)" in data["error"]
+    assert "--abort" in data["hint"] and "nothing was changed" in data["hint"]
+    assert everything(proj) == stopped
+    proj.run("sync", "--abort")
+    assert everything(proj) == before
+
+
 def test_abort_restores_everything_byte_identical(moved):
     proj, commit, before = moved
     proj.run("sync", "--to", commit, "--start", expect=1)

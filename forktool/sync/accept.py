@@ -111,6 +111,15 @@ def accept(project: Project, res: SyncResult) -> dict:
     current = {w.path: Entry(sha256_file(root / w.path), REGULAR) for w in writes}
     txn_state = accept_journal(project)
     with txn.locked(project.state_dir):
+        from forktool.sync.move import read_state, state_path
+
+        running = read_state(project)
+        if running is not None:  # the loop owns pin, patches and series until it finishes or is aborted
+            raise ForktoolError(f"--accept refused: a sync to {running['to_spec']} is in progress "
+                                f"({running['stage']})", where=str(state_path(project)),
+                                hint="nothing was changed (the report was written); finish that sync (`forktool "
+                                     "sync --continue`) or `forktool sync --abort` it, then run the trial with "
+                                     "--accept again")
         new = res.target.new
         b = bk.create(project.state_dir / "sync-backups", root, f"accept-{new.version or new.commit[:12] or new.kind}",
                       f"before forktool sync --accept to {res.target.new.spec}", current, {},
