@@ -30,6 +30,7 @@ from forktool.tree import (
     Entry,
     Manifest,
     atomic_write,
+    check_root,
     diff_manifests,
     digest,
     resolve_inside,
@@ -83,6 +84,11 @@ class Workspace:
         self.state_dir = project.state_dir
         self.use_cache = use_cache
         self.progress: Progress = progress or (lambda _m: None)
+        # every command that opens the project refuses what it cannot stand on, even where it would not read it:
+        # a pin that does not parse (apply, unapply, refresh, new went on from vendor.lock alone), a tree root that
+        # is a file (new wrote its patch beside one)
+        project.vendor  # noqa: B018 -- read and schema-checked here, remembered on the project
+        check_root(project.tree)
         self.entries = read_series(project.series_file)
         self.patches = load_patches(project, self.entries, use_cache)
         self.pristine, self.pristine_digest = vendor.read_pristine(project, use_cache)

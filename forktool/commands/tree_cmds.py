@@ -259,6 +259,9 @@ def new(project: Project, slug: str, title: str, author: str, patch_id: str | No
 def vendor_fetch(project: Project, sdist: str | None, use_cache: bool = True) -> Report:
     from pathlib import Path
 
+    from forktool.tree import check_root
+
+    check_root(project.tree)  # a file or link there is refused before anything is fetched ("already present")
     res = vendor.fetch_pristine(project, local_sdist=Path(sdist) if sdist else None, progress=output.info,
                                 use_cache=use_cache)
     lines = [f"pristine {res.digest[:12]}: {res.files} files" + (" (from cache)" if res.from_cache else
@@ -276,6 +279,9 @@ def vendor_fetch(project: Project, sdist: str | None, use_cache: bool = True) ->
 
 
 def vendor_status(project: Project) -> Report:
+    from forktool.tree import check_root
+
+    check_root(project.tree)  # it said "tree present" of a file there
     lock = vendor.load_lock(project)
     problems = vendor.verify_pristine_cache(project) if lock else ["no vendor.lock yet"]
     comps = [{"name": c.name, "kind": c.kind, "spec": c.spec, "upstream_commit": c.upstream_commit}
