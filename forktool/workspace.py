@@ -223,7 +223,7 @@ class Workspace:
         recorded = [(a["id"], a["sha256"]) for a in self.state.applied]
         if not dirty and not fresh and recorded == [(p.id, p.sha256) for p in target]:
             # the tree holds exactly what the state records for these very patches on this pristine
-            return {"written": [], "backup": None, "forced": [], "forced_changes": [],
+            return {"written": [], "backup": None, "materialised": False, "forced": [], "forced_changes": [],
                     "drift": [d for a in self.state.applied for d in a.get("drift", [])]}
         self.progress(f"applying {len(target)} patch(es) in memory")
         result = self.compute(target)
@@ -257,7 +257,8 @@ class Workspace:
             self.state = new_state
             if writes:
                 self.tree_moved()
-        return {"written": [w.path for w in writes], "backup": backup_name, "forced": [p for _, p in dirty],
+        return {"written": [w.path for w in writes], "backup": backup_name, "materialised": fresh,
+                "forced": [p for _, p in dirty],
                 "forced_changes": [{"path": p, "change": kind} for kind, p in dirty],
                 "drift": [d.to_json() for p in target for d in result.drift.get(p.id, [])]}
 

@@ -7,7 +7,7 @@ import os
 from forktool import build as b
 from forktool import output
 from forktool.commands import open_workspace
-from forktool.errors import UsageError
+from forktool.errors import ForktoolError, UsageError
 from forktool.output import Report
 from forktool.project import Project
 
@@ -20,11 +20,13 @@ def build(project: Project, profile: str, plan: bool, jobs: int | None) -> Repor
     prof = cfg.profile(profile)
     # the lock is held through make: the tree must not move under the compiler
     with open_workspace(project) as ws:
+        if not project.tree.exists():  # the plan named the series the state records, none of it on disk
+            raise ForktoolError("the vendored tree is absent, so there is nothing to build", where=str(project.tree),
+                                hint="`forktool apply` makes the tree with the series applied")
         ws.refuse_unexplained(stale_hint="run `forktool apply` first, so the tree holds what you build")
         applied = ws.patches[:len(ws.state.applied)]
-        have_tree = project.tree.exists()
-        dirty = sorted({p for _, p in ws.local_changes()}) if have_tree else []
-        pl = b.make_plan(project, cfg, prof, applied, dirty, ws.current() if have_tree else None)
+        dirty = sorted({p for _, p in ws.local_changes()})
+        pl = b.make_plan(project, cfg, prof, applied, dirty, ws.current())
         lines = b.plan_lines(pl)
         data = pl.to_json()
         if plan:

@@ -24,7 +24,8 @@ def check(project: Project) -> Report:
     with open_workspace(project) as ws:
         problems, warnings, summary = registry_problems(ws, None, caches_root(ws.state_dir)) or ([], [], {})
         # sites are checked on the series applied in memory: an edit of the tree is not (verify names it)
-        edited = ws.local_changes() if project.tree.exists() else []
+        absent = not project.tree.exists()
+        edited = ws.local_changes() if not absent else []
     # escaped: a symbol or a path is shown as written, never read as markup (`x[red]y[/red]` lost its brackets)
     lines = [f"[red]✗[/red] {escape(str(p))}" for p in problems] + [
         f"[yellow]advisory:[/yellow] {escape(w)}" for w in warnings]
@@ -35,18 +36,25 @@ def check(project: Project) -> Report:
     else:
         lines.append(f"registry: OK ({summary['patches']} patches, {summary['hooks']} hooks, "
                      "all markers at their sites)")
-    if edited:
+    if absent:
+        lines.append("[yellow]not checked:[/yellow] the vendored tree, which is absent (sites are checked on the "
+                     "series applied in memory; `forktool apply` makes the tree)")
+    elif edited:
         lines.append(f"[yellow]not checked:[/yellow] the sites of the markers in the {len(edited)} file(s) of the "
                      "tree that no patch explains (sites are checked on the series; `forktool status` lists the "
                      "files, `forktool refresh ID` takes them into a patch)")
     return Report({"ok": not problems, "problems": [{"where": p.where, "what": p.what} for p in problems],
                    **({"error": f"registry check found {len(problems)} problem(s)"} if problems else {}),
                    "advisories": warnings, "patches": summary["patches"], "hooks": summary["hooks"],
-                   "not_checked": ["tree"] if edited else []}, lines, exit_code=1 if problems else 0)
+                   "not_checked": ["tree"] if edited or absent else []}, lines, exit_code=1 if problems else 0)
 
 
 def markers(project: Project) -> Report:
     with open_workspace(project) as ws:
+        if not project.tree.exists():  # "no markers in the tree" of a tree that is not there
+            raise ForktoolError("the vendored tree is absent, so there are no markers to list",
+                                where=str(project.tree), hint="`forktool apply` makes the tree with the series "
+                                "applied; `forktool registry check` checks the series' markers without it")
         found = []
         for rel in sorted(set(ws.state.files) | {p for _, p in ws.local_changes()}):
             found.extend(scan_file(rel, ws.disk_bytes(rel) or b""))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from forktool import output, vendor
 from forktool.commands import open_workspace
-from forktool.errors import ApplyError, ContextError, check_id, check_line
+from forktool.errors import ApplyError, ContextError, ForktoolError, check_id, check_line
 from forktool.output import Report
 from forktool.project import Project
 from forktool.workspace import Workspace
@@ -20,6 +20,8 @@ def _moved(ws: Workspace, what: str, res: dict) -> Report:
         # a tree written where there was none has nothing to back up, so no backup is named
         taken = f"backup [bold]{res['backup']}[/bold]" if res["backup"] else "no backup (there was no tree to keep)"
         lines.append(f"{what}: wrote {len(res['written'])} file(s); {taken}")
+    elif res.get("materialised"):
+        lines.append(f"{what}: there was no vendored tree: wrote the pristine upstream there, no patch applied")
     else:
         lines.append(f"{what}: nothing to do, the tree is already there")
     if res["forced"] and res["backup"]:
@@ -251,6 +253,17 @@ def new(project: Project, slug: str, title: str, author: str, patch_id: str | No
     title, author = check_line(title, "--title"), check_line(author, "--author")
     check_id(patch_id, "--id")
     with open_workspace(project) as ws:
+        # the new patch goes after the top applied on disk: with no tree, or a tree and no record of what it holds,
+        # that top is not known (it went after the state's old top, or before the whole series)
+        if not project.tree.exists():
+            raise ForktoolError("the vendored tree is absent, so no patch is applied to insert the new one after",
+                                where=str(project.tree), hint="`forktool apply --upto ID` makes the tree with the "
+                                "series up to the patch the new one follows; then `forktool new SLUG`")
+        if not (project.state_dir / "state.json").exists() and ws.local_changes():
+            raise ForktoolError("there is no .opencoti/state.json, the record of what is applied, so the top the new "
+                                "patch would follow is not known", where=str(project.state_dir / "state.json"),
+                                hint="if the tree holds the series, `forktool apply --force` backs it up and applies "
+                                     "it again (which records it); then `forktool new SLUG`")
         res = authoring.new(ws, slug, title, author, patch_id)
     return Report(res, [f"created patches/{res['patch']} after {res['after'] or 'the start'}; "
                         f"edit the tree, then `forktool refresh {res['id']}`", f"registry: {res['registry']}"])
