@@ -6,12 +6,23 @@ from pathlib import Path
 
 from forktool import output, schema
 from forktool import sync as s
-from forktool.errors import UsageError
+from forktool.errors import ForktoolError, UsageError
 from forktool.output import Report
 from forktool.project import Project
 
 
 def sync(project: Project, spec: str, accept: bool, build: bool, out: str) -> Report:
+    from forktool.sync.move import read_state, state_path
+
+    running = read_state(project)
+    if running is not None and running["stage"] != "finished":
+        # the stopped loop owns patches/: the patches it carried are rewritten for its upstream, the rest are not, so
+        # a trial of that mix would report on neither series (and --accept would rewrite pin and patches under it)
+        raise ForktoolError(f"{'--accept' if accept else 'sync trial'} refused: a sync to {running['to_spec']} is in "
+                            f"progress ({running['stage']}), and patches/ holds the series half carried by it",
+                            where=str(state_path(project)),
+                            hint="nothing was changed or written; finish that sync (`forktool sync --continue`, "
+                                 "`--skip`) or `forktool sync --abort` it, then run the trial again")
     out_dir = Path(out) if Path(out).is_absolute() else project.root / out
     # a trial records nothing, so it runs on a source that does not say its llama.cpp commit; --accept repins
     res = s.sync(project, spec, build=build, out=out_dir, progress=output.info, need_commit=accept)
