@@ -93,7 +93,7 @@ MATRIX = {
     "backup-list":     "0     0     0     0     0     0     0     0     0",
     "backup-create":   "1     1     1     1     1     0     1     1     1",
     "build-plan":      "1     1     1     1     1     0     1     1     1",
-    "gates-list":      "0     0     0     0     0     0     0     0     x0",
+    "gates-list":      "0     0     0     0     0     0     0     0     0",
     "package":         "1     1     1     1     1     1     1     1     1",
     "sync-trial":      "0     0     1     1     1     0     0     1     1",
     "recover":         "0     0     0     0     0     0     0     0     0",

@@ -390,3 +390,15 @@ def test_a_reference_configured_with_other_flags_is_built_again(tmp_path: Path, 
     cmake_cache = (project.root / "build" / "cpu-upstream" / "CMakeCache.txt").read_text()
     assert "FORKTOOL_REF_FLAG" in cmake_cache and "CMAKE_BUILD_TYPE:STRING=Debug" in cmake_cache
     assert "configured with other flags" not in run_reference(project, capsys)[1]  # the same flags: reused
+
+
+def test_a_registry_with_no_gates_is_listed_as_such_and_a_run_checks_nothing(proj: Proj) -> None:
+    """`--list` said "no gate matches" (exit 2) with `forktool gates --list` as the next step: itself."""
+    (proj.root / "registry" / "UPSTREAM_SYNC.yaml").write_text("schema: 1\npatches: []\nhooks: {}\n")
+    code, out, err = proj.run("gates", "--list")
+    assert "no gates: registry/UPSTREAM_SYNC.yaml records none" in out + err
+    assert json.loads(proj.run("gates", "--list", "--json")[1])["gates"] == []
+    code, out, err = proj.run("gates", expect=1)
+    assert "no gates to run" in err and "nothing was checked" in err and "where: registry/UPSTREAM_SYNC.yaml" in err
+    assert "`forktool gates --list`" not in err
+    proj.run("gates", "0070", expect=2)  # an id that selects nothing is still a usage error
