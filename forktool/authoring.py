@@ -55,7 +55,7 @@ def _check_refreshable(ws: Workspace, pid: str) -> tuple[int, Patch]:
                             "up to it; edit there, then refresh")
     if pid not in applied:
         raise UsageError(f"patch {pid} is not applied (top: {ws.state.top or 'none'})", where=str(ws.tree),
-                         hint=f"run `forktool apply --upto {pid}` first, edit, then refresh")
+                         hint=ws.no_record_note() + f"run `forktool apply --upto {pid}` first, edit, then refresh")
     idx = ws.index(pid)
     patch = ws.patches[idx]
     # only its message edited: refresh keeps the new message

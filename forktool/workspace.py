@@ -167,6 +167,9 @@ class Workspace:
                 raise DirtyTreeError(f"applied patch(es) {', '.join(stale)} changed on disk since they were applied",
                                      where="patches/", hint=stale_hint)
         if dirty_hint is not None:
+            if not self.tree.exists():  # read as an empty tree, every upstream file was a change no patch explains
+                raise ForktoolError("the vendored tree is absent", where=str(self.tree),
+                                    hint="`forktool apply` writes pristine + the series there")
             dirty = self.local_changes() if dirty is None else dirty
             if dirty:
                 raise DirtyTreeError(f"the vendored tree has {len(dirty)} change(s) that no patch explains",

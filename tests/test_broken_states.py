@@ -99,6 +99,15 @@ MATRIX = {
     "recover":         "0     0     0     0     0     0     0     0     0",
 }
 
+# what a refusal must name: the broken state, not a consequence of it (a tree read as every file removed)
+NAMES = {
+    "tree-absent": "the vendored tree is absent", "tree-a-file": "is not a directory",
+    "yaml-invalid": "vendor.yaml is not valid YAML", "yaml-unknown-key": "unknown key(s): colour",
+    "lock-truncated": "vendor.lock is not valid JSON", "state-absent": "there is no .opencoti/state.json",
+    "state-garbage": "state.json is not valid JSON", "series-missing-patch": "0099-missing.patch",
+    "sync-stopped": "is in progress (stopped)",
+}
+
 # what an exit-0 cell must say: the broken state named, or the report of a command that does not read it
 REPORTS = {
     ("tree-absent", "status"): "tree: absent",
@@ -197,6 +206,7 @@ def test_a_broken_state_is_refused_or_reported_truthfully(templates, tmp_path: P
     if code:
         assert "where:" in err or (command.startswith("verify") and "✗ " in err), err
         assert "next:" in err, err
+        assert NAMES[state] in err, err
         return
     said = REPORTS.get((state, command)) or BY_COMMAND.get(command)
     assert said is not None, f"exit 0 with no documented report for {state} × {command}:\n{text}"

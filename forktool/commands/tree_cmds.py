@@ -182,7 +182,11 @@ def verify(project: Project, use_cache: bool = True) -> Report:
     from forktool.verification import verify as run_verify
 
     with open_workspace(project, use_cache) as ws:
+        if not project.tree.exists():  # read as an empty tree it was every upstream file "removed", next: "fix each"
+            raise ForktoolError("the vendored tree is absent, so there is no tree to verify", where=str(project.tree),
+                                hint="`forktool apply` writes pristine + the series there; then `forktool verify`")
         v = run_verify(ws)
+        unrecorded = ws.no_record_note()
     data = v.to_json()
     data["not_checked"] = ["registry"] if v.registry is None else []  # what verify's OK does not cover
     full = v.full_series
@@ -228,7 +232,8 @@ def verify(project: Project, use_cache: bool = True) -> Report:
     lines += [f"[yellow]advisory:[/yellow] {output.escape(a)}" for a in v.advisories] + compile_lines
     lines.append(f"[red]error:[/red] verify found {len(v.problems)} difference(s) "
                  f"(tree digest {v.tree_digest[:12]})")
-    lines.append("  next: fix each item, then run `forktool verify` again")
+    # with no state.json every patched file reads as an edit: say why before "fix each item"
+    lines.append(f"  next: {unrecorded}fix each item, then run `forktool verify` again")
     return Report(data, lines, exit_code=1)
 
 
