@@ -177,6 +177,11 @@ def _digest(root: Path) -> dict[str, str]:
     return out
 
 
+def _backups(root: Path) -> list[str]:
+    return sorted(f"{d}/{p.name}" for d in ("vendor-backups", "sync-backups")
+                  for p in (root / ".opencoti" / d).glob("*"))
+
+
 @pytest.mark.parametrize(("state", "command"), CELLS)
 def test_a_broken_state_is_refused_or_reported_truthfully(templates, tmp_path: Path, monkeypatch, state: str,
                                                           command: str) -> None:
@@ -189,6 +194,7 @@ def test_a_broken_state_is_refused_or_reported_truthfully(templates, tmp_path: P
     argv = [sub.get(a, a).replace("@OUT@", str(tmp_path / "out")) for a in COMMANDS[command]]
     want = MATRIX[command].split()[list(STATES).index(state)].lstrip("x")
     before = _digest(root)
+    backups = _backups(root)
     cache_before = sorted(str(p.relative_to(cache)) for p in cache.rglob("*"))
     code, out, err = run_cli(root, argv, expect=None)
     text = out + err
@@ -207,6 +213,7 @@ def test_a_broken_state_is_refused_or_reported_truthfully(templates, tmp_path: P
         assert "where:" in err or (command.startswith("verify") and "✗ " in err), err
         assert "next:" in err, err
         assert NAMES[state] in err, err
+        assert _backups(root) == backups, "a refusal left a backup behind"
         return
     said = REPORTS.get((state, command)) or BY_COMMAND.get(command)
     assert said is not None, f"exit 0 with no documented report for {state} × {command}:\n{text}"
