@@ -84,9 +84,8 @@ class Workspace:
         self.state_dir = project.state_dir
         self.use_cache = use_cache
         self.progress: Progress = progress or (lambda _m: None)
-        # every command that opens the project refuses what it cannot stand on, even where it would not read it:
-        # a pin that does not parse (apply, unapply, refresh, new went on from vendor.lock alone), a tree root that
-        # is a file (new wrote its patch beside one)
+        # a command that opens the project stands on all of it, even the parts it would not read: a pin that does not
+        # parse and a tree root that is not a directory are refused here, before anything is written
         project.vendor  # noqa: B018 -- read and schema-checked here, remembered on the project
         check_root(project.tree)
         self.entries = read_series(project.series_file)

@@ -20,7 +20,7 @@ def build(project: Project, profile: str, plan: bool, jobs: int | None) -> Repor
     prof = cfg.profile(profile)
     # the lock is held through make: the tree must not move under the compiler
     with open_workspace(project) as ws:
-        if not project.tree.exists():  # the plan named the series the state records, none of it on disk
+        if not project.tree.exists():  # the state may still name a series: none of it is on disk to build
             raise ForktoolError("the vendored tree is absent, so there is nothing to build", where=str(project.tree),
                                 hint="`forktool apply` makes the tree with the series applied")
         ws.refuse_unexplained(stale_hint="run `forktool apply` first, so the tree holds what you build")

@@ -281,7 +281,7 @@ def gates(project: Project, patch_id: str | None, name: str | None, list_only: b
         raise UsageError(f"no patch {patch_id} in the registry", where="registry/UPSTREAM_SYNC.yaml",
                          hint="`forktool gates --list` shows the gates of every patch; `forktool status` lists the "
                               "ids of the series")
-    if not selected and patch_id is None and name is None:  # "no gate matches" sent --list to itself
+    if not selected and patch_id is None and name is None:  # nothing to match: the registry holds no gate
         if list_only:
             return Report({"gates": [], "cuda": None, "cuda_reason": "", "failed": 0, "not_checked": 0,
                            "skipped": 0}, ["no gates: registry/UPSTREAM_SYNC.yaml records none"])

@@ -51,7 +51,7 @@ def check(project: Project) -> Report:
 
 def markers(project: Project) -> Report:
     with open_workspace(project) as ws:
-        if not project.tree.exists():  # "no markers in the tree" of a tree that is not there
+        if not project.tree.exists():  # an empty list would read as a tree without markers
             raise ForktoolError("the vendored tree is absent, so there are no markers to list",
                                 where=str(project.tree), hint="`forktool apply` makes the tree with the series "
                                 "applied; `forktool registry check` checks the series' markers without it")

@@ -182,7 +182,7 @@ def verify(project: Project, use_cache: bool = True) -> Report:
     from forktool.verification import verify as run_verify
 
     with open_workspace(project, use_cache) as ws:
-        if not project.tree.exists():  # read as an empty tree it was every upstream file "removed", next: "fix each"
+        if not project.tree.exists():  # read as an empty tree, every upstream file would be a difference
             raise ForktoolError("the vendored tree is absent, so there is no tree to verify", where=str(project.tree),
                                 hint="`forktool apply` writes pristine + the series there; then `forktool verify`")
         v = run_verify(ws)
@@ -259,7 +259,7 @@ def new(project: Project, slug: str, title: str, author: str, patch_id: str | No
     check_id(patch_id, "--id")
     with open_workspace(project) as ws:
         # the new patch goes after the top applied on disk: with no tree, or a tree and no record of what it holds,
-        # that top is not known (it went after the state's old top, or before the whole series)
+        # that top is not known
         if not project.tree.exists():
             raise ForktoolError("the vendored tree is absent, so no patch is applied to insert the new one after",
                                 where=str(project.tree), hint="`forktool apply --upto ID` makes the tree with the "
@@ -299,7 +299,7 @@ def vendor_fetch(project: Project, sdist: str | None, use_cache: bool = True) ->
 def vendor_status(project: Project) -> Report:
     from forktool.tree import check_root
 
-    check_root(project.tree)  # it said "tree present" of a file there
+    check_root(project.tree)  # a file there is neither "present" nor "absent"
     lock = vendor.load_lock(project)
     problems = vendor.verify_pristine_cache(project) if lock else ["no vendor.lock yet"]
     comps = [{"name": c.name, "kind": c.kind, "spec": c.spec, "upstream_commit": c.upstream_commit}
