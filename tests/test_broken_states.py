@@ -245,3 +245,24 @@ def test_the_sync_trial_during_a_stopped_sync_writes_no_report(templates, tmp_pa
     assert data["error"].startswith("sync trial refused: a sync to ") and "in progress (stopped)" in data["error"]
     assert data["where"].endswith(".opencoti/sync/state.json") and "--abort" in data["hint"]
     assert not (tmp_path / "o").exists()
+
+
+def test_accept_during_a_sync_whose_verify_failed_is_refused_before_the_trial(templates, tmp_path: Path,
+                                                                              monkeypatch) -> None:
+    # stage finished is a sync still in progress (its verify failed; `--continue` checks again, `--abort` goes back):
+    # the trial was let through, wrote its report, and only then was --accept refused under the lock
+    _applied, stopped, _newer, target, cache = templates
+    monkeypatch.setenv("FORKTOOL_CACHE", str(cache))
+    root = tmp_path / "proj"
+    shutil.copytree(stopped, root, symlinks=True)
+    state = root / ".opencoti" / "sync" / "state.json"
+    st = json.loads(state.read_text())
+    st["stage"], st["stop"] = "finished", None
+    state.write_text(json.dumps(st))
+    before = _digest(root)
+    code, out, err = run_cli(root, ["sync", "--to", target, "--accept", "--out", str(tmp_path / "o"), "--json"],
+                             expect=1)
+    data = json.loads(out)
+    assert data["error"].startswith("--accept refused: a sync to ") and "in progress (finished)" in data["error"]
+    assert not (tmp_path / "o").exists()
+    assert _digest(root) == before

@@ -15,9 +15,10 @@ def sync(project: Project, spec: str, accept: bool, build: bool, out: str) -> Re
     from forktool.sync.move import read_state, state_path
 
     running = read_state(project)
-    if running is not None and running["stage"] != "finished":
+    if running is not None and (accept or running["stage"] != "finished"):
         # the stopped loop owns patches/: the patches it carried are rewritten for its upstream, the rest are not, so
-        # a trial of that mix would report on neither series (and --accept would rewrite pin and patches under it)
+        # a trial of that mix would report on neither series; --accept would rewrite pin and patches under it at any
+        # stage, finished included (its verify failed: `--continue` checks again, `--abort` goes back)
         raise ForktoolError(f"{'--accept' if accept else 'sync trial'} refused: a sync to {running['to_spec']} is in "
                             f"progress ({running['stage']}), and patches/ holds the series half carried by it",
                             where=str(state_path(project)),
