@@ -20,6 +20,7 @@ from forktool.tree import (
     make_temp_dir,
     manifest_from_json,
     manifest_to_json,
+    remove_dead_work_dirs,
     remove_tree,
     resolve_inside,
     sha256_bytes,
@@ -61,7 +62,7 @@ def create(backups_dir: Path, tree: Path, slug: str, reason: str, current: Manif
         name, n = f"{base}-{n}", n + 1
     # the work directory's name carries this process's id: one that a kill (SIGTERM, SIGHUP, SIGKILL) left behind
     # is removed by the next backup made here, once its process is gone
-    _clean_work_dirs(backups_dir)
+    remove_dead_work_dirs(backups_dir, _WORK_RE)
     tmp = make_temp_dir(backups_dir, f"{WORK_PREFIX}{os.getpid()}-")
     try:
         stored = []
@@ -100,20 +101,6 @@ def create(backups_dir: Path, tree: Path, slug: str, reason: str, current: Manif
 
 WORK_PREFIX = ".tmp-"  # a backup being made: .tmp-PID-RANDOM, renamed to its name once whole
 _WORK_RE = re.compile(rf"^{re.escape(WORK_PREFIX)}(\d+)-[0-9a-f]{{12}}$")
-
-
-def _clean_work_dirs(backups_dir: Path) -> list[str]:
-    """Remove the work directories of backups whose process is gone (killed before the rename); their names.
-    Nothing of another shape is touched."""
-    from forktool.vendor import _alive
-
-    gone = []
-    for p in sorted(backups_dir.iterdir()):
-        m = _WORK_RE.match(p.name)
-        if m and not _alive(int(m.group(1))) and p.is_dir() and not p.is_symlink():
-            remove_tree(p)
-            gone.append(p.name)
-    return gone
 
 
 # how many of the newest backups create() looks in for an object it can link instead of writing again

@@ -20,7 +20,7 @@ from forktool import archive, schema, txn
 from forktool.errors import ForktoolError, UnsafePathError, VerifyError
 from forktool.project import Project
 from forktool.series import series_digest, series_digest_of
-from forktool.tree import EXECUTABLE, REGULAR, SYMLINK, Entry, digest, sha256_bytes, sha256_file
+from forktool.tree import EXECUTABLE, REGULAR, SYMLINK, Entry, digest, remove_dead_work_dirs, sha256_bytes, sha256_file
 
 if TYPE_CHECKING:
     from forktool.build import BuildConfig, Profile
@@ -149,17 +149,6 @@ def _refuse_odd_places(out_dir: Path, final: Path, arc: Path) -> None:
                                 hint=hint)
 
 
-def _clean_work_dirs(out_dir: Path, name: str) -> None:
-    """Remove the work directories of earlier runs for this release whose process is gone (a kill leaves one)."""
-    from forktool.vendor import _alive
-
-    mine = re.compile(rf"^\.{re.escape(name)}\.(\d+)-")
-    for p in out_dir.iterdir():
-        m = mine.match(p.name)
-        if m and not _alive(int(m.group(1))) and p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p, ignore_errors=True)
-
-
 def write_release(spec: ReleaseSpec, out_dir: Path) -> dict[str, Any]:
     """Write out_dir/<name>/ and out_dir/<name>.tar.gz, replacing an older copy only once the new one is whole.
 
@@ -174,7 +163,8 @@ def write_release(spec: ReleaseSpec, out_dir: Path) -> dict[str, Any]:
     except (FileExistsError, NotADirectoryError) as e:
         raise ForktoolError(f"cannot make the output directory {out_dir}: {e.strerror}", where=str(out_dir),
                             hint="pass --out a directory (or a path where one can be made)") from e
-    _clean_work_dirs(out_dir, spec.name)
+    # the work directories of earlier runs for this release that a kill left
+    remove_dead_work_dirs(out_dir, re.compile(rf"^\.{re.escape(spec.name)}\.(\d+)-"))
     work = Path(tempfile.mkdtemp(prefix=f".{spec.name}.{os.getpid()}-", dir=out_dir))
     try:
         stage = work / spec.name

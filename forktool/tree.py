@@ -240,6 +240,37 @@ def _raise(e: OSError) -> None:
     raise e
 
 
+def pid_alive(pid: int) -> bool:
+    """Is process pid running? (another user's process counts as running)"""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def remove_dead_work_dirs(parent: Path, shape: re.Pattern[str]) -> list[str]:
+    """Remove the work directories in parent that a kill left: those whose name matches shape, group 1 the id of the
+    process that made them, and whose process is gone. A link, a file or another name is never touched; one that
+    cannot be removed is left for the next run. Their names."""
+    gone: list[str] = []
+    try:
+        entries = sorted(parent.iterdir())
+    except OSError:
+        return gone
+    for p in entries:
+        m = shape.match(p.name)
+        if m and not pid_alive(int(m.group(1))) and p.is_dir() and not p.is_symlink():
+            try:
+                remove_tree(p)
+            except OSError:
+                continue
+            gone.append(p.name)
+    return gone
+
+
 class NotRegularFileError(OSError):
     """Where forktool reads or writes a file, something else is (a FIFO, device, socket or directory). An OSError,
     so that a cache which treats an unreadable entry as absent treats this one so too; the CLI reports it as a

@@ -28,7 +28,9 @@ from forktool.tree import (
     make_temp_dir,
     manifest_from_json,
     manifest_to_json,
+    pid_alive,
     read_checked,
+    remove_dead_work_dirs,
     remove_tree,
     resolve_inside,
     sha256_bytes,
@@ -72,23 +74,13 @@ def temp_dir(project: Project, prefix: str) -> Iterator[Path]:
         yield Path(tmp)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # another user's process: alive
-    return True
-
-
 def clean_temp(project: Project) -> list[str]:
     """Remove the temporary directories under .opencoti/tmp/ whose process is gone; their names."""
     parent = project.state_dir / TMP
     gone = []
     for p in sorted(parent.iterdir()) if parent.is_dir() and not parent.is_symlink() else []:
         m = _OWNER_RE.match(p.name)
-        if m and _alive(int(m.group(1))):
+        if m and pid_alive(int(m.group(1))):
             continue
         if p.is_dir() and not p.is_symlink():
             remove_tree(p)
@@ -497,18 +489,7 @@ def materialise(project: Project, manifest: Manifest) -> None:
 def clean_materialise_temps(dest: Path) -> list[str]:
     """Remove the temporary directories beside dest that a killed materialisation of dest left (named
     `.NAME-PID-RANDOM` by materialise_to, PID gone); their names. Nothing of another shape is touched."""
-    shape = re.compile(rf"^\.{re.escape(dest.name)}-(\d+)-[0-9a-f]{{12}}$")
-    gone: list[str] = []
-    try:
-        entries = sorted(dest.parent.iterdir())
-    except OSError:
-        return gone
-    for p in entries:
-        m = shape.match(p.name)
-        if m and not _alive(int(m.group(1))) and p.is_dir() and not p.is_symlink():
-            remove_tree(p)
-            gone.append(p.name)
-    return gone
+    return remove_dead_work_dirs(dest.parent, re.compile(rf"^\.{re.escape(dest.name)}-(\d+)-[0-9a-f]{{12}}$"))
 
 
 def materialise_to(store: ObjectStore, manifest: Manifest, dest: Path) -> None:

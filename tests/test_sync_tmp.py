@@ -89,6 +89,28 @@ def test_a_live_process_keeps_its_temporary_directory(tmp_path: Path) -> None:
     assert os.listdir(tmp) == []
 
 
+def test_only_the_work_directories_of_dead_processes_are_removed(tmp_path: Path) -> None:
+    # the one cleaner of backups' .tmp-PID-, releases' .NAME.PID-, trials' .patches-PID- and materialisations'
+    # .NAME-PID- work directories: a live process's, a link, a file or another name stays
+    import re
+
+    from forktool.tree import remove_dead_work_dirs
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    (tmp_path / f".w-{dead}-a" / "sub").mkdir(parents=True)
+    (tmp_path / f".w-{dead}-a" / "sub" / "f").write_bytes(b"x")
+    (tmp_path / f".w-{os.getpid()}-b").mkdir()
+    (tmp_path / "kept").mkdir()
+    (tmp_path / f".w-{dead}-link").symlink_to(tmp_path / "kept")
+    (tmp_path / f".w-{dead}-file").write_bytes(b"y")
+    (tmp_path / "other").mkdir()
+    assert remove_dead_work_dirs(tmp_path, re.compile(r"^\.w-(\d+)-")) == [f".w-{dead}-a"]
+    assert sorted(os.listdir(tmp_path)) == sorted([f".w-{os.getpid()}-b", "kept", f".w-{dead}-link",
+                                                   f".w-{dead}-file", "other"])
+    assert remove_dead_work_dirs(tmp_path / "absent", re.compile(r"^\.w-(\d+)-")) == []
+
+
 @pytest.mark.parametrize("moment", ["forktool-drift-", "/.patches-"])
 def test_a_trial_ended_by_sigterm_leaves_nothing_in_tmpdir_or_its_out(proj: Proj, tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch,

@@ -13,7 +13,7 @@ from pathlib import Path
 from forktool.project import Project
 from forktool.sync.fetch import Target
 from forktool.sync.trial import NEEDS_HUMAN, STATUSES, PatchResult
-from forktool.tree import atomic_write, digest
+from forktool.tree import atomic_write, digest, remove_dead_work_dirs
 
 CONFLICT_LINES_MAX = 80
 
@@ -80,17 +80,6 @@ def render_markdown(data: dict) -> str:
     return env.get_template("sync_report.md.j2").render(r=data, statuses=STATUSES)
 
 
-def _clean_work_dirs(out: Path) -> None:
-    """Remove the patches/ work directories of earlier trials whose process is gone."""
-    from forktool.vendor import _alive
-
-    mine = re.compile(r"^\.patches-(\d+)-")
-    for p in out.iterdir():
-        m = mine.match(p.name)
-        if m and not _alive(int(m.group(1))) and p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p, ignore_errors=True)
-
-
 REPORTS = ("report.json", "report.md")
 
 
@@ -129,7 +118,7 @@ def write_outputs(out: Path, res: SyncResult) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     # the work directory's name carries this process's id: one that a SIGTERM or a kill left is removed here by the
     # next trial writing to out, once its process is gone
-    _clean_work_dirs(out)
+    remove_dead_work_dirs(out, re.compile(r"^\.patches-(\d+)-"))
     retire_outputs(out)
     work = Path(tempfile.mkdtemp(prefix=f".patches-{os.getpid()}-", dir=out))
     try:
