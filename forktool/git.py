@@ -58,6 +58,31 @@ def _usable_mirror(mirror: Path) -> bool:
     return ok
 
 
+def _clone(git: Any, url: str, mirror: Path) -> Any:
+    """Clone url beside mirror, give the clone MIRROR_CONFIG, then rename it into place whole: a clone in progress
+    never stands under the mirror's name, where another forktool sharing the cache would take it (git's config) for
+    a mirror not forktool's and remove it mid-clone. Where another clone was renamed there first, that one is used."""
+    import errno
+
+    from forktool.tree import remove_dead_work_dirs, remove_tree
+
+    # named .MIRROR-PID-RANDOM: one that a kill left is removed by the next clone, once its process is gone
+    remove_dead_work_dirs(mirror.parent, re.compile(rf"^\.{re.escape(mirror.name)}-(\d+)-[0-9a-f]{{12}}$"))
+    work = mirror.parent / f".{mirror.name}-{os.getpid()}-{os.urandom(6).hex()}"
+    try:
+        git.Repo.clone_from(url, work, bare=True, no_checkout=True)
+        _own_config(work)
+        try:
+            os.rename(work, mirror)
+        except OSError as e:
+            if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+    finally:
+        if os.path.lexists(work):
+            remove_tree(work)
+    return git.Repo(mirror)
+
+
 def _check_objects(repo: Any, mirror: Path, commit: str) -> None:
     """Every object the archive of commit is made of (the commit, its trees, its files) hashes to its name. git does
     not re-hash objects it reads, so a mirror in the shared cache could otherwise give other bytes under the pinned
@@ -97,13 +122,12 @@ def archive_commit(url: str, commit: str, cache: Path) -> bytes:
                 repo = git.Repo(mirror)
             except git.InvalidGitRepositoryError:
                 # forktool's config in a directory git does not take for a repository (its HEAD or objects gone):
-                # only a cache, cloned again (a clone killed before it ended has git's config, so is removed above)
+                # only a cache, cloned again (a clone killed before it ended is left beside it, never under its name)
                 from forktool.tree import remove_tree
 
                 remove_tree(mirror)
         if repo is None:
-            repo = git.Repo.clone_from(url, mirror, bare=True, no_checkout=True)
-            _own_config(mirror)
+            repo = _clone(git, url, mirror)
         try:
             repo.commit(commit)
         except (ValueError, git.BadName):

@@ -601,3 +601,42 @@ def test_a_git_mirror_object_with_other_bytes_is_refused(proj: Proj, cache: Path
     code, out, err = proj.run("vendor", "fetch", expect=1)
     assert f"the git mirror holds object {blob[:12]} (blob) with bytes that do not hash to its name" in err
     assert str(mirror) in err and not proj.tree.exists() and not (proj.root / "vendor" / "vendor.lock").exists()
+
+
+def test_a_clone_in_progress_never_stands_under_the_mirror_name(proj: Proj, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch):
+    # with git's config under the mirror's name while it cloned, another forktool sharing the cache took that clone
+    # for a mirror not forktool's and removed it under the running git
+    import os
+    import subprocess
+    import sys
+
+    import git as gitpython
+
+    from forktool import git as fgit
+    from tests.helpers.project import git
+
+    url = str(proj.upstream)
+    cache = tmp_path / "fresh-cache"
+    mirror = cache / "git" / hashlib.sha256(url.encode()).hexdigest()[:16]
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    left = mirror.parent / f".{mirror.name}-{dead}-{'0' * 12}"  # a clone a kill left
+    (left / "objects").mkdir(parents=True)
+    real = gitpython.Repo.clone_from
+    seen = []
+
+    def clone_from(src, to, **kw):
+        repo = real(src, to, **kw)
+        seen.append((Path(to), os.path.lexists(mirror)))
+        return repo
+
+    monkeypatch.setattr(gitpython.Repo, "clone_from", clone_from)
+    data = fgit.archive_commit(url, git(proj.upstream, "rev-parse", "HEAD"), cache)
+    assert data and len(seen) == 1
+    (to, there), = seen
+    assert to.parent == mirror.parent and to != mirror and not there  # cloned beside it, renamed in once whole
+    assert os.listdir(mirror.parent) == [mirror.name]  # neither this clone's work directory nor the dead one's
+    assert fgit._MIRROR_CONFIG_RE.fullmatch((mirror / "config").read_text())
+    fgit.archive_commit(url, git(proj.upstream, "rev-parse", "HEAD"), cache)  # used as it is, not cloned again
+    assert len(seen) == 1
