@@ -6,7 +6,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -130,6 +129,8 @@ def compilers(bdir: Path) -> dict[str, dict[str, Any]]:
         if not path or path.endswith("-NOTFOUND"):
             continue
         if not os.path.isabs(path):  # a bare name (-DCMAKE_C_COMPILER=cc): the file PATH gives now
+            import shutil  # not at the top: verify imports this module, and shutil brings bz2 and lzma (1.8 ms)
+
             path = shutil.which(path) or path
         name = lang.decode()
         found: dict[str, str] = {}
