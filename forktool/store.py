@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from forktool.errors import ForktoolError
-from forktool.tree import atomic_write, read_checked, sha256_bytes, sha256_regular
+from forktool.tree import atomic_write, holds, read_checked, sha256_bytes
 
 
 class ObjectStore:
@@ -22,10 +22,7 @@ class ObjectStore:
     def intact(self, sha: str) -> bool:
         """The object is there, a regular file, and its bytes hash to its name (all read and hashed as a stream: never
         vouched for by a stat, and a large planted file is never held in memory)."""
-        try:
-            return sha256_regular(self.path(sha)) == sha
-        except OSError:  # missing, unreadable, or not a regular file (a FIFO is refused without waiting)
-            return False
+        return holds(self.path(sha), sha)
 
     def discard(self, sha: str) -> None:
         """Remove a damaged copy of the object (other bytes, a link, a FIFO), so the next put writes it whole. A

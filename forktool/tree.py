@@ -330,6 +330,17 @@ def sha256_regular(path: Path) -> str:
     return h.hexdigest()
 
 
+def holds(path: Path, sha: str) -> bool:
+    """Does the file at path hold the bytes of sha? (hashed as a stream, opened without blocking: a FIFO or directory
+    there holds nothing, and is never waited on; an empty sha is held by nothing)"""
+    if not sha:
+        return False
+    try:
+        return sha256_regular(path) == sha
+    except OSError:  # missing, unreadable, or not a regular file
+        return False
+
+
 @contextmanager
 def signals_held(*caught: int) -> Iterator[None]:
     """The signals in caught that arrive inside the block are delivered when it ends, each once, to the handler it

@@ -113,17 +113,6 @@ def pip_download(requirement: str, dest: Path, progress: Callable[[str], None] |
     return found[0]
 
 
-def holds(path: Path, sha: str) -> bool:
-    """Does the cache entry at path hold the bytes of sha? (hashed as a stream, opened without blocking: a FIFO or
-    directory there holds nothing, and is never waited on)"""
-    if not sha:
-        return False
-    try:
-        return sha256_regular(path) == sha
-    except OSError:
-        return False
-
-
 def _pinned_bytes(path: Path, sha: str) -> bytes | None:
     """The bytes of the cache entry at path when they hash to sha, else None (absent, not a regular file, other bytes):
     tree.read_checked, so an entry of other bytes is never held in memory and what is used is what was checked."""

@@ -16,7 +16,7 @@ from forktool import vendor
 from forktool.cache import Cache, caches_root, key_of
 from forktool.errors import ForktoolError, UsageError
 from forktool.project import COMMIT_RE, Component, Project
-from forktool.tree import Entry, Manifest, atomic_write, sha256_file
+from forktool.tree import Entry, Manifest, atomic_write, holds, sha256_file
 
 
 @dataclass
@@ -203,7 +203,7 @@ def _fetch_sdist(project: Project, comp: Component, progress: Callable[[str], No
     if comp.sha256:  # the pin itself: vendor checks the pinned sha256
         # "cached" only for bytes checked here: a damaged or planted entry under the name is downloaded again
         path = vendor.sdist_path(project, comp)
-        if vendor.holds(path, comp.sha256):
+        if holds(path, comp.sha256):
             return comp, path, True
         return comp, vendor.download_sdist(project, comp), False
     if comp.version:
@@ -212,7 +212,7 @@ def _fetch_sdist(project: Project, comp: Component, progress: Callable[[str], No
         if sha:
             comp = comp._replace(sha256=sha)
             path = vendor.sdist_path(project, comp)
-            if vendor.holds(path, sha):
+            if holds(path, sha):
                 return comp, path, True
     with vendor.temp_dir(project, "forktool-sync-dl-") as tmp:
         want = f"{comp.package}=={comp.version}" if comp.version else comp.package
@@ -324,7 +324,7 @@ def component_manifest(project: Project, comp: Component, progress: Callable[[st
         comp, path, from_cache = _fetch_sdist(project, comp, progress)
     elif comp.kind == "tarball":  # as for an sdist: cached only when the entry holds the pinned bytes
         cached_tar = project.cache_dir / "tarball" / f"{comp.sha256}.tar"
-        from_cache = vendor.holds(cached_tar, comp.sha256)
+        from_cache = holds(cached_tar, comp.sha256)
     if comp.subdir == DETECT:
         data, strip_top = vendor.component_archive(project, comp, progress=progress)
         comp = comp._replace(subdir=detect_subdir(data, strip_top, landmarks or set(), comp.spec))
