@@ -82,17 +82,15 @@ def read_state(project: Project) -> dict | None:
 
 def has_backups(project: Project, st: dict) -> bool:
     """False for a stop recorded elsewhere (a CI branch): this checkout has none of its backups."""
-    b = st.get("backups", {})
-    return bool(b) and (project.backups_dir / b.get("tree", "")).is_dir() and \
-        (project.state_dir / "sync-backups" / b.get("project", "")).is_dir()
+    return bool(st.get("backups")) and not missing_backups(project, st)[0]
 
 
 def missing_backups(project: Project, st: dict) -> tuple[list[str], bool]:
     """(the start's backup directories this checkout lacks, True when it has the other one: it made them itself and
     lost one since, rather than the sync being recorded elsewhere)."""
-    b = st.get("backups") or {}
-    dirs = [f".opencoti/vendor-backups/{b['tree']}", f".opencoti/sync-backups/{b['project']}"] if b else []
-    gone = [d for d in dirs if not (project.root / d).is_dir()]
+    b = st.get("backups") or {}  # both names or neither (the sync-state schema)
+    dirs = [project.backups_dir / b["tree"], project.state_dir / "sync-backups" / b["project"]] if b else []
+    gone = [d.relative_to(project.root).as_posix() for d in dirs if not d.is_dir()]
     return gone, 0 < len(gone) < len(dirs)
 
 
