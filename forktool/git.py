@@ -70,7 +70,7 @@ def _clone(git: Any, url: str, mirror: Path) -> Any:
     remove_dead_work_dirs(mirror.parent, re.compile(rf"^\.{re.escape(mirror.name)}-(\d+)-[0-9a-f]{{12}}$"))
     work = mirror.parent / f".{mirror.name}-{os.getpid()}-{os.urandom(6).hex()}"
     try:
-        git.Repo.clone_from(url, work, bare=True, no_checkout=True)
+        git.Repo.clone_from(url, work, bare=True, no_checkout=True).close()
         _own_config(work)
         try:
             os.rename(work, mirror)
@@ -115,8 +115,8 @@ def archive_commit(url: str, commit: str, cache: Path) -> bytes:
     forktool's is cloned again: see MIRROR_CONFIG)."""
     git = _git()
     mirror = cache / "git" / hashlib.sha256(url.encode()).hexdigest()[:16]
+    repo = None
     try:
-        repo = None
         if _usable_mirror(mirror):
             try:
                 repo = git.Repo(mirror)
@@ -144,6 +144,9 @@ def archive_commit(url: str, commit: str, cache: Path) -> bytes:
                                      "(out of memory, a timeout)") from e
         raise ForktoolError(f"git could not provide {url}@{commit}: {e.stderr.strip()}", where=url,
                             hint="check the url and that the commit exists there") from e
+    finally:
+        if repo is not None:  # the object check reads through `git cat-file` processes that live until closed
+            repo.close()
     return buf.getvalue()
 
 

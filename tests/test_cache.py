@@ -640,3 +640,28 @@ def test_a_clone_in_progress_never_stands_under_the_mirror_name(proj: Proj, tmp_
     assert fgit._MIRROR_CONFIG_RE.fullmatch((mirror / "config").read_text())
     fgit.archive_commit(url, git(proj.upstream, "rev-parse", "HEAD"), cache)  # used as it is, not cloned again
     assert len(seen) == 1
+
+
+def test_fetching_through_a_git_mirror_leaves_no_git_process_running(proj: Proj, tmp_path: Path):
+    # the object check reads every object through gitpython's `git cat-file --batch` processes: left open, two of
+    # them outlived archive_commit (in a sync that fetches, and in every test that fetches, until the process ended)
+    import os
+
+    from forktool import git as fgit
+    from tests.helpers.project import git
+
+    def children() -> list[str]:
+        out = []
+        for d in os.listdir("/proc"):
+            try:
+                stat = Path(f"/proc/{d}/stat").read_text()
+                if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid():
+                    out.append(Path(f"/proc/{d}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+            except (OSError, ValueError, IndexError):
+                continue
+        return out
+
+    commit = git(proj.upstream, "rev-parse", "HEAD")
+    for _ in range(2):  # a clone, then the mirror as it is
+        assert fgit.archive_commit(str(proj.upstream), commit, tmp_path / "c")
+        assert not [c for c in children() if c.startswith("git ")]
