@@ -99,8 +99,12 @@ def _check_objects(repo: Any, mirror: Path, commit: str) -> None:
 
 def _object(repo: Any, mirror: Path, oid: str, kind: str) -> bytes:
     """The bytes of object oid of the given kind, refused unless they hash to oid as git names objects."""
-    stream = repo.odb.stream(bytes.fromhex(oid))
-    data = stream.read()
+    try:
+        stream = repo.odb.stream(bytes.fromhex(oid))
+        data = stream.read()
+    except (ValueError, _git().BadObject):  # `git cat-file` does not have it: "SHA ... could not be resolved"
+        raise ForktoolError(f"the git mirror lacks object {oid[:12]} ({kind}) of the commit", where=str(mirror),
+                            hint=f"remove {mirror} (forktool clones it again)") from None
     header = f"{stream.type.decode() if isinstance(stream.type, bytes) else stream.type} {len(data)}\0".encode()
     if hashlib.new("sha1" if len(oid) == 40 else "sha256", header + data).hexdigest() != oid or \
             not header.startswith(kind.encode() + b" "):

@@ -665,3 +665,26 @@ def test_fetching_through_a_git_mirror_leaves_no_git_process_running(proj: Proj,
     for _ in range(2):  # a clone, then the mirror as it is
         assert fgit.archive_commit(str(proj.upstream), commit, tmp_path / "c")
         assert not [c for c in children() if c.startswith("git ")]
+
+
+def test_a_git_mirror_missing_an_object_is_a_refusal_not_an_internal_error(proj: Proj, cache: Path):
+    # the object check read a missing object through gitpython, whose ValueError ended forktool as an internal error
+    # (exit 3); git's own archive had refused it as `git could not provide` (exit 1)
+    import os
+    import subprocess
+
+    from tests.helpers.project import git
+
+    url = str(proj.upstream)
+    mirror = cache / "git" / hashlib.sha256(url.encode()).hexdigest()[:16]
+    for pack in list((mirror / "objects" / "pack").glob("*.pack")):  # loose objects, so one can be removed
+        data = pack.read_bytes()
+        pack.with_suffix(".idx").unlink()
+        pack.unlink()
+        subprocess.run(["git", "--git-dir", str(mirror), "unpack-objects", "-q"], input=data, check=True)
+    blob = git(proj.upstream, "rev-parse", "HEAD:src/b.c")
+    os.unlink(mirror / "objects" / blob[:2] / blob[2:])
+    shutil.rmtree(proj.tree)
+    shutil.rmtree(proj.root / ".opencoti")
+    code, out, err = proj.run("vendor", "fetch", "--no-cache", expect=1)
+    assert f"the git mirror lacks object {blob[:12]} (blob)" in err and str(mirror) in err and "Traceback" not in err
