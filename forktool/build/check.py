@@ -568,8 +568,3 @@ def profile_judgements(project: Project, series_digest: str, tree_digest: str) -
         return {}  # a project without build profiles (verify reports a broken build.yaml elsewhere)
     return judge(project, {n: rules_key(cfg, cfg.profiles[n]) for n in sorted(cfg.profiles)}, series_digest,
                  tree_digest)
-
-
-def profile_statuses(project: Project, series_digest: str, tree_digest: str) -> dict[str, str]:
-    """Every profile of registry/build.yaml -> its compile status for this series and tree (none: {})."""
-    return {n: st for n, (st, _why) in profile_judgements(project, series_digest, tree_digest).items()}
