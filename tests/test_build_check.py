@@ -419,3 +419,18 @@ def test_verify_reads_compile_records_without_loading_shutil() -> None:
     code = "import sys, forktool.build.check; print('shutil' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "False"
+
+
+def test_the_compiler_version_comes_from_the_newest_cmake_directory_not_the_last_by_name(tmp_path: Path):
+    """After a CMake upgrade a build directory holds one CMakeFiles/VERSION/ per CMake that configured it; the
+    version recorded is the newest configure's ("3.9.0" sorts after "3.28.1" by name)."""
+    cc = tmp_path / "cc"
+    cc.write_text("#!/bin/sh\n")
+    (tmp_path / "CMakeCache.txt").write_text(f"CMAKE_C_COMPILER:FILEPATH={cc}\n")
+    for i, (ver, gcc) in enumerate((("3.28.1", "12.2.0"), ("3.9.0", "10.1.0"))):
+        d = tmp_path / "CMakeFiles" / ver
+        d.mkdir(parents=True)
+        f = d / "CMakeCCompiler.cmake"
+        f.write_text(f'set(CMAKE_C_COMPILER_VERSION "{gcc}")\n')
+        os.utime(f, ns=(10**18 - i * 10**9, 10**18 - i * 10**9))  # 3.28.1's written last
+    assert check.compilers(tmp_path)["C"]["version"] == "12.2.0"

@@ -134,7 +134,9 @@ def compilers(bdir: Path) -> dict[str, dict[str, Any]]:
             path = shutil.which(path) or path
         name = lang.decode()
         found: dict[str, str] = {}
-        for f in sorted(bdir.glob(f"CMakeFiles/*/CMake{name}Compiler.cmake")):
+        # one directory per CMake version that configured here: the newest written is the configure in force (by
+        # name, "3.9.0" would sort after "3.28.1")
+        for f in sorted(bdir.glob(f"CMakeFiles/*/CMake{name}Compiler.cmake"), key=lambda f: f.stat().st_mtime_ns):
             found.update(re.findall(rf'set\(CMAKE_{name}_COMPILER_(VERSION|TOOLKIT_ROOT) "([^"]*)"\)',
                                     f.read_text(errors="replace")))
         out[name] = {"path": path, "version": found.get("VERSION", ""), "identity": _identity(path)}
