@@ -3,6 +3,7 @@ cause, and the cuda plumbing (nvcc, the cuBLAS wheel, the libcuda stand-in) on a
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -274,6 +275,13 @@ def test_the_record_answers_only_for_the_same_series_tree_rules_and_compilers(tm
     # a record that names no compiler (an earlier forktool's) vouches for none
     check.record(project, check.CheckResult("cpu", "compiled", series_digest="s1", tree_digest="t1", config="r1"), 5)
     assert check.judge(project, {"cpu": "r1"}, "s1", "t1")["cpu"][0] == "not compiled"
+    # a record of the format before build rules were recorded says so, not that the rules differ
+    recs = json.loads((project.state_dir / check.RECORD).read_text())
+    del recs["cpu"]["rules"]
+    (project.state_dir / check.RECORD).write_text(json.dumps(recs))
+    assert check.judge(project, {"cpu": "r1"}, "s1", "t1")["cpu"] == (
+        "not compiled", "the record names neither the build rules nor the compilers it compiled with (made by an "
+        "earlier forktool)")
     (project.state_dir / check.RECORD).write_text("{broken")
     assert check.status_for(project, {"cpu": "r1"}, "s1", "t1") == {"cpu": "not compiled"}
 

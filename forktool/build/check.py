@@ -552,6 +552,9 @@ def judge(project: Project, profiles: dict[str, str], series_digest: str,
             out[name] = (NOT_COMPILED, "the recorded check compiled nothing")
         elif r.get("series_digest") != series_digest or r.get("tree_digest") != tree_digest:
             out[name] = (NOT_COMPILED, "the recorded check is of another series or tree")
+        elif "rules" not in r:
+            out[name] = (NOT_COMPILED, "the record names neither the build rules nor the compilers it compiled with "
+                                       "(made by an earlier forktool)")
         elif r.get("rules") != rules:
             out[name] = (NOT_COMPILED, "the recorded check is of other build rules (registry/build.yaml)")
         else:
