@@ -3,6 +3,7 @@ README shows; every forktool command and option it names exists; every make targ
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shlex
@@ -182,3 +183,20 @@ def test_the_build_plan_shown_has_each_shipped_patch_as_the_plan_describes_it(pa
         described.append(b.patch_impact(cfg, p.id, p.name, p.title, p.raw,
                                         p.trailers().get("Build-Impact", "")).describe())
     assert shown == described
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/manual.md"])
+def test_the_build_stamps_shown_are_the_shipped_series_stamp(page: str):
+    from forktool.project import Project
+    from forktool.series import read_series, series_digest
+
+    project = Project(REPO)
+    names = [entry.name for entry in read_series(project.series_file)]
+    digest = series_digest((n, hashlib.sha256((project.patches_dir / n).read_bytes()).hexdigest()) for n in names)
+    commit = yaml.safe_load((REPO / "vendor" / "vendor.yaml").read_text())["components"][0]["upstream_commit"]
+    stamp = f"{commit[:8]}+{names[-1][:4]}.{digest[:8]}"
+    text = (REPO / page).read_text()
+    shown = set(re.findall(r"\b[0-9a-f]{8}\+\d{4}\.[0-9a-f]{8}\b", text))
+    assert shown == {stamp}
+    # the series digest a release's `package verify` names is the same digest, 12 digits of it
+    assert set(re.findall(r"\bseries ([0-9a-f]{12})\b", text)) <= {digest[:12]}
