@@ -3,6 +3,7 @@ README's own session is tests/test_readme.py's)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.project import REPO, copy_real_project
+from tests.helpers.project import REPO, Proj, copy_real_project
+from tests.helpers.sync import loop_series, new_upstream, resolve
 
 # a backup's time stamp differs from run to run
 TIME = re.compile(r"\b\d{8}-\d{6}\b")
@@ -55,3 +57,37 @@ def test_safety_md_recover_example_runs_as_shown(tmp_path: Path, session_cache: 
         proc = run(root, env, command)
         got = [TIME.sub("<time>", ln.replace(str(root), "/p")).rstrip() for ln in proc.stdout.rstrip("\n").split("\n")]
         assert got == [TIME.sub("<time>", ln) for ln in expected], f"$ {command}\n{proc.stdout}"
+
+
+def listed_keys(page: str, before: str) -> set[str]:
+    """The backticked key names in the parentheses that follow BEFORE in PAGE (`patches[]` read as `patches`)."""
+    text = (REPO / page).read_text()
+    start = text.index(before) + len(before)
+    return {k.removesuffix("[]") for k in re.findall(r"`([a-z_]+(?:\[\])?)`", text[start:text.index(")", start)])}
+
+
+def test_sync_md_lists_the_keys_of_a_trials_report_json(proj: Proj):
+    loop_series(proj)
+    commit = new_upstream(proj)
+    proj.run("sync", "--to", commit, expect=1)
+    report = json.loads((proj.root / "dist" / "sync" / "report.json").read_text())
+    assert set(report) == listed_keys("docs/sync.md", "`report.json`: the same facts with stable keys (")
+
+
+NAMED = r"`(stop\.)?{}(\[\])?`"  # a key as the page names it: `done[]`, `stop.checked[]`
+
+
+def test_sync_md_lists_the_keys_of_the_loops_json(proj: Proj):
+    loop_series(proj)
+    commit = new_upstream(proj)
+    text = (REPO / "docs" / "sync.md").read_text()
+    para = text[text.index("`--json` prints the same facts with stable keys: "):]
+    para = para[:para.index("\n\n")]
+    stopped = json.loads(proj.run("sync", "--to", commit, "--start", "--json", expect=1)[1])
+    for key in [*stopped, *stopped["stop"], *stopped["stop"]["files"][0], *stopped["done"][0]]:
+        assert re.search(NAMED.format(re.escape(key)), para), key
+    resolve(proj)
+    finished = json.loads(proj.run("sync", "--continue", "--json")[1])
+    after = para[para.index("after a finish also "):]
+    for key in set(finished) - set(stopped):
+        assert re.search(NAMED.format(re.escape(key)), after[:after.index(";")]), key
