@@ -91,3 +91,11 @@ def test_sync_md_lists_the_keys_of_the_loops_json(proj: Proj):
     after = para[para.index("after a finish also "):]
     for key in set(finished) - set(stopped):
         assert re.search(NAMED.format(re.escape(key)), after[:after.index(";")]), key
+
+
+def test_the_manual_names_every_fault_point():
+    points = {m for path in (REPO / "forktool").rglob("*.py")
+              for m in re.findall(r"\bfault\(\"([a-z-]+)\"\)", path.read_text())}
+    manual = (REPO / "docs" / "manual.md").read_text()
+    env = manual[manual.index("`FORKTOOL_FAULT`"):]
+    assert points and {p for p in points if f"`{p}`" not in env[:env.index("\n\n")]} == set()
