@@ -9,7 +9,7 @@ from pathlib import Path
 from forktool import registry as rg
 from forktool.apply import Applied
 from forktool.cache import Cache, key_of
-from forktool.errors import ForktoolError
+from forktool.errors import ApplyError, ForktoolError
 from forktool.impact import impacts_for
 from forktool.markers import MARKER_RE, Marker, hooks_in_patch, scan_file
 from forktool.project import Project
@@ -143,44 +143,50 @@ def check(ws: Workspace, reg: rg.Registry, final: Applied | None = None,
 
     # sites: checked on the fully applied series computed in memory, whatever the tree holds now
     if final is None:
-        final = ws.compute(ws.patches)
-    scopes_cache = Cache(cache_root, "scopes")
-    markers: list[Marker] = []
-    for rel, data in sorted(final.files.items()):
-        if data is not None:
-            markers.extend(scan_file(rel, data))
-    by_hook: dict[str, list[Marker]] = {}
-    for m in markers:
-        by_hook.setdefault(m.hook, []).append(m)
-    for m in markers:
-        if m.hook not in reg.hooks:
-            P.append(Problem(f"{m.path}:{m.line}", f"marker for hook {m.hook!r}, which nobody registered"))
-    for hid, hk in reg.hooks.items():
-        found = by_hook.get(hid, [])
-        site_files = {s.file for s in hk.sites}
-        for s in hk.sites:
-            here = [m for m in found if m.path == s.file]
-            w = f"{regf}: hooks.{hid} site {s.file} {s.symbol}"
-            if not here:
-                P.append(Problem(w, "no marker for this hook in that file"))
-                continue
-            data = final.files.get(s.file)
-            assert data is not None
-            syms = {m.line: site_symbol(data, m.line, scopes_cache) for m in here}
-            if s.symbol not in syms.values():
-                P.append(Problem(w, "no marker inside the declared symbol (markers are in "
-                                    f"{', '.join(sorted(set(syms.values())))})"))
-            declared = {x.symbol for x in hk.sites if x.file == s.file}
-            for line, sym in sorted(syms.items()):
-                if sym not in declared:
-                    P.append(Problem(f"{s.file}:{line}", f"marker for {hid!r} is in {sym}, outside its declared "
-                                                         f"site(s) {', '.join(sorted(declared))}"))
-            at = find_symbol(data, s.symbol, scopes_cache)
-            if s.line is not None and at is not None and at != s.line:
-                warn.append(f"{w}: advisory line {s.line}, now {at}")
-        for m in found:
-            if m.path not in site_files:
-                P.append(Problem(f"{m.path}:{m.line}", f"marker for {hid!r} in a file none of its sites names"))
+        try:
+            final = ws.compute(ws.patches)
+        except ApplyError as e:
+            # no whole series to find the sites in: one problem that says so, not the end of the check (verify
+            # lists the patch that does not apply beside it; a registry check has no other way to say it)
+            P.append(Problem(e.where or regf, f"hook sites not checked: the series does not apply ({e.what})"))
+    if final is not None:
+        scopes_cache = Cache(cache_root, "scopes")
+        markers: list[Marker] = []
+        for rel, data in sorted(final.files.items()):
+            if data is not None:
+                markers.extend(scan_file(rel, data))
+        by_hook: dict[str, list[Marker]] = {}
+        for m in markers:
+            by_hook.setdefault(m.hook, []).append(m)
+        for m in markers:
+            if m.hook not in reg.hooks:
+                P.append(Problem(f"{m.path}:{m.line}", f"marker for hook {m.hook!r}, which nobody registered"))
+        for hid, hk in reg.hooks.items():
+            found = by_hook.get(hid, [])
+            site_files = {s.file for s in hk.sites}
+            for s in hk.sites:
+                here = [m for m in found if m.path == s.file]
+                w = f"{regf}: hooks.{hid} site {s.file} {s.symbol}"
+                if not here:
+                    P.append(Problem(w, "no marker for this hook in that file"))
+                    continue
+                data = final.files.get(s.file)
+                assert data is not None
+                syms = {m.line: site_symbol(data, m.line, scopes_cache) for m in here}
+                if s.symbol not in syms.values():
+                    P.append(Problem(w, "no marker inside the declared symbol (markers are in "
+                                        f"{', '.join(sorted(set(syms.values())))})"))
+                declared = {x.symbol for x in hk.sites if x.file == s.file}
+                for line, sym in sorted(syms.items()):
+                    if sym not in declared:
+                        P.append(Problem(f"{s.file}:{line}", f"marker for {hid!r} is in {sym}, outside its declared "
+                                                             f"site(s) {', '.join(sorted(declared))}"))
+                at = find_symbol(data, s.symbol, scopes_cache)
+                if s.line is not None and at is not None and at != s.line:
+                    warn.append(f"{w}: advisory line {s.line}, now {at}")
+            for m in found:
+                if m.path not in site_files:
+                    P.append(Problem(f"{m.path}:{m.line}", f"marker for {hid!r} in a file none of its sites names"))
 
     # the tree: unregistered markers anywhere, and markers upstream itself would carry
     for m in pristine_markers(ws, cache_root):

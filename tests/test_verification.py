@@ -219,3 +219,22 @@ def test_refresh_records_no_re_export_it_did_not_compute(rp: Proj):  # noqa: F81
     assert _reexports(rp) == before  # a new file: verify's export is not the computation refresh did
     v, scratch = verdict(rp), verdict(rp, "--no-cache")
     assert comparable(v) == comparable(scratch)
+
+
+def test_a_patch_that_no_longer_applies_is_one_difference_and_the_sites_are_not_checked(rp: Proj):  # noqa: F811
+    # 0071 is written against a line 0070 adds; 0070 then changes that line, and 0071 no longer applies
+    from tests.helpers.patches import make_patch
+    from tests.helpers.registry import CTX1
+
+    rp.write_patch("0071-ctx-run.patch", make_patch("0071-ctx-run.patch", {"up/src/ctx.c": (
+        CTX1, CTX1.replace("    return 0;\n}\n", "    return 1;\n}\n"))}, "ctx run", ""))
+    rp.run("apply")
+    rp.run("apply", "--upto", "0070")
+    rp.edit("up/src/ctx.c", "c->window = 0;", "c->window = 2;")
+    rp.run("refresh", "0070")
+    data = json.loads(rp.run("verify", "--json", expect=1)[1])
+    what = [x["what"] for x in data["problems"]]
+    assert any(w.startswith("does not apply: hunk #1 of up/src/ctx.c") for w in what), what
+    assert any(w.startswith("hook sites not checked: the series does not apply") for w in what), what
+    data = json.loads(rp.run("registry", "check", "--json", expect=1)[1])
+    assert any(x["what"].startswith("hook sites not checked") for x in data["problems"])
