@@ -416,8 +416,10 @@ def fetch_pristine(project: Project, *, local_sdist: Path | None = None,
             "before trusting it (delete the lock only if the change is understood)")
     atomic_write(pristine_path(project, d), json.dumps(manifest_to_json(manifest), sort_keys=True).encode())
     if lock.get("components") != pinned or lock.get("pristine_digest") != d:
+        # the patched tree digest is of the series on the pristine it was recorded over: on another pristine (a pin
+        # moved by `sync --accept`) it no longer holds, and the next `apply` of the whole series records it again
         lock = {"components": pinned, "pristine_digest": d, "pristine_files": len(manifest),
-                "patched": lock.get("patched", {})}
+                "patched": lock.get("patched", {}) if lock.get("pristine_digest") == d else {}}
         write_lock(project, lock)
     return FetchResult(manifest, d, len(manifest), False, skipped)
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import shutil
 import tarfile
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.cli import run_cli
-from tests.helpers.project import bare_project
+from tests.helpers.patches import make_patch
+from tests.helpers.project import UPSTREAM, Proj, bare_project, git
 from tests.helpers.pypi import sdist_pin
 
 
@@ -221,3 +223,19 @@ def test_a_cached_sdist_swapped_for_a_fifo_is_not_cached_and_never_waited_on(tmp
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
     assert not cached and hashlib.sha256(path.read_bytes()).hexdigest() == sha  # fetched again over the FIFO
+
+
+def test_after_an_accepted_pin_move_fetch_then_apply_records_the_new_tree_digest(proj: Proj):
+    # a move whose patches keep their bytes (upstream changed a file no patch touches): the lock's patched digest
+    # was of the old pristine, and docs/sync.md's way onto the new pin must end with verify OK
+    a = UPSTREAM["src/a.c"]
+    proj.write_patch("0001-a.patch", make_patch("0001-a.patch", {"up/src/a.c": (a, a.replace("return 1;", "return 7;"))}))
+    proj.run("apply")
+    (proj.upstream / "src" / "b.c").write_text(UPSTREAM["src/b.c"] + "line 31\n")
+    git(proj.upstream, "commit", "-qam", "b grows")
+    proj.run("sync", "--to", git(proj.upstream, "rev-parse", "HEAD"), "--accept", "--out", str(proj.root / "dist"))
+    proj.run("unapply")
+    shutil.rmtree(proj.tree)
+    proj.run("vendor", "fetch")
+    proj.run("apply")
+    proj.run("verify")
