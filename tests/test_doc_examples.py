@@ -1,5 +1,6 @@
-"""The console examples of the manual pages print what they show: each is run on a copy of this project (the
-README's own session is tests/test_readme.py's)."""
+"""The manual pages' examples and key lists hold: their console blocks run on a copy of this project and print
+what they show (the README's example session is tests/test_readme.py's), and the JSON keys they list are the ones
+the commands write."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ TIME = re.compile(r"\b\d{8}-\d{6}\b")
 def shown_session(page: str, first: str) -> list[tuple[str, list[str]]]:
     """(command, output lines) of the fenced block of PAGE whose first line is FIRST."""
     text = (REPO / page).read_text()
-    start = text.index(f"```\n{first}\n") + 4
+    start = text.index(f"\n{first}\n") + 1
+    assert text[text.rindex("\n", 0, start - 1) + 1:].startswith("```"), f"{first!r} does not open a block"
     block = text[start:text.index("\n```", start)].split("\n")
     steps: list[tuple[str, list[str]]] = []
     for line in block:
@@ -38,12 +40,18 @@ def run(root: Path, env: dict[str, str], command: str, extra: dict[str, str] | N
                           stderr=subprocess.STDOUT, text=True)
 
 
-@pytest.mark.integration
-def test_safety_md_recover_example_runs_as_shown(tmp_path: Path, session_cache: Path):
+def real_copy(tmp_path: Path, session_cache: Path) -> tuple[Path, dict[str, str]]:
+    """A copy of this project (TMP/p) and the environment the shown commands run in."""
     root = copy_real_project(tmp_path / "p")
     env = {k: v for k, v in os.environ.items() if k not in ("FORKTOOL_ROOT", "FORCE_COLOR", "TTY_COMPATIBLE")}
     env.update(FORKTOOL_CACHE=str(session_cache), PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",
                COLUMNS="1000")
+    return root, env
+
+
+@pytest.mark.integration
+def test_safety_md_recover_example_runs_as_shown(tmp_path: Path, session_cache: Path):
+    root, env = real_copy(tmp_path, session_cache)
     # the state the example starts from: an apply from 0071 to the top killed while replacing files, then one of
     # its staged files spoiled
     for setup in ("forktool vendor fetch", "forktool apply --upto 0071"):
@@ -99,3 +107,28 @@ def test_the_manual_names_every_fault_point():
     manual = (REPO / "docs" / "manual.md").read_text()
     env = manual[manual.index("`FORKTOOL_FAULT`"):]
     assert points and {p for p in points if f"`{p}`" not in env.split("\n\n")[0]} == set()
+
+
+@pytest.mark.integration
+def test_readme_add_a_patch_example_runs_as_shown(tmp_path: Path, session_cache: Path):
+    root, env = real_copy(tmp_path, session_cache)
+    for setup in ("forktool vendor fetch", "forktool apply"):  # where the README's jobs start: after `make main`
+        assert run(root, env, setup).returncode == 0, setup
+    steps = shown_session("README.md", '$ forktool new log-window-once --title "kv-residency: log the window line '
+                                       'once per context"')
+    assert [c.split()[0] for c, _ in steps] == ["forktool", "$EDITOR", "forktool", "forktool"]
+    for command, expected in steps:
+        if command.startswith("$EDITOR "):
+            # the edit its comment describes: a line carrying the new hook's marker, after the sizer's own marker
+            path = root / command.split()[1]
+            lines = path.read_text().split("\n")
+            at = next(i for i, ln in enumerate(lines) if "opencoti-hook: kv-window-sizer" in ln)
+            lines.insert(at + 1, "    // once per context // opencoti-hook: log-window-once")
+            path.write_text("\n".join(lines))
+            continue
+        proc = run(root, env, command)
+        got = proc.stdout.rstrip("\n").split("\n")
+        assert proc.returncode == 0, f"$ {command}\n{proc.stdout}"
+        if expected[:1] == ["..."]:  # the page shows the end of the output
+            expected, got = expected[1:], got[-(len(expected) - 1):]
+        assert got == expected, f"$ {command}\n{proc.stdout}"
