@@ -132,3 +132,27 @@ def test_readme_add_a_patch_example_runs_as_shown(tmp_path: Path, session_cache:
         if expected[:1] == ["..."]:  # the page shows the end of the output
             expected, got = expected[1:], got[-(len(expected) - 1):]
         assert got == expected, f"$ {command}\n{proc.stdout}"
+
+
+def elided_match(shown: list[str], got: list[str]) -> bool:
+    """Whether GOT reads as SHOWN, where a line `...` stands for any lines and a line ending ` ...` for any line
+    it begins."""
+    if not shown:
+        return not got
+    head, rest = shown[0], shown[1:]
+    if head.strip() == "...":
+        return any(elided_match(rest, got[k:]) for k in range(len(got) + 1))
+    if not got:
+        return False
+    same = got[0].startswith(head[:-4]) if head.endswith(" ...") else got[0] == head
+    return same and elided_match(rest, got[1:])
+
+
+def test_readme_gates_list_is_what_gates_list_prints(tmp_path: Path):
+    root = copy_real_project(tmp_path / "p")
+    env = {k: v for k, v in os.environ.items() if k not in ("FORKTOOL_ROOT", "FORCE_COLOR", "TTY_COMPATIBLE")}
+    env.update(PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}", COLUMNS="1000")
+    [shown] = [out for command, out in shown_session("README.md", "$ forktool build --plan")
+               if command == "forktool gates --list"]
+    proc = run(root, env, "forktool gates --list")
+    assert proc.returncode == 0 and elided_match(shown, proc.stdout.rstrip("\n").split("\n")), proc.stdout
