@@ -156,3 +156,10 @@ def test_readme_gates_list_is_what_gates_list_prints(tmp_path: Path):
                if command == "forktool gates --list"]
     proc = run(root, env, "forktool gates --list")
     assert proc.returncode == 0 and elided_match(shown, proc.stdout.rstrip("\n").split("\n")), proc.stdout
+
+
+def test_caches_md_lists_every_project_cache_kind():
+    kinds = {m for path in (REPO / "forktool").rglob("*.py")
+             for m in re.findall(r"\bCache\([^,()]+, \"([a-z-]+)\"", path.read_text())}
+    text = (REPO / "docs" / "caches.md").read_text()
+    assert kinds and {k for k in kinds if f"| `{k}`" not in text and f", `{k}`" not in text} == set()
