@@ -573,25 +573,31 @@ def test_a_fifo_swapped_in_after_a_look_is_never_waited_on_by_the_pristine_check
     assert any("up/src/a.c" in p for p in problems)
 
 
-def test_a_git_mirror_object_with_other_bytes_is_refused(proj: Proj, cache: Path):
-    # git names objects by hash but does not re-hash them on read: an object of the pinned commit rewritten in the
-    # shared cache's mirror gave its bytes to the pristine (with no lock to compare with, or a lock that names them)
-    import hashlib
-    import os
+def _loose_mirror_object(proj: Proj, cache: Path, rel: str) -> Path:
+    """The path of rel's blob (at the upstream's HEAD) in the shared cache's mirror of proj's upstream, its packs
+    unpacked into loose objects so that one can be rewritten or removed."""
     import subprocess
-    import zlib
 
     from tests.helpers.project import git
 
-    url = str(proj.upstream)
-    mirror = cache / "git" / hashlib.sha256(url.encode()).hexdigest()[:16]
-    for pack in list((mirror / "objects" / "pack").glob("*.pack")):  # loose objects, so one can be rewritten
+    mirror = cache / "git" / hashlib.sha256(str(proj.upstream).encode()).hexdigest()[:16]
+    for pack in list((mirror / "objects" / "pack").glob("*.pack")):
         data = pack.read_bytes()
         pack.with_suffix(".idx").unlink()
         pack.unlink()
         subprocess.run(["git", "--git-dir", str(mirror), "unpack-objects", "-q"], input=data, check=True)
-    blob = git(proj.upstream, "rev-parse", "HEAD:src/b.c")
-    obj = mirror / "objects" / blob[:2] / blob[2:]
+    blob = git(proj.upstream, "rev-parse", f"HEAD:{rel}")
+    return mirror / "objects" / blob[:2] / blob[2:]
+
+
+def test_a_git_mirror_object_with_other_bytes_is_refused(proj: Proj, cache: Path):
+    # git names objects by hash but does not re-hash them on read: an object of the pinned commit rewritten in the
+    # shared cache's mirror gave its bytes to the pristine (with no lock to compare with, or a lock that names them)
+    import os
+    import zlib
+
+    obj = _loose_mirror_object(proj, cache, "src/b.c")
+    blob, mirror = obj.parent.name + obj.name, obj.parents[2]
     body = b"planted\n"
     os.chmod(obj, 0o644)
     obj.write_bytes(zlib.compress(b"blob %d\0" % len(body) + body))
@@ -671,19 +677,11 @@ def test_a_git_mirror_missing_an_object_is_a_refusal_not_an_internal_error(proj:
     # the object check read a missing object through gitpython, whose ValueError ended forktool as an internal error
     # (exit 3); git's own archive had refused it as `git could not provide` (exit 1)
     import os
-    import subprocess
 
-    from tests.helpers.project import git
 
-    url = str(proj.upstream)
-    mirror = cache / "git" / hashlib.sha256(url.encode()).hexdigest()[:16]
-    for pack in list((mirror / "objects" / "pack").glob("*.pack")):  # loose objects, so one can be removed
-        data = pack.read_bytes()
-        pack.with_suffix(".idx").unlink()
-        pack.unlink()
-        subprocess.run(["git", "--git-dir", str(mirror), "unpack-objects", "-q"], input=data, check=True)
-    blob = git(proj.upstream, "rev-parse", "HEAD:src/b.c")
-    os.unlink(mirror / "objects" / blob[:2] / blob[2:])
+    obj = _loose_mirror_object(proj, cache, "src/b.c")
+    blob, mirror = obj.parent.name + obj.name, obj.parents[2]
+    os.unlink(obj)
     shutil.rmtree(proj.tree)
     shutil.rmtree(proj.root / ".opencoti")
     code, out, err = proj.run("vendor", "fetch", "--no-cache", expect=1)
