@@ -13,7 +13,7 @@ from forktool.markers import hooks_in_patch
 from forktool.project import Project
 from forktool.series import Patch, diff_file, make_header, parse_patch, set_trailers, with_files
 from forktool.tree import REGULAR, SYMLINK, Manifest, atomic_write
-from forktool.workspace import Workspace
+from forktool.workspace import Workspace, require_tree
 
 Reader = Callable[[str], bytes | None]
 
@@ -48,11 +48,9 @@ def _check_refreshable(ws: Workspace, pid: str) -> tuple[int, Patch]:
     itself is kept)."""
     applied = [a["id"] for a in ws.state.applied]
     ws.patch(pid)  # one the series does not name: said so, with the ids it does name
-    if not ws.tree.exists():
-        # read as an empty tree, it made the patch a deletion of every upstream file and emptied its registry entry
-        raise ForktoolError(f"the vendored tree is absent, so there is nothing to refresh patch {pid} from",
-                            where=str(ws.tree), hint=f"`forktool apply --upto {pid}` makes the tree with the series "
-                            "up to it; edit there, then refresh")
+    # read as an empty tree, it made the patch a deletion of every upstream file and emptied its registry entry
+    require_tree(ws.tree, f", so there is nothing to refresh patch {pid} from",
+                 f"`forktool apply --upto {pid}` makes the tree with the series up to it; edit there, then refresh")
     if pid not in applied:
         raise UsageError(f"patch {pid} is not applied (top: {ws.state.top or 'none'})", where=str(ws.tree),
                          hint=ws.no_record_note() + f"run `forktool apply --upto {pid}` first, edit, then refresh")

@@ -6,6 +6,7 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
+from pathlib import Path
 
 from forktool import backup as bk
 from forktool import cache, schema, txn, vendor
@@ -166,9 +167,7 @@ class Workspace:
                 raise DirtyTreeError(f"applied patch(es) {', '.join(stale)} changed on disk since they were applied",
                                      where="patches/", hint=stale_hint)
         if dirty_hint is not None:
-            if not self.tree.exists():  # read as an empty tree, every upstream file was a change no patch explains
-                raise ForktoolError("the vendored tree is absent", where=str(self.tree),
-                                    hint="`forktool apply` writes pristine + the series there")
+            require_tree(self.tree, "", "`forktool apply` writes pristine + the series there")
             dirty = self.local_changes() if dirty is None else dirty
             if dirty:
                 raise DirtyTreeError(f"the vendored tree has {len(dirty)} change(s) that no patch explains",
@@ -410,6 +409,13 @@ def _remembered(value: object, patches: list[Patch], objects: ObjectStore) -> Ap
     except (ForktoolError, TypeError, KeyError, ValueError):
         return None
     return out
+
+
+def require_tree(tree: Path, so: str, hint: str) -> None:
+    """Refuse a command that needs the vendored tree when it is absent (read as an empty tree, it would take every
+    upstream file for removed); so: what that means for the command (", so there is nothing to build")."""
+    if not tree.exists():
+        raise ForktoolError(f"the vendored tree is absent{so}", where=str(tree), hint=hint)
 
 
 @contextmanager

@@ -5,19 +5,19 @@ from __future__ import annotations
 from forktool import backup as bk
 from forktool import txn
 from forktool.commands import open_workspace
-from forktool.errors import ForktoolError, UsageError
+from forktool.errors import UsageError
 from forktool.output import Report
 from forktool.project import Project
 from forktool.tree import scan
+from forktool.workspace import require_tree
 
 
 def create(project: Project, slug: str) -> Report:
     if not slug.strip() or any(ord(ch) < 32 for ch in slug):
         raise UsageError(f"backup slug {slug!r} is empty or holds a control character", where="backup create SLUG",
                          hint="give a short name, e.g. `forktool backup create before-edit`")
-    if not project.tree.exists():  # a backup of no files would restore as an empty tree
-        raise ForktoolError("the vendored tree is absent, so there is nothing to back up", where=str(project.tree),
-                            hint="`forktool apply` makes the tree with the series applied")
+    # a backup of no files would restore as an empty tree
+    require_tree(project.tree, ", so there is nothing to back up", "`forktool apply` makes the tree with the series applied")
     with open_workspace(project) as ws:
         b = bk.create(project.backups_dir, project.tree, slug, "manual backup", scan(project.tree), ws.pristine,
                       ws.state.to_json())

@@ -7,9 +7,10 @@ import os
 from forktool import build as b
 from forktool import output
 from forktool.commands import open_workspace
-from forktool.errors import ForktoolError, UsageError
+from forktool.errors import UsageError
 from forktool.output import Report
 from forktool.project import Project
+from forktool.workspace import require_tree
 
 
 def build(project: Project, profile: str, plan: bool, jobs: int | None) -> Report:
@@ -20,9 +21,8 @@ def build(project: Project, profile: str, plan: bool, jobs: int | None) -> Repor
     prof = cfg.profile(profile)
     # the lock is held through make: the tree must not move under the compiler
     with open_workspace(project) as ws:
-        if not project.tree.exists():  # the state may still name a series: none of it is on disk to build
-            raise ForktoolError("the vendored tree is absent, so there is nothing to build", where=str(project.tree),
-                                hint="`forktool apply` makes the tree with the series applied")
+        # the state may still name a series: none of it is on disk to build
+        require_tree(project.tree, ", so there is nothing to build", "`forktool apply` makes the tree with the series applied")
         ws.refuse_unexplained(stale_hint="run `forktool apply` first, so the tree holds what you build")
         applied = ws.patches[:len(ws.state.applied)]
         dirty = sorted({p for _, p in ws.local_changes()})

@@ -13,6 +13,7 @@ from forktool.output import Report, escape
 from forktool.project import Project
 from forktool.regcheck import registry_problems, render_md
 from forktool.tree import atomic_write
+from forktool.workspace import require_tree
 
 
 def _path(project: Project) -> Path:
@@ -51,10 +52,9 @@ def check(project: Project) -> Report:
 
 def markers(project: Project) -> Report:
     with open_workspace(project) as ws:
-        if not project.tree.exists():  # an empty list would read as a tree without markers
-            raise ForktoolError("the vendored tree is absent, so there are no markers to list",
-                                where=str(project.tree), hint="`forktool apply` makes the tree with the series "
-                                "applied; `forktool registry check` checks the series' markers without it")
+        # an empty list would read as a tree without markers
+        require_tree(project.tree, ", so there are no markers to list", "`forktool apply` makes the tree with the "
+                     "series applied; `forktool registry check` checks the series' markers without it")
         found = []
         for rel in sorted(set(ws.state.files) | {p for _, p in ws.local_changes()}):
             found.extend(scan_file(rel, ws.disk_bytes(rel) or b""))

@@ -7,7 +7,7 @@ from forktool.commands import open_workspace
 from forktool.errors import ApplyError, ContextError, ForktoolError, check_id, check_line
 from forktool.output import Report
 from forktool.project import Project
-from forktool.workspace import Workspace
+from forktool.workspace import Workspace, require_tree
 
 
 def _moved(ws: Workspace, what: str, res: dict) -> Report:
@@ -182,9 +182,8 @@ def verify(project: Project, use_cache: bool = True) -> Report:
     from forktool.verification import verify as run_verify
 
     with open_workspace(project, use_cache) as ws:
-        if not project.tree.exists():  # read as an empty tree, every upstream file would be a difference
-            raise ForktoolError("the vendored tree is absent, so there is no tree to verify", where=str(project.tree),
-                                hint="`forktool apply` writes pristine + the series there; then `forktool verify`")
+        require_tree(project.tree, ", so there is no tree to verify",
+                     "`forktool apply` writes pristine + the series there; then `forktool verify`")
         v = run_verify(ws)
         unrecorded = ws.no_record_note()
     data = v.to_json()
@@ -260,10 +259,9 @@ def new(project: Project, slug: str, title: str, author: str, patch_id: str | No
     with open_workspace(project) as ws:
         # the new patch goes after the top applied on disk: with no tree, or a tree and no record of what it holds,
         # that top is not known
-        if not project.tree.exists():
-            raise ForktoolError("the vendored tree is absent, so no patch is applied to insert the new one after",
-                                where=str(project.tree), hint="`forktool apply --upto ID` makes the tree with the "
-                                "series up to the patch the new one follows; then `forktool new SLUG`")
+        require_tree(project.tree, ", so no patch is applied to insert the new one after",
+                     "`forktool apply --upto ID` makes the tree with the series up to the patch the new one follows; "
+                     "then `forktool new SLUG`")
         if not (project.state_dir / "state.json").exists() and ws.local_changes():
             raise ForktoolError("there is no .opencoti/state.json, the record of what is applied, so the top the new "
                                 "patch would follow is not known", where=str(project.state_dir / "state.json"),
