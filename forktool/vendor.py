@@ -411,7 +411,7 @@ def fetch_pristine(project: Project, *, local_sdist: Path | None = None,
     d = digest(manifest)
     if cached_digest and lock.get("components") == pinned and cached_digest != d:
         raise ForktoolError(
-            f"pristine digest {d[:12]} differs from vendor.lock ({cached_digest[:12]}) for the same pin",
+            f"pristine digest {d} differs from vendor.lock ({cached_digest}) for the same pin",
             where=str(project.vendor_lock), hint="the upstream archive changed under the same pin; investigate "
             "before trusting it (delete the lock only if the change is understood)")
     atomic_write(pristine_path(project, d), json.dumps(manifest_to_json(manifest), sort_keys=True).encode())
