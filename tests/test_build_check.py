@@ -254,12 +254,13 @@ def test_the_record_answers_only_for_the_same_series_tree_rules_and_compilers(tm
         exe.write_text("#!/bin/sh\n")
         exe.chmod(0o755)
     monkeypatch.setenv("CUDACXX", str(nvcc))
-    comps = {"C": {"path": str(cc), "version": "1", "identity": check._identity(str(cc))}}
+    comps = {"C": {"path": str(cc), "version": "1", "identity": check._identity(str(cc)), "parts": {}}}
     check.record(project, check.CheckResult("cpu", "compiled", series_digest="s1", tree_digest="t1", config="r1",
                                             compilers=comps), 5)
     check.record(project, check.CheckResult("cuda", "failed", series_digest="s1", tree_digest="t1", config="r2",
                                             compilers={**comps, "CUDA": {"path": str(nvcc), "version": "13",
-                                                                         "identity": check._identity(str(nvcc))}}), 5)
+                                                                         "identity": check._identity(str(nvcc)),
+                                                                         "parts": {}}}), 5)
     assert check.status_for(project, both, "s1", "t1") == {"cpu": "compiled", "cuda": "failed"}
     assert check.status_for(project, both, "s2", "t1") == {"cpu": "not compiled", "cuda": "not compiled"}
     assert check.status_for(project, {"cpu": "r1"}, "s1", "t2") == {"cpu": "not compiled"}
@@ -272,6 +273,12 @@ def test_the_record_answers_only_for_the_same_series_tree_rules_and_compilers(tm
     assert check.judge(project, both, "s1", "t1") == {"cpu": ("compiled", ""), "cuda": (
         "not compiled", f"the next build compiles CUDA with {other} ($CUDACXX, else PATH), the check compiled with "
         f"{nvcc}")}
+    # a compiler recorded without its parts (an earlier forktool looked for none) vouches for no cc1 or ptxas
+    check.record(project, check.CheckResult("cpu", "compiled", series_digest="s1", tree_digest="t1", config="r1",
+                                            compilers={"C": {k: v for k, v in comps["C"].items() if k != "parts"}}),
+                 5)
+    assert check.judge(project, {"cpu": "r1"}, "s1", "t1")["cpu"] == (
+        "not compiled", "the record does not name the C compiler's parts (made by an earlier forktool)")
     # a record that names no compiler (an earlier forktool's) vouches for none
     check.record(project, check.CheckResult("cpu", "compiled", series_digest="s1", tree_digest="t1", config="r1"), 5)
     assert check.judge(project, {"cpu": "r1"}, "s1", "t1")["cpu"][0] == "not compiled"
@@ -442,3 +449,160 @@ def test_the_compiler_version_comes_from_the_newest_cmake_directory_not_the_last
         f.write_text(f'set(CMAKE_C_COMPILER_VERSION "{gcc}")\n')
         os.utime(f, ns=(10**18 - i * 10**9, 10**18 - i * 10**9))  # 3.28.1's written last
     assert check.compilers(tmp_path)["C"]["version"] == "12.2.0"
+
+
+def _driver(path: Path, answers: dict[str, str], body: str = "") -> Path:
+    """A stand-in C/C++ driver: answers `-print-prog-name=NAME` from answers (GCC's way: a path, or the bare name)."""
+    cases = "".join(f'  -print-prog-name={n}) echo "{a}" ;;\n' for n, a in answers.items())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f'#!/bin/sh\n{body}case "$1" in\n{cases}  *) exit 1 ;;\nesac\n')
+    path.chmod(0o755)
+    return path
+
+
+def _replace(path: Path, text: str) -> None:
+    """Install another file at path, as a package upgrade does (a new inode)."""
+    new = path.with_name(path.name + ".new")
+    new.write_text(text)
+    os.replace(new, path)
+
+
+def test_a_compiler_s_parts_are_recorded_and_a_changed_or_gone_one_no_longer_holds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver may stay the same file while cc1plus under it is replaced (a gcc package update): the record names
+    the parts the driver runs, and verify's stat of each sees the new file, or none (running nothing)."""
+    cc1plus = tmp_path / "libexec" / "cc1plus"
+    cc1plus.parent.mkdir()
+    cc1plus.write_text("the compiler proper\n")
+    gxx = _driver(tmp_path / "bin" / "g++", {"cc1plus": str(cc1plus), "as": "as"})
+    bdir = tmp_path / "build"
+    bdir.mkdir()
+    (bdir / "CMakeCache.txt").write_text(f"CMAKE_CXX_COMPILER:FILEPATH={gxx}\n")
+    comps = check.compilers(bdir)
+    parts = comps["CXX"]["parts"]
+    assert parts["cc1plus"] == {"path": str(cc1plus), "identity": check._identity(str(cc1plus))}
+    real_as = shutil.which("as")  # a bare `as` is the one PATH gives
+    assert parts.get("as", {}).get("path") == real_as
+    assert check.compilers_changed(comps) == ""
+    # objects a check saw made with these compilers are trusted by the next check with the same ones
+    (bdir / "a.o").write_bytes(b"object")
+    check._note_made(bdir, comps, {}, ["a.o"], [])
+    assert check._seen_objects(bdir, check.compilers(bdir)) == {"a.o": check._identity(str(bdir / "a.o"))}
+
+    _replace(cc1plus, "the compiler proper\n")  # same bytes, same size: another file all the same
+    with monkeypatch.context() as m:  # verify's side: stats only
+        m.setattr(subprocess, "Popen", None)
+        assert check.compilers_changed(comps) == (
+            f"the CXX compiler's cc1plus changed since the check: {cc1plus} is another file now")
+    assert check._seen_objects(bdir, check.compilers(bdir)) == {}  # made by the old cc1plus: not trusted
+    cc1plus.unlink()
+    assert check.compilers_changed(comps) == f"the CXX compiler's cc1plus is gone: {cc1plus}"
+    # the driver itself is still checked first
+    _replace(gxx, gxx.read_text())
+    assert check.compilers_changed(comps) == f"the CXX compiler changed since the check: {gxx} is another file now"
+
+
+def test_a_driver_that_names_no_part_fails_or_hangs_gives_an_empty_parts_record(tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch):
+    """clang answers a bare cc1plus (it compiles itself): nothing to record; a driver that fails, cannot run or does
+    not answer in time gives no parts and no error, and the record still says parts were looked for."""
+    monkeypatch.setattr(check, "PART_TIMEOUT", 0.5)
+    drivers = {
+        "bare": _driver(tmp_path / "bare" / "clang++", {"cc1plus": "cc1plus", "as": "no-such-assembler-here"}),
+        "fails": _driver(tmp_path / "fails" / "c++", {}),
+        "hangs": _driver(tmp_path / "hangs" / "c++", {"cc1plus": str(tmp_path)}, body="exec sleep 30\n"),
+    }
+    noexec = tmp_path / "noexec" / "c++"
+    noexec.parent.mkdir()
+    noexec.write_text("not a program\n")
+    drivers["noexec"] = noexec
+    for why, drv in drivers.items():
+        bdir = tmp_path / f"build-{why}"
+        bdir.mkdir()
+        (bdir / "CMakeCache.txt").write_text(f"CMAKE_CXX_COMPILER:FILEPATH={drv}\n")
+        t0 = time.monotonic()
+        comps = check.compilers(bdir)
+        assert time.monotonic() - t0 < 5, why
+        assert comps["CXX"]["parts"] == {}, why
+        assert check.compilers_changed(comps) == "", why
+
+
+@pytest.mark.skipif(not (shutil.which("g++") and shutil.which("gcc")), reason="needs gcc and g++")
+def test_the_real_gcc_s_cc1_cc1plus_and_as_are_recorded(tmp_path: Path) -> None:
+    gcc, gxx = shutil.which("gcc"), shutil.which("g++")
+    if "Free Software Foundation" not in subprocess.run([str(gxx), "--version"], capture_output=True,
+                                                        text=True).stdout:
+        pytest.skip("g++ is not GCC here")
+    (tmp_path / "CMakeCache.txt").write_text(f"CMAKE_C_COMPILER:FILEPATH={gcc}\nCMAKE_CXX_COMPILER:FILEPATH={gxx}\n")
+    comps = check.compilers(tmp_path)
+    for lang, proper in (("C", "cc1"), ("CXX", "cc1plus")):
+        part = comps[lang]["parts"][proper]
+        assert os.path.isabs(part["path"]) and os.path.basename(part["path"]) == proper
+        assert os.path.isfile(part["path"]) and part["identity"] == check._identity(part["path"])
+        assert os.path.isfile(comps[lang]["parts"]["as"]["path"])
+        # the file the driver runs, not a guess: it compiles with it
+        assert part["path"] == subprocess.run([str(gxx if lang == "CXX" else gcc), f"-print-prog-name={proper}"],
+                                              capture_output=True, text=True).stdout.strip()
+    assert check.compilers_changed(comps) == ""
+
+
+def _toolkit(root: Path, names: tuple[str, ...] = ("nvcc", "ptxas", "fatbinary", "nvlink")) -> Path:
+    for name in names:
+        f = root / "bin" / name
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(f"{name}\n")
+        f.chmod(0o755)
+    cicc = root / "nvvm" / "bin" / "cicc"
+    cicc.parent.mkdir(parents=True)
+    cicc.write_text("cicc\n")
+    return root / "bin" / "nvcc"
+
+
+def test_nvcc_s_parts_are_its_toolkit_s_and_a_new_ptxas_no_longer_holds(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """nvcc through a symlink: its parts are beside the real nvcc (ptxas, fatbinary, nvlink; cicc in nvvm/bin),
+    found without running it; only those that exist are recorded."""
+    nvcc = _toolkit(tmp_path / "cuda-13")
+    link = tmp_path / "bin" / "nvcc"
+    link.parent.mkdir()
+    link.symlink_to(nvcc)
+    monkeypatch.setenv("CUDACXX", str(link))
+    bdir = tmp_path / "build"
+    bdir.mkdir()
+    (bdir / "CMakeCache.txt").write_text(f"CMAKE_CUDA_COMPILER:FILEPATH={link}\n")
+    comps = check.compilers(bdir)
+    parts = comps["CUDA"]["parts"]
+    assert sorted(parts) == ["cicc", "fatbinary", "nvlink", "ptxas"]  # no cudafe++ in this toolkit
+    assert parts["cicc"]["path"] == str(tmp_path / "cuda-13" / "nvvm" / "bin" / "cicc")
+    assert check.compilers_changed(comps) == ""
+    ptxas = tmp_path / "cuda-13" / "bin" / "ptxas"
+    _replace(ptxas, "ptxas\n")
+    assert check.compilers_changed(comps) == (
+        f"the CUDA compiler's ptxas changed since the check: {ptxas} is another file now")
+    ptxas.unlink()
+    assert check.compilers_changed(comps) == f"the CUDA compiler's ptxas is gone: {ptxas}"
+
+
+def test_nvcc_through_a_wrapper_script_records_the_toolkit_s_parts_not_the_wrapper_s_neighbours(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """/usr/local/bin/nvcc exec'ing a toolkit's nvcc may sit beside other wrappers (/usr/local/bin/ptxas): the nvcc
+    that runs is the toolkit's, and so are the parts it runs."""
+    nvcc = _toolkit(tmp_path / "cuda-13")
+    wrap = _toolkit(tmp_path / "wrappers")  # a ptxas, fatbinary, ... beside the wrapper too
+    wrap.write_text(f'#!/bin/sh\nexec {nvcc} "$@"\n')
+    monkeypatch.setenv("CUDACXX", str(wrap))
+    bdir = tmp_path / "build"
+    (bdir / "CMakeFiles" / "3.28.1").mkdir(parents=True)
+    (bdir / "CMakeFiles" / "3.28.1" / "CMakeCUDACompiler.cmake").write_text(
+        f'set(CMAKE_CUDA_COMPILER_VERSION "13.0.88")\nset(CMAKE_CUDA_COMPILER_TOOLKIT_ROOT "{tmp_path / "cuda-13"}")\n')
+    (bdir / "CMakeCache.txt").write_text(f"CMAKE_CUDA_COMPILER:FILEPATH={wrap}\n")
+    comps = check.compilers(bdir)
+    assert comps["CUDA"]["parts"] == {}
+    assert comps["CUDA toolkit"]["path"] == str(nvcc)
+    assert sorted(comps["CUDA toolkit"]["parts"]) == ["cicc", "fatbinary", "nvlink", "ptxas"]
+    _replace(tmp_path / "wrappers" / "ptxas", "another\n")  # not what nvcc runs
+    assert check.compilers_changed(comps) == ""
+    cicc = tmp_path / "cuda-13" / "nvvm" / "bin" / "cicc"
+    _replace(cicc, "cicc 13.1\n")
+    assert check.compilers_changed(comps) == (
+        f"the CUDA toolkit's cicc changed since the check: {cicc} is another file now")

@@ -117,8 +117,10 @@ def _identity(path: str) -> list[int] | None:
 
 
 def compilers(bdir: Path) -> dict[str, dict[str, Any]]:
-    """language -> {path, version, identity}: the compilers bdir's CMakeCache.txt names (what make runs), the version
-    CMake recorded when it detected each, and the identity of the file at that path now."""
+    """language -> {path, version, identity, parts}: the compilers bdir's CMakeCache.txt names (what make runs), the
+    version CMake recorded when it detected each, the identity of the file at that path now, and the programs it runs
+    that were found (_parts: name -> {path, identity}; {} where none was). Runs each C and C++ driver (a check or a
+    build does this, never verify)."""
     try:
         cache = read_file(bdir / "CMakeCache.txt")
     except OSError:
@@ -141,16 +143,65 @@ def compilers(bdir: Path) -> dict[str, dict[str, Any]]:
                                     f.read_text(errors="replace")))
         out[name] = {"path": path, "version": found.get("VERSION", ""), "identity": _identity(path)}
         # nvcc named through a wrapper script (/usr/local/bin/nvcc exec'ing a toolkit's): the toolkit's own nvcc,
-        # as CMake found it behind the wrapper, is what a new toolkit replaces
+        # as CMake found it behind the wrapper, is what a new toolkit replaces, and its parts are the ones it runs
+        # (not what lies beside the wrapper)
         inner = os.path.join(found.get("TOOLKIT_ROOT", ""), "bin", "nvcc")
         if name == "CUDA" and found.get("TOOLKIT_ROOT") and os.path.realpath(inner) != os.path.realpath(path):
-            out["CUDA toolkit"] = {"path": inner, "version": out[name]["version"], "identity": _identity(inner)}
+            out[name]["parts"] = {}
+            out["CUDA toolkit"] = {"path": inner, "version": out[name]["version"], "identity": _identity(inner),
+                                   "parts": _parts(name, inner)}
+        else:
+            out[name]["parts"] = _parts(name, path)
+    return out
+
+
+# the programs a driver runs to compile a unit (a check links nothing): GCC's compiler proper and assembler, which
+# a driver left unchanged still runs (a gcc-12 package update replaces cc1plus, not always /usr/bin/g++)
+_GCC_PARTS = {"C": ("cc1", "as"), "CXX": ("cc1plus", "as")}
+# nvcc's, beside it in the toolkit's bin/ (cicc in nvvm/bin/): the same file names in every CUDA toolkit
+_NVCC_PARTS = ("cudafe++", "../nvvm/bin/cicc", "ptxas", "fatbinary", "nvlink")
+PART_TIMEOUT = 10.0  # seconds for one `<driver> -print-prog-name=NAME`
+
+
+def _parts(lang: str, driver: str) -> dict[str, dict[str, Any]]:
+    """name -> {path, identity}: the compiler's own parts, each a file that exists now ({} when none is found). For
+    nvcc: its toolkit's programs, beside the real nvcc (through symlinks), nothing run. For a C or C++ driver: what
+    `<driver> -print-prog-name=NAME` answers, where that is a path (GCC's; clang answers a bare cc1plus: it compiles
+    itself); a bare `as` is the one PATH gives. A driver that fails, hangs or cannot run gives fewer parts, never an
+    error."""
+    out: dict[str, dict[str, Any]] = {}
+    if lang == "CUDA":
+        bindir = os.path.dirname(os.path.realpath(driver))
+        for rel in _NVCC_PARTS:
+            path = os.path.normpath(os.path.join(bindir, rel))
+            ident = _identity(path)
+            if ident is not None and os.path.isfile(path):
+                out[os.path.basename(path)] = {"path": path, "identity": ident}
+        return out
+    for name in _GCC_PARTS.get(lang, ()):
+        try:
+            r = proc.run([driver, f"-print-prog-name={name}"], check=False, input=b"", timeout=PART_TIMEOUT)
+        except (ForktoolError, OSError):  # not found, not runnable, timed out
+            continue
+        answer = os.fsdecode(r.stdout).strip()
+        if r.returncode != 0 or not answer or "\n" in answer:
+            continue
+        if not os.path.isabs(answer):
+            if answer != name or name != "as":  # a bare cc1plus: the driver does not run one (clang)
+                continue
+            import shutil  # not at the top: see compilers()
+
+            answer = shutil.which(answer) or ""
+        ident = _identity(answer) if answer else None
+        if ident is not None and os.path.isfile(answer):
+            out[name] = {"path": answer, "identity": ident}
     return out
 
 
 def compilers_changed(recorded: dict[str, Any]) -> str:
     """Why the compilers a check recorded are no longer the ones a build would run ("" when they are): one stat per
-    compiler, and for CUDA the nvcc forktool would configure with now ($CUDACXX, else PATH); nothing is run."""
+    compiler and per part of it recorded (cc1plus, ptxas, ...), and for CUDA the nvcc forktool would configure with
+    now ($CUDACXX, else PATH); nothing is run."""
     if not recorded:
         return "the record does not name the compilers it compiled with (made by an earlier forktool)"
     for lang, c in sorted(recorded.items()):
@@ -161,6 +212,17 @@ def compilers_changed(recorded: dict[str, Any]) -> str:
             return f"{what} it compiled with is gone: {path}"
         if now != c.get("identity"):
             return f"{what} changed since the check: {path} is another file now"
+        owner = "the CUDA toolkit" if lang == "CUDA toolkit" else f"the {lang} compiler"
+        parts = c.get("parts")
+        if not isinstance(parts, dict):
+            return f"the record does not name {owner}'s parts (made by an earlier forktool)"
+        for name, part in sorted(parts.items()):
+            ppath = str(part.get("path", "")) if isinstance(part, dict) else ""
+            pnow = _identity(ppath)
+            if pnow is None:
+                return f"{owner}'s {name} is gone: {ppath}"
+            if pnow != part.get("identity"):
+                return f"{owner}'s {name} changed since the check: {ppath} is another file now"
         if lang == "CUDA":
             from forktool.build import cuda
 
@@ -383,7 +445,10 @@ def compile_units(project: Project, cfg: BuildConfig, plan: Plan, paths: list[st
 
 
 def _compilers_key(comps: dict[str, dict[str, Any]]) -> list[Any]:
-    return sorted([lang, c["path"], c["identity"]] for lang, c in comps.items())
+    """The compilers an object was made with, parts included: an object another cc1plus made is not trusted."""
+    return sorted([lang, c["path"], c["identity"],
+                   sorted([n, p["path"], p["identity"]] for n, p in c.get("parts", {}).items())]
+                  for lang, c in comps.items())
 
 
 def _seen_objects(bdir: Path, comps: dict[str, dict[str, Any]]) -> dict[str, list[int]]:
