@@ -46,20 +46,23 @@ def run(call: Call) -> int:
             code = e.exit_code
         except OutputError as e:
             code = unwritten(e, call.command)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
             if not isinstance(_signal_handler(), _Interrupt):  # in a process, the handler has said it already
                 output.error("interrupted")
+            _say_notes(e)
             code = INTERRUPTED
         except NotRegularFileError as e:  # something planted where forktool keeps a file: refused, nothing read
             what = f"{e.filename}: {e.strerror}"
             output.error(f"{what}\n  next: remove it (forktool never puts one there) and run the command again",
-                         {"error": what, "where": e.filename, "kind": "NotRegularFile",
-                          "hint": "remove it and run the command again"})
+                         _noted({"error": what, "where": e.filename, "kind": "NotRegularFile",
+                                 "hint": "remove it and run the command again"}, e))
+            _say_notes(e)
             code = 1
         except Exception as e:
             if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):  # disk full: an expected failure
                 output.error(f"no space left on the device: {e}\n  next: free some space and run the command again",
-                             {"error": f"no space left on the device: {e}", "kind": "NoSpace"})
+                             _noted({"error": f"no space left on the device: {e}", "kind": "NoSpace"}, e))
+                _say_notes(e)
                 code = 1
             elif isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
                 # a file or directory this user may not change (another user's cache entry, a read-only mount):
@@ -68,16 +71,38 @@ def run(call: Call) -> int:
                 output.error(f"{what}\n  next: this user may not change it (another user's file or directory, or a "
                              "read-only filesystem): make it writable to you, or, inside the cache, point "
                              "FORKTOOL_CACHE at a directory of your own; then run the command again",
-                             {"error": what, "where": e.filename, "kind": "PermissionDenied",
-                              "hint": "make it writable, or point FORKTOOL_CACHE at a directory of your own"})
+                             _noted({"error": what, "where": e.filename, "kind": "PermissionDenied",
+                                     "hint": "make it writable, or point FORKTOOL_CACHE at a directory of your own"}, e))
+                _say_notes(e)
                 code = 1
-            else:  # a bug: say so, with the traceback, and exit 3
+            else:  # a bug: say so, with the traceback (which ends with the notes), and exit 3
                 import traceback
 
                 output.error(f"internal error: {type(e).__name__}: {e}\n{traceback.format_exc()}",
-                             {"error": f"internal error: {e}", "kind": "InternalError"})
+                             _noted({"error": f"internal error: {e}", "kind": "InternalError"}, e))
                 code = 3
     return code
+
+
+def _notes(e: BaseException) -> list[str]:
+    """What a step added to a failure it did not handle (a sync left in progress: sync.loop._left_in_progress)."""
+    return [str(n) for n in getattr(e, "__notes__", ())]
+
+
+def _noted(payload: dict[str, Any], e: BaseException) -> dict[str, Any]:
+    """The --json error payload with the failure's notes, where it has any."""
+    notes = _notes(e)
+    return payload | {"notes": notes} if notes else payload
+
+
+def _say_notes(e: BaseException) -> None:
+    from forktool import output
+
+    for note in _notes(e):
+        try:
+            output.error(note)
+        except OSError:  # a closed or full stderr never changes the exit code
+            pass
 
 
 def unwritten(e: OutputError, command: Command | None) -> int:

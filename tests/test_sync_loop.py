@@ -556,3 +556,37 @@ def test_a_title_is_shown_as_written_in_the_trial_and_at_the_stop(proj: Proj):
     code, out, err = proj.run("sync", "--to", commit, "--start", expect=1)
     assert "conflict 0002 a: [red]return[/red] ten" in err, err
     proj.run("sync", "--abort")
+
+
+@pytest.mark.parametrize("failure", ["disk full", "Ctrl-C"])
+def test_a_failure_forktool_does_not_handle_still_says_the_sync_is_in_progress(moved, monkeypatch, failure):
+    # a full disk or a Ctrl-C once --start has recorded the sync: the CLI names the failure, and the note under it
+    # says the sync is in progress and what to run (before, only forktool's own errors said so)
+    import errno
+
+    from forktool.sync import loop
+
+    proj, commit, before = moved
+    fault = loop.txn.fault
+
+    def failing(point: str) -> None:
+        if point == "sync-started":
+            if failure == "Ctrl-C":
+                raise KeyboardInterrupt
+            raise OSError(errno.ENOSPC, "No space left on device")
+        fault(point)
+
+    monkeypatch.setattr(loop.txn, "fault", failing)
+    to = f"{proj.upstream}@{commit}"
+    code, out, err = proj.run("sync", "--to", commit, "--start", "--json", expect=130 if failure == "Ctrl-C" else 1)
+    assert f"the sync to {to} is in progress, at stage starting: once the cause is fixed" in err, err
+    assert "`forktool sync --continue`" in err and "`forktool sync --abort` removes its record" in err
+    if failure == "disk full":
+        data = json.loads(out)
+        assert data["kind"] == "NoSpace" and data["notes"] == [err.split("error: ")[-1].strip()], (data, err)
+        assert err.index("no space left") < err.index("is in progress")  # the failure first, then what it left
+    monkeypatch.setattr(loop.txn, "fault", fault)
+    _, _, err = proj.run("status")
+    assert ": starting" in err
+    proj.run("sync", "--abort")
+    assert everything(proj) == before

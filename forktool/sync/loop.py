@@ -360,19 +360,37 @@ def _left_in_progress(project: Project) -> Iterator[None]:
             raise e from None
         if st is None:
             raise
-        what = "re-anchoring" if reanchoring(st) else f"sync to {st['to_spec']}"
-        back = ("puts pin, lock, patches and tree back as they were" if st["backups"]
-                else "removes its record (nothing was moved yet)")
-        e.what = f"{e.what}; the {what} is in progress, at stage {st['stage']}"
+        what, next_steps = _in_progress(st)
+        e.what = f"{e.what}; {what}"
         if "`forktool sync --" not in e.hint:  # a hint that names the sync's own commands already says what to run
             if e.hint:
                 e.details.append(f"about the failure: {e.hint}")
-            e.hint = (f"once the cause is fixed, `forktool sync --continue` goes on from stage {st['stage']}; "
-                      f"`forktool sync --abort` {back} (`forktool status` shows where it stands)")
+            e.hint = next_steps
         e.extra["sync"] = {"in_progress": True, "to": st["to_spec"], "stage": st["stage"],
                            "position": st["position"], "next": ["forktool sync --continue", "forktool sync --abort"]}
         e.args = (e.what,)
         raise
+    except (OSError, KeyboardInterrupt) as e:
+        # a full disk, a file this user may not change, Ctrl-C: the CLI names the failure, and prints this note
+        # under it to say what the failure left
+        try:
+            st = read_state(project)
+        except Exception:  # the record unreadable too: the failure that came first is the news
+            st = None
+        if st is not None:
+            what, next_steps = _in_progress(st)
+            e.add_note(f"{what}: {next_steps}")
+        raise
+
+
+def _in_progress(st: dict) -> tuple[str, str]:
+    """(what is in progress and where, what to run next) for a recorded sync."""
+    what = "re-anchoring" if reanchoring(st) else f"sync to {st['to_spec']}"
+    back = ("puts pin, lock, patches and tree back as they were" if st["backups"]
+            else "removes its record (nothing was moved yet)")
+    return (f"the {what} is in progress, at stage {st['stage']}",
+            f"once the cause is fixed, `forktool sync --continue` goes on from stage {st['stage']}; "
+            f"`forktool sync --abort` {back} (`forktool status` shows where it stands)")
 
 
 def _back_up(project: Project, st: dict, ws: Workspace, current: Manifest, progress: Progress) -> None:
