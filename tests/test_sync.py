@@ -228,6 +228,43 @@ def test_build_file_drift(project, upstream, tmp_path):
     assert (llama["added"], llama["removed"]) == (["g.c"], ["b.c"])
 
 
+def test_build_files_neither_upstream_lists_are_not_checked_not_unchanged(tmp_path, monkeypatch):
+    """Upstreams without the targets' CMake files give no source list to compare: the report says not checked,
+    per target and why, never that the source lists are unchanged."""
+    monkeypatch.setenv("FORKTOOL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("FORKTOOL_ROOT", raising=False)
+    repo = git.Repo.init(tmp_path / "upstream")
+    with repo.config_writer() as cw:
+        cw.set_value("user", "name", "t")
+        cw.set_value("user", "email", "t@example.invalid")
+    no_cmake = {k: v for k, v in OLD_FILES.items() if "CMake" not in k}
+    c1 = commit_tree(repo, no_cmake, "old")
+    c2 = commit_tree(repo, {k: v for k, v in new_upstream(no_cmake).items() if "CMake" not in k}, "new")
+    project = write_project(tmp_path / "proj", component_yaml(repo.working_tree_dir, c1), series_for(OLD_FILES)[:2])
+    rep = sync_cmds.sync(project, c2, False, False, str(tmp_path / "out"))
+    md = (tmp_path / "out" / "report.md").read_text()
+    section = md[md.index("## Build files"):md.index("## cpu build")]
+    assert "unchanged" not in section
+    rows = {b["target"]: b for b in rep.data["build_files"]}
+    assert rows["llama"]["not_checked"] == "neither upstream has src/CMakeLists.txt"
+    assert all(b["not_checked"] for b in rows.values()), rows
+    assert "Not checked (no source list to compare): llama (neither upstream has src/CMakeLists.txt)" in section
+    assert any("build files not checked" in ln and "llama (neither upstream has" in ln for ln in rep.lines)
+
+
+def test_build_files_a_target_neither_upstream_defines_is_not_checked():
+    """A CMake file on both sides that defines the target on neither lists no source: not checked, not unchanged."""
+    text = b"add_library(other z.cpp)\n"
+    files = ["up/src/z.cpp"]
+    read = {"up/src/CMakeLists.txt": text}.get
+    row = next(r for r in fsync.build_file_drift(read, read, files, files, "up/") if r["target"] == "llama")
+    assert row["not_checked"] == "neither upstream's src/CMakeLists.txt defines add_library(llama ...)"
+    ok = b"add_library(llama a.cpp)\n"
+    row = next(r for r in fsync.build_file_drift({"up/src/CMakeLists.txt": ok}.get, {"up/src/CMakeLists.txt": ok}.get,
+                                                 files, files, "up/") if r["target"] == "llama")
+    assert (row["not_checked"], row["added"], row["removed"]) == ("", [], [])
+
+
 def test_cmake_sources_follow_lists_and_globs():
     text = (b'file(GLOB MODELS "models/*.cpp")\nset(CORE\n  a.cpp # a comment.cpp\n  b.cpp)\n'
             b"add_library(llama ../include/llama.h ${CORE} ${MODELS})\nadd_library(other z.cpp)\n")

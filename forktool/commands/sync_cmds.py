@@ -66,8 +66,14 @@ def sync(project: Project, spec: str, accept: bool, build: bool, out: str) -> Re
                      f"{len(unchecked)} hook(s), " + ", ".join(f"{h} {n}" for h, n in sorted(unchecked.items()))
                      + f"; each in {out_dir}/report.md")
     for b in res.build_files:
+        if b.get("not_checked"):
+            continue
         if b["added"] or b["removed"] or b["note"]:
             lines.append(f"build files {b['target']}: +{len(b['added'])} -{len(b['removed'])} {b['note']}".rstrip())
+    unread = [b for b in res.build_files if b.get("not_checked")]
+    if unread:  # no source list to compare: said, never left to read as unchanged
+        lines.append("[yellow]build files not checked[/yellow]: " + output.escape(
+            ", ".join(f"{b['target']} ({b['not_checked']})" for b in unread)))
     lines.append("counts: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     if res.build["status"] == "ok":  # which profile was built, and that the others were not
         lines.append(f"build: the {res.build['profile']} profile built ({res.build['objects']} object(s) compiled, "

@@ -76,16 +76,21 @@ def cmake_sources(text: bytes, library: str | None, cmake_dir: str, files: list[
 
 def build_file_drift(old_read: Reader, new_read: Reader, old_files: list[str], new_files: list[str],
                      prefix: str) -> list[dict]:
+    """One row per target of CMAKE_TARGETS; a row whose source list neither upstream's CMake text gives (the file
+    absent from both, or neither defining the target) says why in `not_checked` and is never read as unchanged."""
     out = []
     for target, cmake, library, src_dir in CMAKE_TARGETS:
         rel = prefix + cmake
         cdir = prefix + cmake.rsplit("/", 1)[0]
         old, new = old_read(rel), new_read(rel)
         row = {"target": target, "cmake": cmake, "relative_to": src_dir, "added": [], "removed": [],
-               "note": ""}
+               "note": "", "not_checked": ""}
         if old is None and new is None:
-            continue
-        if new is None:
+            row["not_checked"] = f"neither upstream has {cmake}"
+        elif library and old is not None and new is not None and not any(
+                _block(_COMMENT_RE.sub(b"", t), library) for t in (old, new)):
+            row["not_checked"] = f"neither upstream's {cmake} defines add_library({library} ...)"
+        elif new is None:
             row["note"] = "the CMake file is gone in the new upstream"
         elif old is None:
             row["note"] = "the CMake file is new in the new upstream"
@@ -126,7 +131,7 @@ def cmake_drift(old: dict[str, set[str]], new: dict[str, set[str]]) -> list[dict
     for target in sorted(set(old) | set(new)):
         a, b = old.get(target), new.get(target)
         row = {"target": target, "cmake": "", "relative_to": "", "added": [], "removed": [], "note": "",
-               "from": "CMake (both trees configured)"}
+               "not_checked": "", "from": "CMake (both trees configured)"}
         if a is None:
             row["note"] = "a new target in the new upstream"
             row["added"] = sorted(b or ())
@@ -165,6 +170,8 @@ def drift_from_cmake(old_read: Reader, new_read: Reader, old_files: list[str], n
             if isinstance(r, str):
                 return f"the {side} upstream does not configure: {r}"
             got.append(r)
+    if not got[0] and not got[1]:  # nothing configured to compare: no source list is unchanged
+        return "CMake configured no target with sources in either upstream"
     rows = cmake_drift(got[0], got[1])
     # a target the profile's flags do not build (ggml-cuda under the cpu profile's) was configured on neither
     # side: its sources are compared from the CMake text instead, and the row says so
