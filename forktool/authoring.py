@@ -213,18 +213,23 @@ def _commit_refresh(ws: Workspace, written: list[Patch], pid: str) -> None:
 def keep_registry(ws: Workspace, ids: list[str] | None) -> str:
     """Bring the registry's derived keys up to date for the patches `ids` (None: the whole series): files, build
     impact, hook lists, and the sites and advisory lines of the hooks in the files they touch, read from the
-    whole series applied in memory. When the series does not apply whole, sites are left as they are."""
+    whole series applied in memory. When the series does not apply whole, sites are left as they are, and what
+    it says adds that they were not brought up to date (never a bare "unchanged" over sites it could not find)."""
     from forktool import regfile
     from forktool.cache import Cache, caches_root
 
     chosen = [p for p in ws.patches if ids is None or p.id in ids]
     rels = {f for p in chosen for f in p.paths}
+    unchecked = ""
     try:
         final = ws.compute(ws.patches).files
-    except ApplyError:
+    except ApplyError as e:
         final, rels = {}, set()
+        unchecked = (f"; hook sites not checked, left as they were: the series does not apply whole "
+                     f"({e.where + ': ' if e.where else ''}{e.what})")
     cache = Cache(caches_root(ws.state_dir, ws.use_cache), "scopes")
-    return regfile.keep(ws.project, ws.patches, final, ids, rels, cache)
+    said = regfile.keep(ws.project, ws.patches, final, ids, rels, cache)
+    return said + unchecked if said in ("updated", "unchanged") else said
 
 
 def _remember_reexport(ws: Workspace, patch: Patch, before: Applied, diffed: dict, files_diff: list) -> None:

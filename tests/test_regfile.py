@@ -118,6 +118,24 @@ def test_refresh_keeps_site_lines_and_files(kp: Proj):
     assert reg["patches"][0]["gates"][0]["command"] == ["true"]
 
 
+def test_refresh_over_a_series_that_does_not_apply_whole_says_sites_not_checked(kp: Proj):
+    """A patch above that does not apply leaves no series to find the sites in: refresh keeps them as they were and
+    says they were not checked, never a bare `registry: unchanged` over a site line that is now wrong."""
+    from tests.helpers.patches import make_patch
+    from tests.helpers.registry import CTX
+
+    other = CTX.replace("int ctx_run(", "int ctx_other(")  # context the file never holds: 0071 does not apply
+    kp.write_patch("0071-bad.patch", make_patch("0071-bad.patch", {"up/src/ctx.c": (
+        other, other.replace("return c->a;", "return c->a + 1;"))}, "bad", ""))
+    kp.edit("up/src/ctx.c", "int ctx_init(", "/* a */\n/* b */\n/* c */\nint ctx_init(")
+    code, out, err = kp.run("refresh", "0070")
+    line = next(ln for ln in (out + err).splitlines() if ln.startswith("registry:"))
+    assert line.startswith("registry: unchanged; hook sites not checked, left as they were: the series does not "
+                           "apply whole (patch 0071-bad.patch"), line
+    assert [s["line"] for s in yaml.safe_load(reg_text(kp))["hooks"]["ctx-window"]["sites"]] == [1, 6]
+    assert "hook sites not checked" in kp.json("refresh", "0070")["registry"]
+
+
 def test_a_hook_renamed_in_the_marker_follows(kp: Proj):
     text = (kp.tree / "up/src/ctx.c").read_text()
     (kp.tree / "up/src/ctx.c").write_text(text.replace("opencoti-hook: ctx-window", "opencoti-hook: ctx-win"))

@@ -87,7 +87,7 @@ def _apply(project: Project, upto: str | None, force: bool, reanchor: bool) -> R
             rep.lines.append(f"re-anchored {', '.join(reanchored)}: same changes, canonical bytes on the current base")
         if reanchor:
             rep.data["registry"] = authoring.keep_registry(ws, None)
-            rep.lines.append(f"registry: {rep.data['registry']}")
+            rep.lines.append(output.escape(f"registry: {rep.data['registry']}"))
         if ws.record_patched():
             rep.lines.append("recorded the patched tree digest of this series in vendor/vendor.lock")
             rep.data["recorded_lock"] = True
@@ -247,7 +247,7 @@ def refresh(project: Project, pid: str) -> Report:
              f"build impact: {res['build_impact'] or 'none'})"]
     if res.get("reanchored"):
         lines.append(f"re-anchored above it: {', '.join(res['reanchored'])} (same changes, canonical bytes)")
-    lines.append(f"registry: {res['registry']}")
+    lines.append(output.escape(f"registry: {res['registry']}"))
     return Report(res, lines)
 
 
