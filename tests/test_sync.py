@@ -94,17 +94,20 @@ def series_for(old: dict[str, str]) -> list[Patch]:
     ]
 
 
-@pytest.fixture
-def upstream(tmp_path, monkeypatch):
+def upstream_repo(tmp_path, monkeypatch, old: dict, new: dict):
+    """A git upstream with two commits (old, then new) and a private cache."""
     monkeypatch.setenv("FORKTOOL_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("FORKTOOL_ROOT", raising=False)
     repo = git.Repo.init(tmp_path / "upstream")
     with repo.config_writer() as cw:
         cw.set_value("user", "name", "t")
         cw.set_value("user", "email", "t@example.invalid")
-    c1 = commit_tree(repo, OLD_FILES, "old")
-    c2 = commit_tree(repo, new_upstream(OLD_FILES), "new")
-    return repo, c1, c2
+    return repo, commit_tree(repo, old, "old"), commit_tree(repo, new, "new")
+
+
+@pytest.fixture
+def upstream(tmp_path, monkeypatch):
+    return upstream_repo(tmp_path, monkeypatch, OLD_FILES, new_upstream(OLD_FILES))
 
 
 def component_yaml(url: str, commit: str) -> str:
@@ -231,15 +234,9 @@ def test_build_file_drift(project, upstream, tmp_path):
 def test_build_files_neither_upstream_lists_are_not_checked_not_unchanged(tmp_path, monkeypatch):
     """Upstreams without the targets' CMake files give no source list to compare: the report says not checked,
     per target and why, never that the source lists are unchanged."""
-    monkeypatch.setenv("FORKTOOL_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv("FORKTOOL_ROOT", raising=False)
-    repo = git.Repo.init(tmp_path / "upstream")
-    with repo.config_writer() as cw:
-        cw.set_value("user", "name", "t")
-        cw.set_value("user", "email", "t@example.invalid")
     no_cmake = {k: v for k, v in OLD_FILES.items() if "CMake" not in k}
-    c1 = commit_tree(repo, no_cmake, "old")
-    c2 = commit_tree(repo, {k: v for k, v in new_upstream(no_cmake).items() if "CMake" not in k}, "new")
+    repo, c1, c2 = upstream_repo(tmp_path, monkeypatch, no_cmake,
+                                 {k: v for k, v in new_upstream(no_cmake).items() if "CMake" not in k})
     project = write_project(tmp_path / "proj", component_yaml(repo.working_tree_dir, c1), series_for(OLD_FILES)[:2])
     rep = sync_cmds.sync(project, c2, False, False, str(tmp_path / "out"))
     md = (tmp_path / "out" / "report.md").read_text()
