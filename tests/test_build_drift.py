@@ -48,7 +48,10 @@ def test_a_source_added_through_include_is_drift() -> None:
     assert (by["llama"]["added"], by["llama"]["removed"]) == (["src/x.c"], [])
     assert by["gone"]["note"] == "the target is gone in the new upstream" and by["gone"]["removed"] == ["src/g.c"]
     assert by["tool"]["note"] == "a new target in the new upstream" and by["tool"]["added"] == ["src/t.c"]
-    assert all(r["from"] == "CMake (both trees configured)" for r in rows)
+    assert all(r["from"] == "CMake (both trees configured)" for r in rows if not r["not_checked"])
+    # the profiles' targets whose CMake file neither tree has are not checked, never unchanged (docs/sync.md)
+    assert {r["target"]: r["not_checked"] for r in rows if r["not_checked"]} == {
+        t: f"neither upstream has {cmake}" for t, cmake, *_ in buildfiles.CMAKE_TARGETS if t != "llama"}
     # the regex reading of the same text cannot see it (what the CMake reading replaces)
     assert "x.c" not in buildfiles.cmake_sources(NEW["CMakeLists.txt"].encode(), "llama", "", listed(NEW))
 
@@ -58,7 +61,7 @@ def test_a_tree_that_does_not_configure_falls_back_and_says_so() -> None:
     why = buildfiles.drift_from_cmake(reader(OLD), reader(broken), listed(OLD), listed(broken), "llama.cpp/", [])
     assert isinstance(why, str) and why.startswith("the new upstream does not configure") and "no such option" in why
     rows = buildfiles.drift(["-DX=1"], reader(OLD), reader(broken), listed(OLD), listed(broken), "llama.cpp/")
-    assert [r["target"] for r in rows] == ["llama"]
+    assert [r["target"] for r in rows if not r["not_checked"]] == ["llama"]
     assert rows[0]["from"].startswith("the CMake text (the new upstream does not configure")
 
 
@@ -89,3 +92,4 @@ def test_unity_files_are_not_sources_and_a_target_the_flags_do_not_build_is_read
     [row] = [r for r in rows if r["target"] == "ggml-cuda"]
     assert (row["added"], row["removed"]) == (["new.cu"], ["gone.cu"])
     assert row["from"].startswith("the CMake text (the flags the trial configured with do not build this target")
+
