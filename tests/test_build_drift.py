@@ -93,3 +93,17 @@ def test_unity_files_are_not_sources_and_a_target_the_flags_do_not_build_is_read
     assert (row["added"], row["removed"]) == (["new.cu"], ["gone.cu"])
     assert row["from"].startswith("the CMake text (the flags the trial configured with do not build this target")
 
+
+def test_a_profile_target_built_under_another_name_is_not_called_unbuilt() -> None:
+    # upstream renamed `common` to `llama-common`: CMake configures it (its row compares the sources), so the
+    # CMake text of common/CMakeLists.txt is not read again as a target "the flags do not build"
+    top = "cmake_minimum_required(VERSION 3.16)\nproject(demo C)\nadd_subdirectory(common)\n"
+    old = {"CMakeLists.txt": top, "common/CMakeLists.txt": "add_library(llama-common STATIC arg.c)\n",
+           "common/arg.c": "int a(void) { return 1; }\n"}
+    new = {**old, "common/CMakeLists.txt": "add_library(llama-common STATIC arg.c json.c)\n",
+           "common/json.c": "int j(void) { return 2; }\n"}
+    rows = buildfiles.drift_from_cmake(reader(old), reader(new), listed(old), listed(new), "llama.cpp/", [])
+    assert isinstance(rows, list)
+    assert [(r["target"], r["added"], r["from"]) for r in rows if not r["not_checked"]] == [
+        ("llama-common", ["common/json.c"], "CMake (both trees configured)")]
+    assert "common" not in {r["target"] for r in rows}

@@ -174,13 +174,23 @@ def drift_from_cmake(old_read: Reader, new_read: Reader, old_files: list[str], n
         return "CMake configured no target with sources in either upstream"
     rows = cmake_drift(got[0], got[1])
     # a target the profile's flags do not build (ggml-cuda under the cpu profile's) was configured on neither
-    # side: its sources are compared from the CMake text instead, and the row says so
-    unbuilt = [t for t, *_ in CMAKE_TARGETS if t not in got[0] and t not in got[1]]
+    # side: its sources are compared from the CMake text instead, and the row says so. A name configured on
+    # neither side whose CMake file's directory feeds a configured target (upstream's `common` became
+    # `llama-common`) is built under that other name: CMake's rows above compare it, and its text is not read
+    # again as a target the flags do not build
+    configured_dirs = {f.rsplit("/", 1)[0] for side in got for srcs in side.values() for f in srcs if "/" in f}
+    unbuilt = [t for t, cmake, *_ in CMAKE_TARGETS if t not in got[0] and t not in got[1]
+               and not _feeds(cmake.rsplit("/", 1)[0], configured_dirs)]
     for row in build_file_drift(old_read, new_read, old_files, new_files, prefix):
         if row["target"] in unbuilt:
             row["from"] = "the CMake text (the flags the trial configured with do not build this target)"
             rows.append(row)
     return rows
+
+
+def _feeds(cmake_dir: str, source_dirs: set[str]) -> bool:
+    """Whether a configured target has a source in cmake_dir or below it."""
+    return any(d == cmake_dir or d.startswith(cmake_dir + "/") for d in source_dirs)
 
 
 def drift(project_flags: list[str] | None, old_read: Reader, new_read: Reader, old_files: list[str],
