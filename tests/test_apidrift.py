@@ -107,6 +107,24 @@ def test_a_member_the_patch_names_is_reported_on_its_own():
     assert found["iface::get_size"].kind == "member" and found["iface::get_size"].change == "changed"
 
 
+def test_a_std_qualified_name_is_not_upstreams_type_of_the_same_name():
+    # llama.cpp's common/jinja/string.h declares `struct string`; 0.3.30 changed its append(): a patch that
+    # writes std::string used the standard library's type, not that one (the trial said "0070 uses `string`")
+    hdr = "#pragma once\nstruct string {\n    string & append(const string & other);\n};\n"
+    use = '#include "string.h"\n\nint f(void)\n{\n    return 0;\n}\n'
+    old = {"up/common/string.h": hdr, "up/common/use.cpp": use}
+    new = dict(old, **{"up/common/string.h": hdr.replace("string & append", "string append")})
+    body = use.replace("    return 0;\n", "    const std::string & v = ::std::string(); std::vector<string> mine;\n"
+                                           "    return (int) v.size() + (int) mine.size();\n")
+    p = make_patch("0070-std.patch", "std", [("up/common/use.cpp", use.encode(), body.encode())])
+    assert "string" in used_names(p)  # std::vector<string> names upstream's own `string`
+    assert [d.name for d in api_drift(upstream(old), upstream(new), p)] == ["string"]
+    only_std = body.replace("std::vector<string> mine;", "std::vector<int> mine;")
+    p = make_patch("0070-std.patch", "std", [("up/common/use.cpp", use.encode(), only_std.encode())])
+    assert "string" not in used_names(p) and {"v", "mine", "size"} <= used_names(p)
+    assert api_drift(upstream(old), upstream(new), p) == []
+
+
 def test_includes_are_followed_by_their_path():
     files = {"a/x.c": '#include "inc/y.h"\n', "a/inc/y.h": '#include <z.h>\n', "b/inc/y.h": "", "c/z.h": "",
              "c/w.h": ""}

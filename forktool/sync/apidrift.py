@@ -18,6 +18,9 @@ _INCLUDE_RE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*[<"]([^>"]+)[>"]', re.M)
 _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _COMMENT_RE = re.compile(r"//.*$|/\*.*?\*/")
 _STRING_RE = re.compile(r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'')
+# a name the standard library qualifies (std::string, std::vector<T>::size_type): never upstream's own
+# declaration, even where upstream declares a type of the same last name (llama.cpp's jinja `struct string`)
+_STD_RE = re.compile(r"(?<![A-Za-z0-9_:])(?:::\s*)?std\s*::\s*(?:[A-Za-z_][A-Za-z0-9_]*\s*::\s*)*[A-Za-z_][A-Za-z0-9_]*")
 KEYWORDS = frozenset("""alignas alignof auto bool break case catch char char16_t char32_t char8_t class const
 constexpr consteval constinit const_cast continue decltype default delete do double dynamic_cast else enum
 explicit export extern false float for friend goto if inline int long mutable namespace new noexcept nullptr
@@ -64,7 +67,8 @@ class ApiDrift:
 
 
 def used_names(patch: Patch) -> set[str]:
-    """The identifiers in the C/C++ lines a patch adds, comments and string literals left out."""
+    """The identifiers in the C/C++ lines a patch adds, comments, string literals and std::-qualified names left
+    out."""
     out: set[str] = set()
     for fd in patch.files:
         if not fd.path.endswith(SOURCE_EXTS):
@@ -73,7 +77,7 @@ def used_names(patch: Patch) -> set[str]:
             for op, t in h.lines:
                 if op != b"+":
                     continue
-                line = _STRING_RE.sub(" ", _COMMENT_RE.sub(" ", t.decode("utf-8", "replace")))
+                line = _STD_RE.sub(" ", _STRING_RE.sub(" ", _COMMENT_RE.sub(" ", t.decode("utf-8", "replace"))))
                 out.update(n for n in _IDENT_RE.findall(line) if n not in KEYWORDS)
     return out
 
