@@ -547,3 +547,16 @@ def test_refresh_below_an_applied_patch_whose_file_changed_names_the_apply_to_ru
     assert proj.state_digest() == before
     proj.run("apply", "--upto", "0089")
     proj.run("refresh", "0071")
+
+
+def test_verify_of_an_empty_series_says_the_tree_is_pristine_not_that_the_series_is_not_applied(proj: Proj):
+    # a sync whose patches were all skipped leaves a series that names no patch: 0/0 applied is the whole series
+    _, _, out = proj.run("verify")
+    pristine = proj.json("verify")["tree_digest"][:12]
+    assert f"tree digest {pristine} is the pristine tree (the series names no patch)" in out
+    assert "not fully applied" not in out
+    three_patches(proj)
+    proj.run("apply")
+    proj.run("unapply", "--to", "0070")
+    _, _, out = proj.run("verify")
+    assert "(series not fully applied)" in out

@@ -201,12 +201,11 @@ def loop_lines(st: dict) -> list[str]:
 
 
 def _verify_lines(v: dict) -> list[str]:
-    from forktool.commands.tree_cmds import registry_line
+    from forktool.commands.tree_cmds import registry_line, tree_digest_line
 
     if v.get("ok"):
         reg = v.get("registry")
-        return ([f"{v['exported']} applied patch(es) re-exported byte for byte", f"tree digest {v['tree_digest'][:12]}"
-                 + (" equals vendor.lock's record for this series" if v["full_series"] else " (series not fully applied)")]
+        return ([f"{v['exported']} applied patch(es) re-exported byte for byte", tree_digest_line(v)]
                 + [output.plain(registry_line(reg))] + [f"advisory: {a}" for a in v.get("advisories", [])]
                 + ["verify: OK" + ("; registry not checked" if reg is None else "")])
     return [f"verify failed: {len(v['problems'])} difference(s)"] + \

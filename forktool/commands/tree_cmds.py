@@ -168,6 +168,20 @@ NOT_READ = "not checked"  # a profile's compile status under verify --no-cache
 NO_REGISTRY = "registry: not checked (no registry/UPSTREAM_SYNC.yaml, so no marker in the tree was checked)"
 
 
+def tree_digest_line(v: dict) -> str:
+    """What a passing verify says of the tree digest: the lock's record for the whole series, the pristine tree for
+    a series that names no patch (nothing to apply, so nothing is missing), else that the series is not all applied."""
+    from forktool.series import series_digest
+
+    head = f"tree digest {v['tree_digest'][:12]}"
+    if v["full_series"]:
+        return head + " equals vendor.lock's record for this series"
+    if not v["applied"] and v["series_digest"] == series_digest(()):
+        # ok means no file differs from the pristine tree plus the applied patches, and none is applied
+        return head + " is the pristine tree (the series names no patch)"
+    return head + " (series not fully applied)"
+
+
 def registry_line(registry: dict | None) -> str:
     """What a passing verify says of the registry check (its summary): OK with its counts, or not checked where
     the project keeps no registry."""
@@ -188,7 +202,6 @@ def verify(project: Project, use_cache: bool = True) -> Report:
         unrecorded = ws.no_record_note()
     data = v.to_json()
     data["not_checked"] = ["registry"] if v.registry is None else []  # what verify's OK does not cover
-    full = v.full_series
     judged = profile_judgements(project, v.series_digest, v.tree_digest)
     compiled = data["compiled"] = {name: st for name, (st, _why) in judged.items()}
     data["not_compiled_why"] = {name: why for name, (st, why) in judged.items() if why}
@@ -214,8 +227,7 @@ def verify(project: Project, use_cache: bool = True) -> Report:
     if v.ok:
         lines = [f"pristine cache matches vendor.lock ({ws.pristine_digest[:12]})",
                  f"{v.exported} applied patch(es) re-exported byte for byte",
-                 f"tree digest {v.tree_digest[:12]}" + (" equals vendor.lock's record for this series" if full
-                                                        else " (series not fully applied)")]
+                 tree_digest_line(data)]
         lines.append(registry_line(v.registry))
         lines += [f"[yellow]advisory:[/yellow] {output.escape(a)}" for a in v.advisories]
         lines += compile_lines
