@@ -471,3 +471,26 @@ def test_an_out_that_is_not_a_directory_of_its_own_is_refused(proj, out: str) ->
     assert err["kind"] == "UsageError" and err["where"].startswith("--out ") and "nothing was changed" in err["hint"]
     assert everything(proj) == before
     assert not (proj.root / "report.json").exists() and (proj.root / "afile").read_text() == "x\n"
+
+
+def test_a_trial_build_whose_report_is_not_read_says_so_never_zero_objects(tmp_path, upstream, monkeypatch):
+    # the scratch build exited 0 but its --json was not a build report: "0 object(s) compiled" would be false
+    import subprocess as sp
+
+    from forktool import proc
+    from forktool.sync import job, scratch
+
+    repo, c1, c2 = upstream
+    patches = [p for p in series_for(OLD_FILES) if p.id in ("0001", "0002")]
+    project = write_project(tmp_path / "proj", component_yaml(repo.working_tree_dir, c1), patches)
+    steps = []
+    monkeypatch.setattr(proc, "run", lambda cmd, **k: steps.append(cmd[3:]) or sp.CompletedProcess(cmd, 0, b"built\n", b""))
+    got = scratch.run_build(project, tmp_path / "scratch", "components: []\n", [], "", lambda _: None)
+    assert [s[0] for s in steps] == ["vendor", "apply", "build"] and got["status"] == "ok" and got["objects"] is None
+    monkeypatch.setattr(job, "run_build", lambda *a, **k: got)
+    rep = sync_cmds.sync(project, c2, accept=False, build=True, out=str(tmp_path / "out"))
+    text = "\n".join(rep.lines)
+    assert "build: the cpu profile built (objects compiled not read: its --json output was not a build report" in text
+    assert "0 object(s)" not in text
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "objects compiled not read" in report and "(None objects)" not in report

@@ -76,7 +76,10 @@ def sync(project: Project, spec: str, accept: bool, build: bool, out: str) -> Re
             ", ".join(f"{b['target']} ({b['not_checked']})" for b in unread)))
     lines.append("counts: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     if res.build["status"] == "ok":  # which profile was built, and that the others were not
-        lines.append(f"build: the {res.build['profile']} profile built ({res.build['objects']} object(s) compiled, "
+        n = res.build["objects"]
+        compiled = "objects compiled not read: its --json output was not a build report" if n is None \
+            else f"{n} object(s) compiled"
+        lines.append(f"build: the {res.build['profile']} profile built ({compiled}, "
                      f"{res.build['seconds']} s); no other profile was built or compiled")
     else:
         lines.append(f"build: {res.build['status']}" + (f" ({res.build.get('reason')})" if res.build.get("reason")

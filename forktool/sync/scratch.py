@@ -54,8 +54,10 @@ def run_build(project: Project, scratch: Path, yaml_text: str, results: list[Pat
                     "seconds": round(time.monotonic() - t0, 1), "project": str(scratch)}
     try:
         data = json.loads(r.stdout)
-    except json.JSONDecodeError:
-        data = {}
+        objects = len(data["objects"])
+    except (json.JSONDecodeError, KeyError, TypeError):  # built (exit 0), but what it compiled is not known
+        return {"status": "ok", "profile": "cpu", "seconds": round(time.monotonic() - t0, 1), "project": str(scratch),
+                "objects": None, "outputs": {}}
     return {"status": "ok", "profile": "cpu", "seconds": round(time.monotonic() - t0, 1), "project": str(scratch),
-            "objects": len(data.get("objects", [])), "outputs": data.get("outputs", {})}
+            "objects": objects, "outputs": data.get("outputs", {})}
 
