@@ -158,6 +158,26 @@ def test_an_object_planted_or_touched_in_the_build_directory_is_compiled_again(p
     os.utime(b_obj)  # touched: the same bytes, newer than the broken source
     res = run_check(project, ["llama.cpp/src/b.c"])
     assert res.status == "failed" and res.failed == ["llama.cpp/src/b.c"] and res.distrusted == 1
+    # forged to the recorded stat: other bytes written in place (same size, same inode) and the recorded mtime put
+    # back, over a broken source given an older mtime; only the kernel's ctime tells it from the object the check
+    # saw made, and without it make took the forged object for up to date and the check said compiled
+    (src / "src" / "b.c").write_text(good)
+    assert run_check(project, ["llama.cpp/src/b.c"]).ok
+    made = b_obj.stat()
+    (src / "src" / "b.c").write_text(broken)
+    os.utime(src / "src" / "b.c", ns=(made.st_mtime_ns - 10**9, made.st_mtime_ns - 10**9))
+    time.sleep(0.02)
+    with open(b_obj, "r+b") as f:
+        data = bytearray(f.read())
+        data[-1] ^= 0xFF
+        f.seek(0)
+        f.write(data)
+    os.utime(b_obj, ns=(made.st_atime_ns, made.st_mtime_ns))
+    now = b_obj.stat()
+    assert (now.st_size, now.st_mtime_ns, now.st_ino) == (made.st_size, made.st_mtime_ns, made.st_ino)
+    assert now.st_ctime_ns != made.st_ctime_ns
+    res = run_check(project, ["llama.cpp/src/b.c"])
+    assert res.status == "failed" and res.failed == ["llama.cpp/src/b.c"] and res.distrusted == 1
 
 
 @needs_cmake
@@ -487,7 +507,7 @@ def test_a_compiler_s_parts_are_recorded_and_a_changed_or_gone_one_no_longer_hol
     # objects a check saw made with these compilers are trusted by the next check with the same ones
     (bdir / "a.o").write_bytes(b"object")
     check._note_made(bdir, comps, {}, ["a.o"], [])
-    assert check._seen_objects(bdir, check.compilers(bdir)) == {"a.o": check._identity(str(bdir / "a.o"))}
+    assert check._seen_objects(bdir, check.compilers(bdir)) == {"a.o": check._object_identity(str(bdir / "a.o"))}
 
     _replace(cc1plus, "the compiler proper\n")  # same bytes, same size: another file all the same
     with monkeypatch.context() as m:  # verify's side: stats only

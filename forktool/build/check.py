@@ -116,6 +116,17 @@ def _identity(path: str) -> list[int] | None:
     return [st.st_size, st.st_mtime_ns, st.st_ino]
 
 
+def _object_identity(path: str) -> list[int] | None:
+    """An object's identity (one stat): size, mtime_ns, ctime_ns and inode; None when it is gone. The ctime is the
+    kernel's, set on every write, truncate or utime and never by a user: an object rewritten in place with its size
+    and mtime put back keeps neither it nor its trust."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
 def compilers(bdir: Path) -> dict[str, dict[str, Any]]:
     """language -> {path, version, identity, parts}: the compilers bdir's CMakeCache.txt names (what make runs), the
     version CMake recorded when it detected each, the identity of the file at that path now, and the programs it runs
@@ -467,7 +478,7 @@ def _note_made(bdir: Path, comps: dict[str, dict[str, Any]], seen: dict[str, lis
                failed: list[str]) -> None:
     """Write CHECKED: seen, plus the identity of each object of made as it is now, less the failed ones."""
     for obj in made:
-        ident = _identity(str(bdir / obj))
+        ident = _object_identity(str(bdir / obj))
         if ident is None:
             seen.pop(obj, None)
         else:
@@ -491,7 +502,7 @@ def _distrust(bdir: Path, objs: list[str], seen: dict[str, list[int]]) -> int:
     by their times. Returns how many it removed."""
     gone = 0
     for obj in objs:
-        ident = _identity(str(bdir / obj))
+        ident = _object_identity(str(bdir / obj))
         if ident is not None and seen.get(obj) != ident:
             (bdir / obj).unlink(missing_ok=True)
             seen.pop(obj, None)
