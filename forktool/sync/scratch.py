@@ -52,12 +52,10 @@ def run_build(project: Project, scratch: Path, yaml_text: str, results: list[Pat
             tail = (r.stderr or r.stdout).decode("utf-8", "replace").strip().splitlines()[-20:]
             return {"status": "failed", "step": " ".join(step), "exit_code": r.returncode, "log_tail": tail,
                     "seconds": round(time.monotonic() - t0, 1), "project": str(scratch)}
+    built = {"status": "ok", "profile": "cpu", "seconds": round(time.monotonic() - t0, 1), "project": str(scratch)}
     try:
         data = json.loads(r.stdout)
-        objects = len(data["objects"])
+        return {**built, "objects": len(data["objects"]), "outputs": data.get("outputs", {})}
     except (json.JSONDecodeError, KeyError, TypeError):  # built (exit 0), but what it compiled is not known
-        return {"status": "ok", "profile": "cpu", "seconds": round(time.monotonic() - t0, 1), "project": str(scratch),
-                "objects": None, "outputs": {}}
-    return {"status": "ok", "profile": "cpu", "seconds": round(time.monotonic() - t0, 1), "project": str(scratch),
-            "objects": objects, "outputs": data.get("outputs", {})}
+        return {**built, "objects": None, "outputs": {}}
 
