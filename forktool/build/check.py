@@ -106,25 +106,21 @@ _CACHED_COMPILER_RE = re.compile(rb"^CMAKE_(C|CXX|CUDA)_COMPILER:[A-Z]+=(.+)$", 
 CHECKED = "forktool-checked.json"  # in the build directory: the objects checks saw made, and with which compilers
 
 
-def _identity(path: str) -> list[int] | None:
-    """A cheap identity of a file (one stat, through symlinks): size, mtime_ns and inode; None when it is gone.
-    A compiler installed again at the same path (a package upgrade, an update-alternatives switch) changes it."""
+def _identity(path: str, ctime: bool = False) -> list[int] | None:
+    """A cheap identity of a file (one stat, through symlinks): size, mtime_ns and inode, and with ctime the
+    kernel's ctime_ns; None when it is gone. A compiler installed again at the same path (a package upgrade, an
+    update-alternatives switch) changes it; an object's ctime, set on every write, truncate or utime and never by a
+    user, changes even where its size and mtime were put back."""
     try:
         st = os.stat(path)
     except OSError:
         return None
-    return [st.st_size, st.st_mtime_ns, st.st_ino]
+    return [st.st_size, st.st_mtime_ns, st.st_ino] + ([st.st_ctime_ns] if ctime else [])
 
 
 def _object_identity(path: str) -> list[int] | None:
-    """An object's identity (one stat): size, mtime_ns, ctime_ns and inode; None when it is gone. The ctime is the
-    kernel's, set on every write, truncate or utime and never by a user: an object rewritten in place with its size
-    and mtime put back keeps neither it nor its trust."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+    """An object's identity: _identity with its ctime, so one rewritten in place keeps no trust."""
+    return _identity(path, ctime=True)
 
 
 def compilers(bdir: Path) -> dict[str, dict[str, Any]]:
