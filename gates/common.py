@@ -19,6 +19,9 @@ DEBUG_ENV = "OPENCOTI_KV_DEBUG"  # the KV window's one debug variable (comma-sep
 # kv-attention-span: llama_decode retrying a batch in smaller ubatches (a debug line: -lv 5)
 RE_SPAN_SPLIT = re.compile(r"retrying batch size \d+ in ubatches of (\d+) \(attention span\)")
 RE_WINDOW = re.compile(r"position window = (\d+) / (\d+) cells resident \+ host tail (\d+) cells \(([\d.]+) MiB host\)")
+# 0073's carry trial: once a context, whether the tail ring kept carrying chunks from one decode graph into the next,
+# with the two medians it compared (a token carrying, a token not)
+RE_CARRY_TRIAL = re.compile(r"tail ring: ring-carry (kept|dropped): a token took ([\d.]+) ms carrying, ([\d.]+) ms not")
 RE_FULL = re.compile(r"FULLY RESIDENT")
 RE_FULL_LINE = re.compile(r"position window = FULLY RESIDENT \((\d+) / (\d+) cells")
 RE_STAT = {
@@ -219,6 +222,12 @@ def parse_stats(text: str) -> dict:
         if m:
             out[k] = float(m.group(1))
     return out
+
+
+def carry_trials(text: str) -> list[dict]:
+    """Every carry trial's decision in a log: [{kept, carrying_ms, not_carrying_ms}], one a context that tried."""
+    return [{"kept": m[1] == "kept", "carrying_ms": float(m[2]), "not_carrying_ms": float(m[3])}
+            for m in RE_CARRY_TRIAL.finditer(text)]
 
 
 def parse_windows(text: str) -> list[dict]:

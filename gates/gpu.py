@@ -30,6 +30,7 @@ from gates.common import (
     WINDOW_ENV,
     GateError,
     build_compiler,
+    carry_trials,
     check_own_libraries,
     compilers_differ,
     ensure_model,
@@ -182,6 +183,7 @@ def run(tag: str, argv: list[str], work: Path, env: dict | None = None, measure:
         res["build"] = m.group(2)
         res["compiler"] = m.group(3).strip()
     res["debug_lines"] = sorted({m.group(0).strip() for m in RE_DEBUG_LINE.finditer(text)})
+    res["carry_trials"] = carry_trials(text)  # the tail ring's carry trial: kept or dropped, once a context
     # with two passes, the lines after the measurement are the cache the context runs with (a window or fully resident)
     last = text.rfind("two-pass compute reserve: measured")
     final = text[last:] if last >= 0 else text
@@ -704,6 +706,7 @@ def gate_d(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
     reps: dict[str, dict[str, list[float]]] = {}
     in_order: dict[str, list[float | None]] = {}  # each point's decode per repetition, None where a run gave none
     reused: dict[str, list[list[int]]] = {}
+    trials: dict[str, list[dict]] = {}  # the tail ring's carry trials (kept or dropped) of each point's runs
 
     def sample(key: str, r: dict) -> None:
         for m in ("prefill_tps", "decode_tps"):
@@ -712,6 +715,7 @@ def gate_d(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
         in_order.setdefault(key, []).append(r.get("decode_tps"))
         if r.get("graphs_reused", "") != "" and r.get("decode_runs", "") != "":  # llama's reused graphs, its decodes
             reused.setdefault(key, []).append([r["graphs_reused"], r["decode_runs"]])
+        trials.setdefault(key, []).extend(r.get("carry_trials", []))
 
     def realized(share: float) -> float:  # the tail share a forced window for `share` gives (as in the rows)
         return round(1.0 - min(forced_cells(share), n_prompt) / n_prompt, 4)
@@ -776,6 +780,7 @@ def gate_d(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
     med = {k: {m: statistics.median(v) for m, v in d.items()} for k, d in reps.items()}
     if {"half", "max", "nkvo"} <= set(med):
         targets["medians"] = {"runs": a.target_reps, "samples": reps, "median": med, "graphs_reused_of_decodes": reused,
+                              "carry_trials": trials,
                               "decode_at_max_share_tps": med["max"].get("decode_tps"),
                               "decode_vs_nkvo": med["max"].get("decode_tps", 0) / med["nkvo"].get("decode_tps", 1),
                               "prefill_at_half_vs_nkvo": med["half"].get("prefill_tps", 0)

@@ -160,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict = {"n_prompt": n_prompt, "ctx": a.ctx, "configs": {}}
     # timed runs, interleaved
     carried: dict[str, int] = {name: 0 for name, _, _ in configs}  # timed runs whose ring read carried chunks
+    trials: dict[str, list[dict]] = {name: [] for name, _, _ in configs}  # the ring's carry trials, kept or dropped
     # llama's "graphs reused" against its decode runs, per timed run: a configuration that builds its graph again
     # each token pays the build on the host between two tokens
     reused: dict[str, list[list[int]]] = {name: [] for name, _, _ in configs}
@@ -177,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
             cmd, env = argv_env(cells, debug, a.time_n)
             r = run(f"kprof-time-{name.replace(' ', '-')}-{rep}", cmd, a.work, env=env)
             carried[name] += bool(RE_CARRY_READ.search(r.get("text", "")))
+            trials[name] += r.get("carry_trials", [])
             if "graphs_reused" in r and "decode_runs" in r:
                 reused[name].append([r["graphs_reused"], r["decode_runs"]])
             said[name].update(r.get("debug_lines", []))
@@ -195,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                                        "timed_median_ms": round(statistics.median(times[name]), 4)
                                        if times[name] else None, "timed_by_rep": by_rep[name],
                                        "places": places[name], "carry_read_runs": carried[name],
+                                       "carry_trials": trials[name],
                                        "graphs_reused_of_decodes": reused[name], "debug_lines": sorted(said[name]),
                                        "flags_ran": sorted(ran[name]), "flags_not_run": flags_not_run(debug, ran[name])}
             continue
@@ -206,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         r = run(f"kprof-ncu-{name.replace(' ', '-')}", ncu + cmd, a.work, env=env, timeout=900)
         rows = decode_kernels(parse_ncu_csv(log_file.read_text() if log_file.is_file() else ""))
         entry: dict = {"window": cells, "debug": debug, "ncu_rc": r["rc"], "carry_read_runs": carried[name],
+                       "carry_trials": trials[name],
                        "graphs_reused_of_decodes": reused[name], "debug_lines": sorted(said[name]),
                        "flags_ran": sorted(ran[name]), "flags_not_run": flags_not_run(debug, ran[name]),
                        "timed_ms_per_token": times[name], "timed_by_rep": by_rep[name],

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from gates.common import DEBUG_ENV, own_libraries_env, parse_windows
+from gates.common import DEBUG_ENV, carry_trials, own_libraries_env, parse_windows
 
 
 def bench_once(a: argparse.Namespace, name: str, flags: list[str], env_extra: dict, rnd: int) -> dict:
@@ -33,7 +33,8 @@ def bench_once(a: argparse.Namespace, name: str, flags: list[str], env_extra: di
     if p.returncode != 0:
         raise RuntimeError(f"{name}: llama-bench exited {p.returncode}; log {a.work / f'{name}-r{rnd}.log'}")
     tests = json.loads(p.stdout)
-    out: dict = {"windows": parse_windows(p.stderr), "fully_resident": "FULLY RESIDENT" in p.stderr}
+    out: dict = {"windows": parse_windows(p.stderr), "fully_resident": "FULLY RESIDENT" in p.stderr,
+                 "carry_trials": carry_trials(p.stderr)}
     for t in tests:
         kind = "prefill" if t["n_prompt"] > 0 else "decode"
         out[kind] = t["samples_ts"]
@@ -65,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         configs.append((f"window {w}", win, {}))
         configs += [(f"window {w} {f}", win, {DEBUG_ENV: f}) for f in debug]
     t0 = time.monotonic()
-    samples: dict = {n: {"prefill": [], "decode": [], "windows": [], "fully_resident": []} for n, _, _ in configs}
+    samples: dict = {n: {"prefill": [], "decode": [], "windows": [], "fully_resident": [], "carry_trials": []}
+                     for n, _, _ in configs}
     for rnd in range(a.rounds):
         order = configs[rnd % len(configs):] + configs[:rnd % len(configs)]  # each configuration leads in turn
         for name, flags, env in order:
@@ -75,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             s["decode"] += r.get("decode", [])
             s["windows"] += [w for w in r["windows"] if w not in s["windows"]]
             s["fully_resident"].append(r["fully_resident"])
+            s["carry_trials"] += r["carry_trials"]
     res = samples["resident"]
     rows = []
     ok = True
@@ -82,7 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         s = samples[name]
         row = {"config": name, "prefill_median": statistics.median(s["prefill"]),
                "decode_median": statistics.median(s["decode"]), "prefill_samples": s["prefill"],
-               "decode_samples": s["decode"], "position_windows": s["windows"]}
+               "decode_samples": s["decode"], "position_windows": s["windows"],
+               # the tail ring's carry trials (one a context that could carry): kept or dropped, and what it measured
+               "carry_trials": s["carry_trials"]}
         row["prefill_ratio"] = round(row["prefill_median"] / statistics.median(res["prefill"]), 3)
         row["decode_ratio"] = round(row["decode_median"] / statistics.median(res["decode"]), 3)
         if name != "resident":
@@ -97,8 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(result, indent=2))
     for r in rows:
         wl = ",".join(f"{w['window']}/{w['kv_size']}+{w['tail']}" for w in r["position_windows"]) or "-"
+        trials = r["carry_trials"]
+        carry = f", carry kept in {sum(t['kept'] for t in trials)} of {len(trials)} trial(s)" if trials else ""
         print(f"{r['config']:>22}: prefill {r['prefill_median']:10.1f} tok/s ({r['prefill_ratio']:.3f}), decode "
-              f"{r['decode_median']:8.1f} tok/s ({r['decode_ratio']:.3f}), windows {wl}", file=sys.stderr)
+              f"{r['decode_median']:8.1f} tok/s ({r['decode_ratio']:.3f}), windows {wl}{carry}", file=sys.stderr)
     return 0 if ok else 1
 
 

@@ -125,6 +125,23 @@ def test_the_carry_line_the_gates_read_is_the_line_0073_logs():
     assert m and m.group(1) == "3", line
 
 
+def test_the_carry_trial_line_the_gates_read_is_the_line_0073_logs():
+    # gates.common.carry_trials reads the carry trial's decision, which fattn.cu prints with printf: the format in the
+    # patch, rendered both ways, must be what the parser reads
+    from gates.common import carry_trials
+
+    patch = next((ROOT / "patches").glob("0073-*.patch")).read_text()
+    start = patch.index("tail ring: ring-carry %s: a token took")
+    call = patch[patch.rindex("GGML_LOG_INFO(", 0, start):patch.index("__func__", start)]
+    fmt = "".join(re.findall(r'"((?:[^"\\]|\\.)*)"', call)).replace("\\n", "").removeprefix("%s: ")
+    kept = fmt.replace("%s", "kept", 1).replace("%.3f", "1.100", 1).replace("%.3f", "1.250", 1).replace("%d", "8")
+    dropped = fmt.replace("%s", "dropped", 1).replace("%.3f", "2.204", 1).replace("%.3f", "1.279", 1)
+    assert carry_trials("opencoti_ring_trial_tick: " + kept) == [
+        {"kept": True, "carrying_ms": 1.1, "not_carrying_ms": 1.25}], kept
+    assert carry_trials(dropped) == [{"kept": False, "carrying_ms": 2.204, "not_carrying_ms": 1.279}], dropped
+    assert carry_trials("tail ring: 3 carried chunk(s) read by graph 7") == []
+
+
 def test_gpu_run_reads_the_cells_a_mapped_tail_really_keeps_in_device_memory(tmp_path: Path):
     from gates.gpu import budget_rows, run
 
@@ -1158,6 +1175,11 @@ def test_model_bench_runs_resident_and_each_window_and_wants_a_tail(tmp_path: Pa
         'w=""; prev=""; for x in "$@"; do [ "$prev" = "--kv-window-cells" ] && w=$x; prev=$x; done',
         'if [ -n "$w" ]; then echo "llama_kv_cache: position window = $w '
         '/ 16384 cells resident + host tail 100 cells (1.00 MiB host) [CUDA0, forced]" >&2; fi',
+        # the ring's carry trial, as fattn.cu logs it: the 4,096-cell window keeps the carry, the 8,192 drops it
+        'if [ "$w" = 4096 ]; then echo "opencoti_ring_trial_tick: tail ring: ring-carry kept: a token took 1.100 ms '
+        'carrying, 1.250 ms not (medians of 8)" >&2; fi',
+        'if [ "$w" = 8192 ]; then echo "opencoti_ring_trial_tick: tail ring: ring-carry dropped: a token took 2.204 '
+        'ms carrying, 1.279 ms not (medians of 8)" >&2; fi',
         f"cat <<'EOF'\n{json.dumps(doc)}\nEOF"]), script=True)
     r = run_module("gates.model_bench", "--bin", str(bin_dir), "--model", str(tmp_path / "m.gguf"),
                    "--rounds", "2", "--work", str(tmp_path / "w"))
@@ -1166,6 +1188,11 @@ def test_model_bench_runs_resident_and_each_window_and_wants_a_tail(tmp_path: Pa
     assert [row["config"] for row in res["rows"]] == ["resident", "window 4096", "window 8192"]
     assert res["rows"][1]["tail_engaged"] and res["rows"][1]["prefill_median"] == 51000.0
     assert res["rows"][2]["position_windows"][0]["window"] == 8192
+    # each round's context logged its trial: both rounds' decisions are kept, with what they measured
+    assert res["rows"][0]["carry_trials"] == []
+    assert res["rows"][1]["carry_trials"] == [{"kept": True, "carrying_ms": 1.1, "not_carrying_ms": 1.25}] * 2
+    assert [t["kept"] for t in res["rows"][2]["carry_trials"]] == [False, False]
+    assert "carry kept in 2 of 2 trial(s)" in r.stderr and "carry kept in 0 of 2 trial(s)" in r.stderr
     # a window that never reached the host tail proves nothing: the gate fails
     fake_tool(bin_dir / "llama-bench", json.dumps(doc))
     assert run_module("gates.model_bench", "--bin", str(bin_dir), "--model", str(tmp_path / "m.gguf"),
