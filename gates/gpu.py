@@ -23,6 +23,7 @@ from gates import tail_models
 from gates.common import (
     COULD_NOT_RUN,
     DEBUG_ENV,
+    RE_CARRY_TRIAL,
     RE_SPAN_SPLIT,
     RE_WINDOW,
     TOL_SAME_TOP_PCT,
@@ -129,6 +130,8 @@ CARRY_DROPPED = "tail ring: carried chunks dropped: a write into a mapped buffer
 # a flag asked for that did not run has not been checked, whatever the runs say
 FLAG_RAN = {
     "ring-carry": (RE_CARRY_READ, "no 'tail ring: ... carried chunk(s) read' line was logged: the carry did not run"),
+    "ring-carry-trial": (RE_CARRY_TRIAL, "no 'tail ring: ring-carry kept|dropped' line was logged: no carry trial "
+                                         "ran to its end"),
 }
 
 
@@ -548,7 +551,8 @@ def gate_c(a: argparse.Namespace, model: Path, work: Path) -> dict:
                    "span": [[int(x) for x in m] for m in RE_SPAN.findall(r["text"])][:1],
                    "span_splits": len(RE_SPAN_SPLIT.findall(r["text"])),
                    "carry_read": bool(RE_CARRY_READ.search(r["text"])),
-                   "carry_dropped_on_write": CARRY_DROPPED in r["text"], "flags_ran": flags_ran(r["text"]),
+                   "carry_dropped_on_write": CARRY_DROPPED in r["text"], "carry_trials": r["carry_trials"],
+                   "flags_ran": flags_ran(r["text"]),
                    "debug_lines": r["debug_lines"], **stats}
             row["within_bound"] = r["rc"] == 0 and bool(r.get("window")) \
                 and stats.get("max_kld", 1) <= TOL_TOOL_MAX_KLD and stats.get("same_top_pct", 0) >= TOL_SAME_TOP_PCT

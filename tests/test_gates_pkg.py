@@ -919,6 +919,27 @@ def _gate_c_decode_args(bin_dir: Path, *extra: str):
                        "--c-decode-only", "--windows", "1024", "256", "--windows-ub1-4k", "--quant-caches", *extra])
 
 
+def test_gate_c_with_the_carry_trial_asked_for_needs_a_run_whose_trial_ended(tmp_path: Path):
+    from gates.gpu import gate_c
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    perplexity = functools.partial(_flag_perplexity, bin_dir, "ring-carry-trial")
+    args = functools.partial(_gate_c_decode_args, bin_dir)
+
+    perplexity('echo "opencoti_ring_trial_tick: tail ring: ring-carry dropped: a token took 0.900 ms carrying, '
+               '0.800 ms not (medians of 8)"')
+    res = gate_c(args("--window-debug", "tail-ring,ring-carry-trial"), tmp_path / "m.gguf", tmp_path)
+    assert res["pass"] and "verdict" not in res
+    assert all(w["flags_ran"] == ["ring-carry-trial"] for w in res["windows"])
+    assert res["windows"][0]["carry_trials"] == [{"kept": False, "carrying_ms": 0.9, "not_carrying_ms": 0.8}]
+    # asked for, and no run's trial came to its end (too few decodes, or tails the ring never planned): not checked
+    perplexity("true")
+    res = gate_c(args("--window-debug", "tail-ring,ring-carry-trial"), tmp_path / "m.gguf", tmp_path)
+    assert not res["pass"] and res["verdict"] == "not checked"
+    assert "no carry trial ran to its end" in res["why_not_checked"] and all(w["pass"] for w in res["windows"])
+
+
 def test_gate_c_with_the_carry_asked_for_needs_a_run_that_read_carried_chunks(tmp_path: Path):
     from gates.gpu import gate_c
 
