@@ -111,16 +111,22 @@ def test_gpu_run_parses_a_completion_log(tmp_path: Path):
     assert (tmp_path / "t.log").read_text().startswith(str(tool))
 
 
+def _0073_log_format(anchor: str) -> str:
+    """The format string of the GGML_LOG_INFO call in patch 0073 whose text holds anchor: its string literals joined,
+    without the leading `%s: ` (__func__) and the newline."""
+    patch = next((ROOT / "patches").glob("0073-*.patch")).read_text()
+    start = patch.index(anchor)
+    call = patch[patch.rindex("GGML_LOG_INFO(", 0, start):patch.index("__func__", start)]
+    return "".join(re.findall(r'"((?:[^"\\]|\\.)*)"', call)).replace("\\n", "").removeprefix("%s: ")
+
+
 def test_the_carry_line_the_gates_read_is_the_line_0073_logs():
     # gates.gpu.RE_CARRY_READ reads a line fattn.cu prints with printf: the format in the patch, rendered with
     # numbers, must be what the pattern reads (a carry asked for and never logged is "not checked")
     from gates.gpu import RE_CARRY_READ
 
-    patch = next((ROOT / "patches").glob("0073-*.patch")).read_text()
-    start = patch.index("tail ring: %zu carried chunk(s) read by graph")
-    call = patch[patch.rindex("GGML_LOG_INFO(", 0, start):patch.index("__func__", start)]
-    fmt = "".join(re.findall(r'"((?:[^"\\]|\\.)*)"', call))
-    line = fmt.replace("%zu", "3").replace("%llu", "7").replace("\\n", "")
+    fmt = _0073_log_format("tail ring: %zu carried chunk(s) read by graph")
+    line = fmt.replace("%zu", "3").replace("%llu", "7")
     m = RE_CARRY_READ.search(line)
     assert m and m.group(1) == "3", line
 
@@ -130,10 +136,7 @@ def test_the_carry_trial_line_the_gates_read_is_the_line_0073_logs():
     # patch, rendered both ways, must be what the parser reads
     from gates.common import carry_trials
 
-    patch = next((ROOT / "patches").glob("0073-*.patch")).read_text()
-    start = patch.index("tail ring: ring-carry %s: a token took")
-    call = patch[patch.rindex("GGML_LOG_INFO(", 0, start):patch.index("__func__", start)]
-    fmt = "".join(re.findall(r'"((?:[^"\\]|\\.)*)"', call)).replace("\\n", "").removeprefix("%s: ")
+    fmt = _0073_log_format("tail ring: ring-carry %s: a token took")
     kept = fmt.replace("%s", "kept", 1).replace("%.3f", "1.100", 1).replace("%.3f", "1.250", 1).replace("%d", "8")
     dropped = fmt.replace("%s", "dropped", 1).replace("%.3f", "2.204", 1).replace("%.3f", "1.279", 1)
     assert carry_trials("opencoti_ring_trial_tick: " + kept) == [
