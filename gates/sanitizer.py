@@ -25,6 +25,9 @@ from pathlib import Path
 from gates.common import DEBUG_ENV, WINDOW_ENV, ensure_model, make_text, own_libraries_env
 from gates.gpu import CARRY_DROPPED, FLAG_RAN, MODEL_ARGS, RE_CARRY_READ, flags_not_run, flags_ran
 
+# 0073's carry trial times 3 + 8 decode tokens each way, after the first decode graph: 22 decode graphs at least,
+# and -n N makes N - 1 of them (the first token comes from the prompt's last ubatch)
+TRIAL_N_PREDICT = 32
 MAX_LINES = 200  # of the sanitizer's own lines kept per tool (a racecheck hazard report is long)
 RE_SUMMARY = re.compile(r"=+ ERROR SUMMARY: (\d+) error")
 # racecheck ends with its own summary line, never an ERROR SUMMARY
@@ -91,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wide", action="store_true",
                     help="a two-layer model with 4 KiB K/V rows (built in --work), whose 512-cell window keeps its "
                          "cells in device memory: a pass then also needs the run to log cells in device memory")
+    ap.add_argument("--n-predict", type=int, default=None,
+                    help=f"tokens generated under the tool (default 8; {TRIAL_N_PREDICT} when --debug names "
+                         "ring-carry-trial, whose trial needs 22 decode tokens to end)")
     ap.add_argument("--out", type=Path, default=Path("build/gpu-gates/sanitizer.txt"))
     ap.add_argument("--debug", default="",
                     help="OPENCOTI_KV_DEBUG flags for the run (e.g. tail-ring); with --ctx 4096 --window 2048 a decode "
@@ -102,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
                          "compute-sanitizer 2025.3.1 stopped with an internal error under this filter on the H200, in "
                          "head mode too (docs/gates.md, fifteenth round): there it gives no verdict")
     a = ap.parse_args(argv)
+    if a.n_predict is None:
+        a.n_predict = TRIAL_N_PREDICT if "ring-carry-trial" in a.debug.split(",") else 8
+    if a.n_predict < 1:
+        ap.error(f"--n-predict {a.n_predict}: give at least 1 token to generate")
     tool_path = shutil.which(a.sanitizer)
     if a.wide and a.model:
         ap.error("--wide builds its own model: give --model or --wide, not both")
@@ -110,16 +120,17 @@ def main(argv: list[str] | None = None) -> int:
     prompt = a.work / "sanitizer-prompt.txt"
     prompt.parent.mkdir(parents=True, exist_ok=True)
     prompt.write_text(make_text(a.words, 3))
-    run = [str(a.bin / "llama-completion"), "-m", str(model), "-f", str(prompt), "-c", str(a.ctx), "-n", "8",
-           "-ngl", "99", "-fa", "on", "-ub", str(a.ubatch), "--kv-residency-mode", "window", "-fit", "off",
-           "-no-cnv", "--temp", "0", "--seed", "1", "-t", "8", "-lv", "4"]
+    run = [str(a.bin / "llama-completion"), "-m", str(model), "-f", str(prompt), "-c", str(a.ctx),
+           "-n", str(a.n_predict), "-ngl", "99", "-fa", "on", "-ub", str(a.ubatch), "--kv-residency-mode", "window",
+           "-fit", "off", "-no-cnv", "--temp", "0", "--seed", "1", "-t", "8", "-lv", "4"]
     env = dict(os.environ, **{WINDOW_ENV: str(a.window)})
     env.pop(DEBUG_ENV, None)
     if a.debug:
         env[DEBUG_ENV] = a.debug
     flags = f"{DEBUG_ENV}={a.debug} " if a.debug else ""
     lines = [f"# compute-sanitizer over a window run with the mapped tail (python -m gates.sanitizer): ctx {a.ctx}, "
-             f"forced window {a.window}, -ub {a.ubatch}, {a.words}-word prompt, limit {a.limit} s per tool"
+             f"forced window {a.window}, -ub {a.ubatch}, {a.words}-word prompt, {a.n_predict} tokens generated, "
+             f"limit {a.limit} s per tool"
              + (f", {DEBUG_ENV}={a.debug}" if a.debug else "")
              + (", the two-layer model with 4 KiB K/V rows (a device part)" if a.wide else "")
              + (f"; only kernels whose name contains '{a.kernels}' are checked" if a.kernels else "")]

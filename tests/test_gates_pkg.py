@@ -1886,6 +1886,34 @@ def test_sanitizer_asked_to_carry_passes_only_where_the_run_read_carried_chunks(
     assert json.loads(capsys.readouterr().out)["tools"]["memcheck"]["carry_read"] is False
 
 
+def test_sanitizer_asked_for_the_carry_trial_generates_enough_tokens_and_needs_its_line(tmp_path: Path,
+                                                                                        capsys: pytest.CaptureFixture):
+    from gates import sanitizer
+
+    tool = functools.partial(_sanitizer_in, tmp_path)
+    base = _sanitizer_args(tmp_path, "tail-ring,ring-carry-trial")
+    # the stand-in prints the -n it was given, and the trial's line only where the run made 22 decode tokens
+    ended = tool("ended", 'n=$(echo "$@" | sed "s/.* -n \\([0-9]*\\) .*/\\1/"); echo "generated $n"; '
+                          '[ "$n" -ge 23 ] && echo "I tail ring: ring-carry dropped: a token took 2.0 ms carrying, '
+                          '1.0 ms not (medians of 8)"; ')
+    out = tmp_path / "trial.txt"
+    assert sanitizer.main([*base, "--sanitizer", str(ended), "--out", str(out)]) == 0
+    res = json.loads(capsys.readouterr().out)["tools"]["memcheck"]
+    assert res["verdict"] == "pass" and "ring-carry-trial" in res["flags_ran"]
+    assert "32 tokens generated" in out.read_text().splitlines()[0] and " -n 32 " in out.read_text()
+    # the default 8 tokens without the flag; given too few with it, the trial does not end: not checked, exit 1
+    assert sanitizer.main([*_sanitizer_args(tmp_path, "tail-ring"), "--sanitizer", str(ended),
+                           "--out", str(tmp_path / "plain.txt")]) == 0
+    capsys.readouterr()
+    assert " -n 8 " in (tmp_path / "plain.txt").read_text()
+    assert sanitizer.main([*base, "--n-predict", "8", "--sanitizer", str(ended), "--out", str(out)]) == 1
+    res = json.loads(capsys.readouterr().out)["tools"]["memcheck"]
+    assert res["verdict"] == "not checked" and "no carry trial ran to its end" in res["why"]
+    with pytest.raises(SystemExit):
+        sanitizer.main([*base, "--n-predict", "0", "--sanitizer", str(ended), "--out", str(out)])
+    assert "--n-predict 0" in capsys.readouterr().err
+
+
 def test_sanitizer_wide_passes_only_where_the_window_kept_cells_in_device_memory(tmp_path: Path,
                                                                                 capsys: pytest.CaptureFixture):
     from gates import sanitizer
