@@ -1218,6 +1218,19 @@ def repeat_points(rows: list[dict]) -> list[dict]:
     return missed_goal_points(rows) + same_type_points(rows) + prompt_sized_points(rows)
 
 
+def run_facts(r: dict) -> dict:
+    """What a repeated run's log said about where its cache lived, kept beside its rates so that a point's result can
+    be explained from the JSON alone (the logs stay on the machine that ran them): the peak it reached, the cells its
+    window held (all: fully resident; none: a run without a window), the cells every K/V tensor held in device memory,
+    the tail cells, the carry trial's decision and the last reserve's CUDA0 compute buffer."""
+    w = r.get("window") or {}
+    return {"device_mib_peak": r.get("device_mib_peak"),
+            "window_cells": w.get("resident", "all" if r.get("fully_resident") else None),
+            "tail_cells": w.get("tail"), "device_cells": r.get("device_cells"),
+            "carry_trials": r.get("carry_trials") or [],
+            "compute_mib": (r.get("compute_buffers_mib") or {}).get("CUDA0")}
+
+
 def gate_h(a: argparse.Namespace, model: Path, work: Path) -> dict:
     """Budget-curve points repeated (gates.gpu.repeat_points): the goals a single run missed (prefill or decode), each
     fully resident quantized window against upstream resident of its type, and the 1M budgets where the window missed
@@ -1272,6 +1285,7 @@ def gate_h(a: argparse.Namespace, model: Path, work: Path) -> dict:
         cells = (last_win.get("window") or {}).get("resident", "all" if last_win.get("fully_resident") else None)
         row = pt | {"decode_n": n, "medians": med, "ratios_to_reference": ratio, "best_window": best, "window_cells": cells,
                     "samples": {name: [(r.get("prefill_tps"), r.get("decode_tps")) for r in rs] for name, rs in runs.items()},
+                    "runs": {name: [run_facts(r) for r in rs] for name, rs in runs.items()},
                     "window_fits_budget": fits[best],
                     "rc": {name: [r["rc"] for r in rs] for name, rs in runs.items()}}
         for k in ("prefill_tps", "decode_tps"):

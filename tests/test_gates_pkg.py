@@ -1156,9 +1156,12 @@ def fake_completion_rates(tmp_path: Path, rates: str) -> tuple[Path, Path]:
 def test_gate_h_repeats_each_missed_point_with_every_configuration(tmp_path: Path):
     from gates.gpu import budget_rows, gate_h, parse_args, write_budget_csv
 
-    # window runs prefill slower than head mode
-    bin_dir, calls = fake_completion_rates(tmp_path, 'case "$*" in *window*) pp=45000.00;; *) pp=60000.00;; esac; '
-                                                     'tg=700.00')
+    # window runs prefill slower than head mode, and log their window and the carry trial's decision
+    bin_dir, calls = fake_completion_rates(tmp_path, 'case "$*" in *window*) pp=45000.00; echo "llama_kv_cache: '
+                                                     'position window = 90112 / 131072 cells resident + host tail '
+                                                     '40960 cells (640.00 MiB host)"; echo "tail ring: ring-carry '
+                                                     'dropped: a token took 2.5 ms carrying, 1.5 ms not (medians of '
+                                                     '8)";; *) pp=60000.00;; esac; tg=700.00')
     rows = budget_rows(131072, [2800], "upstream q4_0", {"rc": 0, "prefill_tps": 60000.0, "decode_tps": 700.0,
                                                           "device_mib_peak": 2600}, 131072)
     rows += budget_rows(131072, [2800], "window q8_0", {"rc": 0, "prefill_tps": 50000.0, "decode_tps": 720.0,
@@ -1180,6 +1183,12 @@ def test_gate_h_repeats_each_missed_point_with_every_configuration(tmp_path: Pat
     # the same-type point is judged on decode only (700 against 700: met)
     assert same["decode_goal_met"] and same["prefill_goal_met"] is None and same["met"]
     assert set(same["medians"]) == {"reference", "window q8_0"}
+    # each run's facts are kept beside its rates: the window's cells and tail, the trial, none for the reference
+    facts = pt["runs"]["window q8_0"]
+    assert len(facts) == 3 and all(f["window_cells"] == 90112 and f["tail_cells"] == 40960 for f in facts)
+    assert facts[0]["carry_trials"] == [{"kept": False, "carrying_ms": 2.5, "not_carrying_ms": 1.5}]
+    assert all(f["window_cells"] is None and f["carry_trials"] == [] for f in pt["runs"]["reference"])
+    assert set(pt["runs"]) == set(pt["medians"])
     lines = calls.read_text().splitlines()
     assert len(lines) == 1 + 4 * 3 + 2 * 3  # a warm-up, 4 configurations x 3 rounds, then 2 x 3
     assert all("-n 128 " in ln for ln in lines)  # --repeat-n's default
