@@ -59,6 +59,8 @@ RE_GRAPH = re.compile(r"graph(?: \(pp bs=\d+, tg bs=\d+\))?: nodes = (\d+)(?: / 
 OOM_LINES = ("failed to allocate compute pp buffers", "graph_reserve: failed to allocate compute buffers",
              "failed to allocate CUDA0 buffer")
 MIB = 1 << 20
+# 0089's two-pass reserve line: the compute bytes per cell of attention span the window is sized with
+RE_SPAN_BYTES = re.compile(r"two-pass compute reserve: measured \d+ MiB, .* and (\d+) bytes per cell of attention span")
 MODEL_ARGS = ["--arch", "llama", "--layers", "8", "--n-embd", "2048", "--n-head", "16", "--n-head-kv", "4",
               "--head-dim", "128", "--n-ff", "8192", "--ctx", "1048576", "--vocab", "512"]
 COPY_TAIL_ENV = {DEBUG_ENV: "copy-tail"}  # 0073 off: the full build on 0072's copying tail path
@@ -187,6 +189,9 @@ def run(tag: str, argv: list[str], work: Path, env: dict | None = None, measure:
         res["compiler"] = m.group(3).strip()
     res["debug_lines"] = sorted({m.group(0).strip() for m in RE_DEBUG_LINE.finditer(text)})
     res["carry_trials"] = carry_trials(text)  # the tail ring's carry trial: kept or dropped, once a context
+    m = RE_SPAN_BYTES.search(text)
+    if m:  # 0089: the compute bytes each window cell past the span's floor costs beside its K and V
+        res["span_cell_bytes"] = int(m.group(1))
     # with two passes, the lines after the measurement are the cache the context runs with (a window or fully resident)
     last = text.rfind("two-pass compute reserve: measured")
     final = text[last:] if last >= 0 else text
@@ -1041,6 +1046,37 @@ def refill(budget: int, target: int, r: dict, keep: int | None, again: Callable[
     return target, r, f"refill to --vram-target {t2} not kept (peak {peak2 or 'not measured'} MiB, rc {r2.get('rc')})"
 
 
+def whole_prompt_target(target: int, r: dict, need: int) -> int | None:
+    """The --vram-target whose window would hold `need` cells (the prompt and the tokens decoded after it), where the
+    run r kept fewer: r's target raised by the missing cells at r's own bytes per cell (its host tail's MiB over its
+    cells, as its window line logs them, plus 0089's compute bytes per cell of attention span), rounded up to a MiB.
+    None where r held them, logged no window, or did not boot."""
+    w = r.get("window") or {}
+    if r.get("rc") != 0 or not w or not w.get("tail") or w["resident"] >= need:
+        return None
+    per_cell = w["tail_mib"] * MIB / w["tail"] + (r.get("span_cell_bytes") or 0)
+    return target + -(-int((need - w["resident"]) * per_cell) // MIB)
+
+
+def refill_whole(budget: int, target: int, r: dict, need: int, again: Callable[[int], dict]) -> tuple[int, dict, str]:
+    """A window run that kept part of the prompt in its host tail runs once more at the target whose window would hold
+    the prompt whole (whole_prompt_target), and that run is kept when it boots, decodes and its own peak fits the
+    budget. The peak is not monotonic in the target: a window that reads a large tail (2.5 MiB of K and V a layer or
+    more) also holds the tail ring's staging chunks in device memory (3 x 16 MiB, outside the compute buffer), so a
+    target that leaves little or no tail to read can fit a budget that a smaller one filled (the thirty-third round:
+    at 1M and 2,300 MiB, f16 peaked at the whole budget with 1,200 cells of the prompt in its tail, and 18 MiB more
+    target had held all but 187 at 2,270 MiB). Returns the target, the run kept and a note (empty where nothing ran)."""
+    t2 = whole_prompt_target(target, r, need)
+    if t2 is None or not r.get("device_mib_peak"):  # held it, or no peak to judge a second run's fit beside
+        return target, r, ""
+    r2 = again(t2)
+    peak2 = r2.get("device_mib_peak") or 0
+    if r2.get("rc") == 0 and r2.get("decode_tps") and 0 < peak2 <= budget:
+        return t2, r2, f"the whole prompt asked for: --vram-target {t2} kept (from {target}, peak {peak2} MiB)"
+    return target, r, (f"the whole prompt asked for: --vram-target {t2} not kept (peak {peak2 or 'not measured'} MiB, "
+                       f"rc {r2.get('rc')})")
+
+
 def gate_g(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict:
     """The budget curve at a declared context: every configuration a user could run, at device-memory budgets
     from the smallest a window boots in to fully resident. A budget is the device memory the process may use, as
@@ -1099,6 +1135,11 @@ def gate_g(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
                 r = window_run(t)
                 keep = a.budget_refill if a.budget_refill >= 0 else None
                 t, r, note = refill(b, t, r, keep, lambda t2: window_run(t2, "-refill"))
+                if keep is not None and r.get("prompt_tokens"):
+                    # the prompt and the tokens gate h decodes after it (its repeats run at this target)
+                    need = r["prompt_tokens"] + max(n, a.repeat_n)
+                    t, r, whole = refill_whole(b, t, r, need, lambda t2: window_run(t2, "-whole"))
+                    note = "; ".join(x for x in (note, whole) if x)
                 row = budget_rows(ctx, [b], config, r, ctx, target=t)
                 if note:
                     row[0]["note"] = (row[0]["note"] + "; " if row[0]["note"] else "") + note
@@ -1410,7 +1451,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="gate h: tokens decoded per run (more than the curve's, for a steadier decode figure)")
     ap.add_argument("--budget-refill", type=int, default=8, metavar="MIB",
                     help="gate g: a window run whose peak left more than MIB of its budget runs once more with its "
-                         "target raised by the rest less MIB, kept when that run's peak fits (-1: never)")
+                         "target raised by the rest less MIB, kept when that run's peak fits; then a window that kept "
+                         "part of the prompt in its tail runs once more at the target that would hold the prompt and "
+                         "gate h's decoded tokens whole, kept when its peak fits (-1: neither)")
     ap.add_argument("--budget-margin", type=int, default=48,
                     help="gate g: MiB kept below a budget beyond the measured overhead (it moved by up to 24 MiB)")
     ap.add_argument("--budgets-128k", type=int, nargs="+", default=[1900, 2100, 2400, 2800, 3300, 3900],

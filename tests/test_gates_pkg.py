@@ -2352,6 +2352,78 @@ def test_gates_gpu_refuses_builds_that_would_borrow_libraries(tmp_path: Path):
     assert not (tmp_path / "o" / "gpu_gates.json").exists()
 
 
+def test_gate_g_asks_for_the_whole_prompt_where_a_window_kept_part_of_it_in_its_tail():
+    from gates.gpu import MIB, refill_whole, whole_prompt_target
+
+    # the thirty-third round's 2,300 MiB point at 1M: 34,048 cells of an f16 window (16 KiB a cell in the host tail,
+    # 1 KiB of attention span), a 35,131-token prompt and 128 tokens decoded after it
+    tail = 1048576 - 34048
+    first = {"rc": 0, "device_mib_peak": 2300, "decode_tps": 723.0, "span_cell_bytes": 1024,
+             "window": {"resident": 34048, "kv_size": 1048576, "tail": tail, "tail_mib": tail * 16384 / MIB}}
+    need = 35131 + 128
+    assert whole_prompt_target(1814, first, need) == 1814 + -(-(need - 34048) * (16384 + 1024) // MIB) == 1835
+    # no span bytes logged: the K and V bytes alone
+    assert whole_prompt_target(1814, {**first, "span_cell_bytes": None}, need) == 1814 + 19
+    # nothing to ask where the window held the prompt, logged no window, or did not boot
+    for r in ({**first, "window": {**first["window"], "resident": need}}, {**first, "window": None},
+              {**first, "rc": 1}):
+        assert whole_prompt_target(1814, r, need) is None
+    tried: list[int] = []
+
+    def again(peak: int, rc: int = 0):
+        def run_at(target: int) -> dict:
+            tried.append(target)
+            return {"rc": rc, "device_mib_peak": peak, "decode_tps": 950.0 if rc == 0 else None}
+        return run_at
+
+    # a larger target whose peak is lower (no tail ring): kept, and the row says from where
+    t, r, note = refill_whole(2300, 1814, first, need, again(2274))
+    assert (t, r["decode_tps"], tried) == (1835, 950.0, [1835])
+    assert note == "the whole prompt asked for: --vram-target 1835 kept (from 1814, peak 2274 MiB)"
+    # over the budget, failed, or no peak measured: the first run stays, and the row says why
+    for peak, rc in ((2301, 0), (2274, 1), (0, 0)):
+        t, r, note = refill_whole(2300, 1814, first, need, again(peak, rc))
+        assert (t, r) == (1814, first) and note.startswith("the whole prompt asked for: --vram-target 1835 not kept")
+    # the first run's peak not measured: nothing runs (no fit could be judged beside it)
+    tried.clear()
+    assert refill_whole(2300, 1814, {**first, "device_mib_peak": 0}, need, again(2274))[2] == "" and tried == []
+
+
+def test_gate_g_keeps_the_whole_prompt_run_in_its_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from gates import gpu
+
+    # each run's peak follows its target, plus 50 MiB while the window reads a large tail (the ring's chunks)
+    def fake_run(tag: str, argv: list[str], work: Path, env: dict | None = None, measure: bool = False,
+                 timeout: int = 300) -> dict:
+        r = {"tag": tag, "rc": 0, "prefill_tps": 50000.0, "decode_tps": 700.0, "prompt_tokens": 35131}
+        if "--vram-target" not in argv:
+            return r | {"device_mib_peak": 1500, "fully_resident": True}
+        target = int(argv[argv.index("--vram-target") + 1])
+        cells = 34048 + (target - 1814) * 60
+        tail = 131072 - cells
+        ring = 50 if cells < 35131 + 128 else 0
+        return r | {"device_mib_peak": target + 436 + ring, "decode_tps": 700.0 if ring else 1000.0,
+                    "span_cell_bytes": 1024,
+                    "window": {"resident": cells, "kv_size": 131072, "tail": tail, "tail_mib": tail * 16384 / MIB}}
+
+    MIB = gpu.MIB
+    monkeypatch.setattr(gpu, "run", fake_run)
+    a = gpu.parse_args(["--full-bin", str(tmp_path), "--pre-bin", str(tmp_path), "--upstream-bin", str(tmp_path),
+                        "--budget-ctxs", "131072", "--budgets-128k", "2300", "--curve-words", "50"])
+    out = tmp_path / "out"
+    out.mkdir()
+    gpu.gate_g(a, tmp_path / "m.gguf", tmp_path, out)
+    rows = {r["config"]: r for r in csv.DictReader(open(out / "budget_curve.csv", newline=""))}
+    row = rows["window f16"]
+    # the calibration (a window with a tail: overhead 486) and the margin (48) put the first target at 1766; its
+    # peak left 48 MiB, so the refill raised it to 1806, which filled the budget with part of the prompt still in the
+    # tail; the whole prompt's target is larger and peaks lower (no ring), so the row is that run's
+    assert row["decode_tps"] == "1000.0" and row["fits_budget"] == "True"
+    assert row["note"] == ("refilled from --vram-target 1766 (peak 2252 MiB); the whole prompt asked for: "
+                           "--vram-target 1835 kept (from 1806, peak 2271 MiB)")
+    assert (row["vram_target_mib"], row["device_mib_peak"], row["resident_cells"]) == ("1835", "2271", "35308")
+
+
 def test_gate_g_cut_short_keeps_the_rows_it_measured(tmp_path: Path, monkeypatch):
     """A call's time limit stops gate g mid-curve: the CSV holds every run measured so far and the metadata says
     the curve is not complete; a finished run says complete."""
