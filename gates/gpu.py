@@ -1040,10 +1040,19 @@ def refill(budget: int, target: int, r: dict, keep: int | None, again: Callable[
         return target, r, ""
     t2 = target + (budget - peak) - keep
     r2 = again(t2)
-    peak2 = r2.get("device_mib_peak") or 0
-    if r2.get("rc") == 0 and r2.get("decode_tps") and 0 < peak2 <= budget:
+    if second_run_fits(r2, budget):
         return t2, r2, f"refilled from --vram-target {target} (peak {peak} MiB)"
-    return target, r, f"refill to --vram-target {t2} not kept (peak {peak2 or 'not measured'} MiB, rc {r2.get('rc')})"
+    return target, r, f"refill to --vram-target {t2} not kept ({why_not_kept(r2)})"
+
+
+def second_run_fits(r2: dict, budget: int) -> bool:
+    """A window run tried at another target is kept when it booted, decoded and its own measured peak fits."""
+    peak2 = r2.get("device_mib_peak") or 0
+    return r2.get("rc") == 0 and bool(r2.get("decode_tps")) and 0 < peak2 <= budget
+
+
+def why_not_kept(r2: dict) -> str:
+    return f"peak {r2.get('device_mib_peak') or 'not measured'} MiB, rc {r2.get('rc')}"
 
 
 def whole_prompt_target(target: int, r: dict, need: int) -> int | None:
@@ -1070,11 +1079,10 @@ def refill_whole(budget: int, target: int, r: dict, need: int, again: Callable[[
     if t2 is None or not r.get("device_mib_peak"):  # held it, or no peak to judge a second run's fit beside
         return target, r, ""
     r2 = again(t2)
-    peak2 = r2.get("device_mib_peak") or 0
-    if r2.get("rc") == 0 and r2.get("decode_tps") and 0 < peak2 <= budget:
-        return t2, r2, f"the whole prompt asked for: --vram-target {t2} kept (from {target}, peak {peak2} MiB)"
-    return target, r, (f"the whole prompt asked for: --vram-target {t2} not kept (peak {peak2 or 'not measured'} MiB, "
-                       f"rc {r2.get('rc')})")
+    if second_run_fits(r2, budget):
+        return t2, r2, (f"the whole prompt asked for: --vram-target {t2} kept (from {target}, "
+                        f"peak {r2['device_mib_peak']} MiB)")
+    return target, r, f"the whole prompt asked for: --vram-target {t2} not kept ({why_not_kept(r2)})"
 
 
 def gate_g(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict:
@@ -1322,8 +1330,7 @@ def gate_h(a: argparse.Namespace, model: Path, work: Path) -> dict:
         # point's metrics (ties: the curve's pick)
         best = max((w["config"] for w in windows),
                    key=lambda c: (fits[c], min(ratio[c][k] or 0 for k in pt["metrics"]), c == pt["window"]))
-        last_win = runs[best][-1]
-        cells = (last_win.get("window") or {}).get("resident", "all" if last_win.get("fully_resident") else None)
+        cells = run_facts(runs[best][-1])["window_cells"]
         row = pt | {"decode_n": n, "medians": med, "ratios_to_reference": ratio, "best_window": best, "window_cells": cells,
                     "samples": {name: [(r.get("prefill_tps"), r.get("decode_tps")) for r in rs] for name, rs in runs.items()},
                     "runs": {name: [run_facts(r) for r in rs] for name, rs in runs.items()},

@@ -11,6 +11,7 @@ import re
 import stat
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -2233,17 +2234,20 @@ def test_room_probe_runs_head_mode_beside_an_upstream_reference_and_pairs_each_r
     capsys.readouterr()
 
 
+def _second_run(tried: list[int], decode: float, peak: int, rc: int = 0) -> Callable[[int], dict]:
+    """A stand-in for gate g's second window run at another target: records the target, peaks at `peak`."""
+    def run_at(target: int) -> dict:
+        tried.append(target)
+        return {"rc": rc, "device_mib_peak": peak, "decode_tps": decode if rc == 0 else None}
+    return run_at
+
+
 def test_gate_g_refill_raises_the_target_by_what_the_peak_left_and_keeps_it_only_where_it_fits():
     from gates.gpu import refill
 
     first = {"rc": 0, "device_mib_peak": 2284, "decode_tps": 864.5}
     tried: list[int] = []
-
-    def again(peak: int, rc: int = 0):
-        def run_at(target: int) -> dict:
-            tried.append(target)
-            return {"rc": rc, "device_mib_peak": peak, "decode_tps": 986.6 if rc == 0 else None}
-        return run_at
+    again = functools.partial(_second_run, tried, 986.6)
 
     # 16 MiB left under 2,300, 8 kept back: the target rises by 8 and the second run fits
     t, r, note = refill(2300, 1824, first, 8, again(2296))
@@ -2369,12 +2373,7 @@ def test_gate_g_asks_for_the_whole_prompt_where_a_window_kept_part_of_it_in_its_
               {**first, "rc": 1}):
         assert whole_prompt_target(1814, r, need) is None
     tried: list[int] = []
-
-    def again(peak: int, rc: int = 0):
-        def run_at(target: int) -> dict:
-            tried.append(target)
-            return {"rc": rc, "device_mib_peak": peak, "decode_tps": 950.0 if rc == 0 else None}
-        return run_at
+    again = functools.partial(_second_run, tried, 950.0)
 
     # a larger target whose peak is lower (no tail ring): kept, and the row says from where
     t, r, note = refill_whole(2300, 1814, first, need, again(2274))
