@@ -1055,16 +1055,24 @@ def why_not_kept(r2: dict) -> str:
     return f"peak {r2.get('device_mib_peak') or 'not measured'} MiB, rc {r2.get('rc')}"
 
 
+# the sizer's step: 0071 aligns a window down to a multiple of this many cells (OPENCOTI_KV_WINDOW_ALIGN)
+WINDOW_ALIGN_CELLS = 256
+
+
 def whole_prompt_target(target: int, r: dict, need: int) -> int | None:
     """The --vram-target whose window would hold `need` cells (the prompt and the tokens decoded after it), where the
     run r kept fewer: r's target raised by the missing cells at r's own bytes per cell (its host tail's MiB over its
     cells, as its window line logs them, plus 0089's compute bytes per cell of attention span), rounded up to a MiB.
-    None where r held them, logged no window, or did not boot."""
+    The cells asked for are `need` aligned up to the sizer's step (0071 aligns its window down to
+    WINDOW_ALIGN_CELLS) and one step more: those bytes per cell fall a little short of what the sizer counts (the
+    thirty-fourth round: 29 MiB more target, estimated to hold 7,355 more cells of f16, held 7,168: 35,072 of the
+    35,259 asked for). None where r held them, logged no window, or did not boot."""
     w = r.get("window") or {}
     if r.get("rc") != 0 or not w or not w.get("tail") or w["resident"] >= need:
         return None
+    cells = -(-need // WINDOW_ALIGN_CELLS) * WINDOW_ALIGN_CELLS + WINDOW_ALIGN_CELLS
     per_cell = w["tail_mib"] * MIB / w["tail"] + (r.get("span_cell_bytes") or 0)
-    return target + -(-int((need - w["resident"]) * per_cell) // MIB)
+    return target + -(-int((cells - w["resident"]) * per_cell) // MIB)
 
 
 def refill_whole(budget: int, target: int, r: dict, need: int, again: Callable[[int], dict]) -> tuple[int, dict, str]:

@@ -2365,9 +2365,12 @@ def test_gate_g_asks_for_the_whole_prompt_where_a_window_kept_part_of_it_in_its_
     first = {"rc": 0, "device_mib_peak": 2300, "decode_tps": 723.0, "span_cell_bytes": 1024,
              "window": {"resident": 34048, "kv_size": 1048576, "tail": tail, "tail_mib": tail * 16384 / MIB}}
     need = 35131 + 128
-    assert whole_prompt_target(1814, first, need) == 1814 + -(-(need - 34048) * (16384 + 1024) // MIB) == 1835
+    # the cells asked for: the need aligned up to the sizer's 256-cell step (35,328) and one step more
+    assert whole_prompt_target(1814, first, need) == 1814 + -(-(35584 - 34048) * (16384 + 1024) // MIB) == 1840
     # no span bytes logged: the K and V bytes alone
-    assert whole_prompt_target(1814, {**first, "span_cell_bytes": None}, need) == 1814 + 19
+    assert whole_prompt_target(1814, {**first, "span_cell_bytes": None}, need) == 1814 + 24
+    # a need already on the step still gets the step more
+    assert whole_prompt_target(1814, first, 35328) == whole_prompt_target(1814, first, 35073) == 1840
     # nothing to ask where the window held the prompt, logged no window, or did not boot
     for r in ({**first, "window": {**first["window"], "resident": need}}, {**first, "window": None},
               {**first, "rc": 1}):
@@ -2377,12 +2380,12 @@ def test_gate_g_asks_for_the_whole_prompt_where_a_window_kept_part_of_it_in_its_
 
     # a larger target whose peak is lower (no tail ring): kept, and the row says from where
     t, r, note = refill_whole(2300, 1814, first, need, again(2274))
-    assert (t, r["decode_tps"], tried) == (1835, 950.0, [1835])
-    assert note == "the whole prompt asked for: --vram-target 1835 kept (from 1814, peak 2274 MiB)"
+    assert (t, r["decode_tps"], tried) == (1840, 950.0, [1840])
+    assert note == "the whole prompt asked for: --vram-target 1840 kept (from 1814, peak 2274 MiB)"
     # over the budget, failed, or no peak measured: the first run stays, and the row says why
     for peak, rc in ((2301, 0), (2274, 1), (0, 0)):
         t, r, note = refill_whole(2300, 1814, first, need, again(peak, rc))
-        assert (t, r) == (1814, first) and note.startswith("the whole prompt asked for: --vram-target 1835 not kept")
+        assert (t, r) == (1814, first) and note.startswith("the whole prompt asked for: --vram-target 1840 not kept")
     # the first run's peak not measured: nothing runs (no fit could be judged beside it)
     tried.clear()
     assert refill_whole(2300, 1814, {**first, "device_mib_peak": 0}, need, again(2274))[2] == "" and tried == []
@@ -2419,8 +2422,8 @@ def test_gate_g_keeps_the_whole_prompt_run_in_its_row(tmp_path: Path, monkeypatc
     # tail; the whole prompt's target is larger and peaks lower (no ring), so the row is that run's
     assert row["decode_tps"] == "1000.0" and row["fits_budget"] == "True"
     assert row["note"] == ("refilled from --vram-target 1766 (peak 2252 MiB); the whole prompt asked for: "
-                           "--vram-target 1835 kept (from 1806, peak 2271 MiB)")
-    assert (row["vram_target_mib"], row["device_mib_peak"], row["resident_cells"]) == ("1835", "2271", "35308")
+                           "--vram-target 1840 kept (from 1806, peak 2276 MiB)")
+    assert (row["vram_target_mib"], row["device_mib_peak"], row["resident_cells"]) == ("1840", "2276", "35608")
 
 
 def test_gate_g_cut_short_keeps_the_rows_it_measured(tmp_path: Path, monkeypatch):
