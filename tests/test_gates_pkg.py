@@ -2447,7 +2447,8 @@ def test_gate_g_cut_short_keeps_the_rows_it_measured(tmp_path: Path, monkeypatch
 
     def limited(tag, *args, **kw):
         calls.append(tag)
-        if len(calls) == 8:  # 4 upstream runs, the calibration, 2 window runs, then the limit
+        # 4 upstream runs, two calibrations (the stand-in logs no window, so neither binds), 2 window runs, the limit
+        if len(calls) == 9:
             raise TimeoutError("the call's limit")
         return real_run(tag, *args, **kw)
 
@@ -2927,3 +2928,82 @@ def test_device_bin_runs_only_the_build_of_the_checkouts_series(tmp_path: Path):
     anyway = run(DEVICE_OTHER_SERIES="1")
     assert anyway.returncode == 0 and anyway.stdout.strip() == "ran"
     assert "its results describe that build, not this tree" in anyway.stderr
+
+
+def test_gate_g_refit_lowers_a_target_whose_peak_went_over_the_budget():
+    from gates.gpu import refit
+
+    # the thirty-fourth round at 1M and 11,000 MiB: f16 at --vram-target 10,756 peaked at 11,194
+    first = {"rc": 0, "device_mib_peak": 11194, "decode_tps": None}
+    tried: list[int] = []
+    again = functools.partial(_second_run, tried, 905.0)
+    t, r, note = refit(11000, 10756, first, 48, again(10990))
+    assert (t, r["decode_tps"], tried) == (10756 - 194 - 48, 905.0, [10514])
+    assert note == "lowered from --vram-target 10756 (peak 11194 MiB)"
+    # the lowered run still over, failed or without a peak: the first stays, and the note says why
+    for peak, rc in ((11001, 0), (10990, 1), (0, 0)):
+        t, r, note = refit(11000, 10756, first, 48, again(peak, rc))
+        assert (t, r) == (10756, first) and note.startswith("lowered to --vram-target 10514, not kept (")
+    # within the budget, failed or not measured: nothing runs
+    tried.clear()
+    for r0 in ({**first, "device_mib_peak": 11000}, {**first, "rc": 1}, {**first, "device_mib_peak": None}):
+        assert refit(11000, 10756, r0, 48, again(10990)) == (10756, r0, "")
+    assert tried == []
+
+
+def test_gate_g_calibrates_on_a_window_its_target_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A calibration run whose window held the whole context (no tail) says nothing of the overhead: gate g tries the
+    smallest budget's target next, and every window row then fits its budget."""
+    from gates import gpu
+
+    calls: list[str] = []
+
+    def fake_run(tag: str, argv: list[str], work: Path, env: dict | None = None, measure: bool = False,
+                 timeout: int = 300) -> dict:
+        calls.append(tag)
+        r = {"tag": tag, "rc": 0, "prefill_tps": 50000.0, "decode_tps": 700.0, "prompt_tokens": 35131}
+        if "--vram-target" not in argv:
+            return r | {"device_mib_peak": 2282, "fully_resident": True}
+        target = int(argv[argv.index("--vram-target") + 1])
+        if target >= 18000:  # the whole context fits: the peak is the cache's, not the target's
+            return r | {"device_mib_peak": 19096, "fully_resident": True}
+        cells = target * 50
+        return r | {"device_mib_peak": target + 440, "span_cell_bytes": 1024,
+                    "window": {"resident": cells, "kv_size": 1048576, "tail": 1048576 - cells,
+                               "tail_mib": (1048576 - cells) / 64}}
+
+    monkeypatch.setattr(gpu, "run", fake_run)
+    a = gpu.parse_args(["--full-bin", str(tmp_path), "--pre-bin", str(tmp_path), "--upstream-bin", str(tmp_path),
+                        "--budget-ctxs", "1048576", "--budgets-1m", "11000", "19500", "--curve-words", "50"])
+    out = tmp_path / "out"
+    out.mkdir()
+    res = gpu.gate_g(a, tmp_path / "m.gguf", tmp_path, out)
+    assert [c for c in calls if c.startswith("g-calibrate")] == ["g-calibrate-1048576-18900",
+                                                                  "g-calibrate-1048576-10400"]
+    ref = res["contexts"][1048576]
+    assert (ref["overhead_mib"], ref["calibration_target_mib"], ref["calibration_not_binding"]) == (440, 10400, [18900])
+    rows = [r for r in csv.DictReader(open(out / "budget_curve.csv", newline="")) if r["config"].startswith("window")
+            and r["budget_mib"] == "11000"]
+    assert len(rows) == 4 and all(r["fits_budget"] == "True" and int(r["device_mib_peak"]) <= 11000 for r in rows)
+    assert not any("lowered" in r["note"] for r in rows)
+
+    # the thirty-fourth round's way, the first calibration taken as it came (overhead 196): every window at 11,000
+    # MiB goes over, and gate g lowers each to a target that fits
+    monkeypatch.setattr(gpu, "calibration_binds", lambda r: True)
+    calls.clear()
+    res = gpu.gate_g(a, tmp_path / "m.gguf", tmp_path, out)
+    assert res["contexts"][1048576]["overhead_mib"] == 196
+    rows = [r for r in csv.DictReader(open(out / "budget_curve.csv", newline="")) if r["config"].startswith("window")
+            and r["budget_mib"] == "11000"]
+    assert all(r["fits_budget"] == "True" and int(r["device_mib_peak"]) <= 11000 for r in rows)
+    assert all(r["note"].startswith("lowered from --vram-target 10756 (peak 11196 MiB)") for r in rows)
+
+
+def test_gate_g_calibration_binds_only_where_the_window_kept_a_tail():
+    from gates.gpu import calibration_binds
+
+    run = {"rc": 0, "device_mib_peak": 2188, "window": {"resident": 27904, "tail": 1020672}}
+    assert calibration_binds(run)
+    for r in ({**run, "window": None, "fully_resident": True}, {**run, "window": {"resident": 1048576, "tail": 0}},
+              {**run, "rc": 1}, {**run, "device_mib_peak": None}):
+        assert not calibration_binds(r)
