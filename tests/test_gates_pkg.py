@@ -1122,15 +1122,22 @@ def test_repeat_points_are_missed_goals_same_type_pairs_and_prompt_sized_misses(
     rows += budget_rows(1048576, [3000], "window f16", r(90.0, 95.0, 2900, resident=True), 1048576, target=2800)
     path = tmp_path / "budget_curve.csv"
     write_budget_csv(path, rows, [4096, 1048576])
-    points = repeat_points(read_budget_csv(path))
-    # 1000 MiB: prefill 0.90 (missed); 2000 MiB: decode 0.94 (missed); 3000 MiB: met, not repeated as a goal
+    # misses only (near 0): 1000 MiB: prefill 0.90 (missed); 2000 MiB: decode 0.94 (missed); 3000 MiB: met (prefill
+    # 0.99), not repeated as a goal; at 1M the window decodes 0.8 of the sized reference at 2000 and 0.95 at 3000
+    points = repeat_points(read_budget_csv(path), near=0)
     assert [(p["kind"], p["budget_mib"], p["window"]) for p in points] == [
         ("goal", 1000, "window f16"), ("goal", 2000, "window f16"), ("same type", 3000, "window q4_0"),
         ("prompt-sized", 2000, "window f16")]
+    # by default a single run that met its bound by less than 0.1 is repeated too, and says it met
+    near = repeat_points(read_budget_csv(path))
+    assert [(p["kind"], p["budget_mib"], p.get("curve_met")) for p in near] == [
+        ("goal", 1000, False), ("goal", 2000, False), ("goal", 3000, True), ("same type", 3000, None),
+        ("prompt-sized", 2000, False), ("prompt-sized", 3000, True)]
     assert points[0] | {} == {"kind": "goal", "ctx": 4096, "budget_mib": 1000, "reference": "upstream q4_0",
                               "reference_ctx": 4096, "window": "window f16", "vram_target_mib": 800, "bound": 0.95,
                               "metrics": ["prefill_tps", "decode_tps"], "curve_prefill_ratio": 0.9,
-                              "curve_decode_ratio": 1.2, "windows": [{"config": "window f16", "vram_target_mib": 800}]}
+                              "curve_decode_ratio": 1.2, "curve_met": False,
+                              "windows": [{"config": "window f16", "vram_target_mib": 800}]}
     assert points[2]["reference"] == "upstream q4_0" and points[2]["curve_decode_ratio"] == 0.98
     assert points[3]["reference_ctx"] == 1024 and points[3]["curve_decode_ratio"] == 0.8 and points[3]["bound"] == 0.9
     # a best window is judged among every window that fit the point; item 1's pairs are one window each
