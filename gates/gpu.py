@@ -1065,9 +1065,13 @@ def refill(budget: int, target: int, r: dict, keep: int | None, again: Callable[
     """A window run whose measured peak left more than `keep` MiB of its budget runs once more, with the target
     raised by what was left less `keep` (the largest target the measured overhead allows): the second run is kept
     when it boots and its own peak fits the budget, else the first. Returns the target, the run kept and a note for
-    the row (empty where nothing was tried). keep None, or a peak not measured (0), tries nothing."""
+    the row (empty where nothing was tried). keep None, or a peak not measured (0), tries nothing; nor does a run
+    whose window held the whole context (no host tail: a larger target holds nothing more, and its peak is the
+    cache's, not the target's)."""
     peak = r.get("device_mib_peak") or 0
     if keep is None or r.get("rc") != 0 or not peak or budget - peak <= keep:
+        return target, r, ""
+    if not (r.get("window") or {}).get("tail"):
         return target, r, ""
     t2 = target + (budget - peak) - keep
     r2 = again(t2)

@@ -2252,7 +2252,7 @@ def _second_run(tried: list[int], decode: float, peak: int, rc: int = 0) -> Call
 def test_gate_g_refill_raises_the_target_by_what_the_peak_left_and_keeps_it_only_where_it_fits():
     from gates.gpu import refill
 
-    first = {"rc": 0, "device_mib_peak": 2284, "decode_tps": 864.5}
+    first = {"rc": 0, "device_mib_peak": 2284, "decode_tps": 864.5, "window": {"resident": 34048, "tail": 1014528}}
     tried: list[int] = []
     again = functools.partial(_second_run, tried, 986.6)
 
@@ -2266,8 +2266,11 @@ def test_gate_g_refill_raises_the_target_by_what_the_peak_left_and_keeps_it_only
         assert (t, r) == (1824, first) and note.startswith("refill to --vram-target 1832 not kept"), note
     # nothing is tried where the peak left no more than the kept MiB, where it was not measured, or when turned off
     tried.clear()
+    # or where the window held the whole context (no tail: the thirty-fourth round raised q4_0 at 1M and 11,000 MiB,
+    # fully resident at a 9,324 MiB peak, to a target of 12,424 for nothing)
     for budget, run, keep in ((2292, first, 8), (2300, {**first, "device_mib_peak": 0}, 8), (2300, first, None),
-                              (2300, {**first, "rc": 1}, 8)):
+                              (2300, {**first, "rc": 1}, 8), (2300, {**first, "window": None, "fully_resident": True}, 8),
+                              (2300, {**first, "window": {"resident": 1048576, "tail": 0}}, 8)):
         assert refill(budget, 1824, run, keep, again(2296)) == (1824, run, "")
     assert tried == []
 
