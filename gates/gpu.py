@@ -1035,11 +1035,16 @@ def window_config(config: str) -> tuple[str, list[str]]:
 CALIBRATION_DEFAULT_MIB = 600
 
 
+def target_bound(r: dict) -> bool:
+    """The run's window kept a host tail: its sizer stopped at the target, not at the context (a window that held the
+    whole context would have held no more under a larger target, and its peak is the cache's, not the target's)."""
+    return bool((r.get("window") or {}).get("tail"))
+
+
 def calibration_binds(r: dict) -> bool:
-    """A calibration run measures the overhead outside the sizer only where its target bound the window: it booted,
-    logged a window with a host tail (the sizer stopped at the target, not at the context) and reached a peak."""
-    w = r.get("window") or {}
-    return r.get("rc") == 0 and bool(w.get("tail")) and bool(r.get("device_mib_peak"))
+    """A calibration run measures the overhead outside the sizer only where it booted, its target bound the window
+    (target_bound) and it reached a peak."""
+    return r.get("rc") == 0 and target_bound(r) and bool(r.get("device_mib_peak"))
 
 
 def refit(budget: int, target: int, r: dict, margin: int, again: Callable[[int], dict]) -> tuple[int, dict, str]:
@@ -1066,12 +1071,9 @@ def refill(budget: int, target: int, r: dict, keep: int | None, again: Callable[
     raised by what was left less `keep` (the largest target the measured overhead allows): the second run is kept
     when it boots and its own peak fits the budget, else the first. Returns the target, the run kept and a note for
     the row (empty where nothing was tried). keep None, or a peak not measured (0), tries nothing; nor does a run
-    whose window held the whole context (no host tail: a larger target holds nothing more, and its peak is the
-    cache's, not the target's)."""
+    whose window held the whole context (not target_bound)."""
     peak = r.get("device_mib_peak") or 0
-    if keep is None or r.get("rc") != 0 or not peak or budget - peak <= keep:
-        return target, r, ""
-    if not (r.get("window") or {}).get("tail"):
+    if keep is None or r.get("rc") != 0 or not peak or budget - peak <= keep or not target_bound(r):
         return target, r, ""
     t2 = target + (budget - peak) - keep
     r2 = again(t2)
@@ -1103,7 +1105,7 @@ def whole_prompt_target(target: int, r: dict, need: int) -> int | None:
     thirty-fourth round: 29 MiB more target, estimated to hold 7,355 more cells of f16, held 7,168: 35,072 of the
     35,259 asked for). None where r held them, logged no window, or did not boot."""
     w = r.get("window") or {}
-    if r.get("rc") != 0 or not w or not w.get("tail") or w["resident"] >= need:
+    if r.get("rc") != 0 or not target_bound(r) or w["resident"] >= need:
         return None
     cells = -(-need // WINDOW_ALIGN_CELLS) * WINDOW_ALIGN_CELLS + WINDOW_ALIGN_CELLS
     per_cell = w["tail_mib"] * MIB / w["tail"] + (r.get("span_cell_bytes") or 0)
@@ -1175,7 +1177,7 @@ def gate_g(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
             if calibration_binds(cal):
                 overhead = cal["device_mib_peak"] - t0
                 break
-            refs[ctx]["calibration_not_binding"] = refs[ctx].get("calibration_not_binding", []) + [t0]
+            refs[ctx].setdefault("calibration_not_binding", []).append(t0)
         refs[ctx]["overhead_mib"] = overhead
         log(f"budget curve: ctx {ctx}, overhead outside the sizer {overhead} MiB")
         for b in budgets:
