@@ -260,3 +260,14 @@ def ensure_model(path: Path, args: list[str]) -> Path:
     os.replace(part, path)
     stamp.write_text(json.dumps({"args": list(args), "sha256": sha256(path)}))
     return path
+
+
+def device_cards(env: dict | None = None) -> list[str]:
+    """The cards this machine shows (nvidia-smi: name, total memory, driver), one string each, recorded beside every
+    gate's result so that each figure says which card gave it; empty where nvidia-smi is missing or fails."""
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=30, env=env)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [ln.strip() for ln in r.stdout.splitlines() if ln.strip()] if r.returncode == 0 else []

@@ -34,6 +34,7 @@ from gates.common import (
     carry_trials,
     check_own_libraries,
     compilers_differ,
+    device_cards,
     ensure_model,
     log,
     make_text,
@@ -1578,6 +1579,8 @@ def main(argv: list[str] | None = None) -> int:
     differ = compilers_differ(a.compilers, "full", "upstream") if not note else None
     if differ:
         log(f"note: {differ}; gate b's verdict is not checked, and every other ratio to upstream carries this note")
+    cards = device_cards()
+    log("device: " + ("; ".join(cards) or "nvidia-smi named no card"))
     model = ensure_model(a.work / "synthetic-8l-2048.gguf", MODEL_ARGS)
     results: dict = {}
     names = GATES
@@ -1610,6 +1613,7 @@ def main(argv: list[str] | None = None) -> int:
             res["upstream_bin"] = note
         res["libraries"] = libraries
         res["compilers"] = a.compilers
+        res["device"] = cards
         if differ:
             res["compilers_differ"] = differ
         results[names.get(g, g)] = res

@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 from gates import tail_models
-from gates.common import DEBUG_ENV, WINDOW_ENV, ensure_model, log, make_text, rotated
+from gates.common import DEBUG_ENV, WINDOW_ENV, device_cards, ensure_model, log, make_text, rotated
 from gates.gpu import MODEL_ARGS, RE_CARRY_READ, completion, flags_not_run, flags_ran, run, small_tail_window
 
 # the kernels of a flash-attention node: upstream's vector and MMA kernels and their combine, and fattn.cu's own
@@ -221,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"profiled {name}: {entry.get('us_per_token')} us of attention kernels a token, "
             f"timed {entry['timed_median_ms']} ms a token")
     result["builds"] = sorted(builds)
+    result["device"] = device_cards()
     for name, line in over_resident(result["configs"]).items():
         log(f"{name} over resident: {line}")
     a.out.write_text(json.dumps(result, indent=2))

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from gates.common import DEBUG_ENV, carry_trials, own_libraries_env, parse_windows
+from gates.common import DEBUG_ENV, carry_trials, device_cards, own_libraries_env, parse_windows
 
 
 def bench_once(a: argparse.Namespace, name: str, flags: list[str], env_extra: dict, rnd: int) -> dict:
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             ok = ok and not s["windows"]
         rows.append(row)
     result = {"ok": ok, "model": str(a.model), "test": {"pp": a.pp, "tg": a.tg, "depth": a.depth, "reps": a.reps,
-              "rounds": a.rounds}, "rows": rows, "seconds": round(time.monotonic() - t0, 1)}
+              "rounds": a.rounds}, "rows": rows, "device": device_cards(), "seconds": round(time.monotonic() - t0, 1)}
     print(json.dumps(result, indent=2))
     for r in rows:
         wl = ",".join(f"{w['window']}/{w['kv_size']}+{w['tail']}" for w in r["position_windows"]) or "-"

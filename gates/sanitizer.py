@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gates.common import DEBUG_ENV, WINDOW_ENV, ensure_model, make_text, own_libraries_env
+from gates.common import DEBUG_ENV, WINDOW_ENV, device_cards, ensure_model, make_text, own_libraries_env
 from gates.gpu import CARRY_DROPPED, FLAG_RAN, MODEL_ARGS, RE_CARRY_READ, flags_not_run, flags_ran
 
 # 0073's carry trial times 3 + 8 decode tokens each way, after the first decode graph: 22 decode graphs at least,
@@ -133,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
              f"limit {a.limit} s per tool"
              + (f", {DEBUG_ENV}={a.debug}" if a.debug else "")
              + (", the two-layer model with 4 KiB K/V rows (a device part)" if a.wide else "")
-             + (f"; only kernels whose name contains '{a.kernels}' are checked" if a.kernels else "")]
+             + (f"; only kernels whose name contains '{a.kernels}' are checked" if a.kernels else ""),
+             "# device: " + ("; ".join(device_cards()) or "nvidia-smi named no card")]
     results: dict[str, dict] = {}
     for tool in [t for t in a.tools.split(",") if t]:
         only = ["--kernel-name", f"kns={a.kernels}"] if a.kernels else []
@@ -171,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text("\n".join(lines) + "\n")
     ok = bool(results) and all(r["verdict"] == "pass" for r in results.values())
-    print(json.dumps({"pass": ok, "tools": results, "out": str(a.out)}, indent=1))
+    print(json.dumps({"pass": ok, "tools": results, "out": str(a.out), "device": device_cards()}, indent=1))
     return 0 if ok else 1
 
 

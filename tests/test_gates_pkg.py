@@ -1227,6 +1227,7 @@ def test_model_bench_runs_resident_and_each_window_and_wants_a_tail(tmp_path: Pa
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
     assert [row["config"] for row in res["rows"]] == ["resident", "window 4096", "window 8192"]
+    assert isinstance(res["device"], list)  # the cards nvidia-smi named (none here)
     assert res["rows"][1]["tail_engaged"] and res["rows"][1]["prefill_median"] == 51000.0
     assert res["rows"][2]["position_windows"][0]["window"] == 8192
     # each round's context logged its trial: both rounds' decisions are kept, with what they measured
@@ -1824,6 +1825,8 @@ def test_sanitizer_passes_only_on_a_finished_clean_summary(tmp_path: Path, capsy
         assert res["pass"] is (code == 0)
         text = out.read_text()
         assert f"memcheck: {verdict}" in text and f"racecheck: {verdict}" in text
+        # the card the run was on, or that none was named
+        assert text.splitlines()[1].startswith("# device: ") and isinstance(res["device"], list)
     assert "3 error(s)" in (tmp_path / "dirty.txt").read_text()
     assert "racecheck: pass (15 racecheck warning(s))" in (tmp_path / "warned.txt").read_text()
     crashed = (tmp_path / "crash.txt").read_text()
@@ -2577,12 +2580,17 @@ def test_gates_gpu_names_each_gate_it_ran_and_its_verdict_for_forktool(tmp_path:
     gpu, a = steady_gate_b(tmp_path, monkeypatch, full_compiler="GNU 12.2.0", upstream_compiler="GNU 13.3.0")
     monkeypatch.setattr(gpu, "check_own_libraries", lambda programs, env: {k: str(v.parent) for k, v in programs.items()})
     monkeypatch.setattr(gpu, "ensure_model", lambda path, args: path)
+    monkeypatch.setattr(gpu, "device_cards", lambda: ["NVIDIA H100 80GB HBM3, 81559 MiB, 580.159.04"])
     code = gpu.main(["--full-bin", str(a.full_bin), "--pre-bin", str(a.full_bin), "--upstream-bin", str(a.upstream_bin),
                      "--bench-rounds", "5", "--bench-cpus", "", "--work", str(tmp_path / "w"),
                      "--out", str(tmp_path / "o"), "--only", "b,z"])
     err = capsys.readouterr().err.splitlines()
     parts = [line for line in err if line.startswith("forktool-gate-part ")]
     assert code == 1 and len(parts) == 2
+    # every gate's result names the card its figures came from
+    results = json.loads((tmp_path / "o" / "gpu_gates.json").read_text())
+    assert all(r["device"] == ["NVIDIA H100 80GB HBM3, 81559 MiB, 580.159.04"] for r in results.values())
+    assert "device: NVIDIA H100 80GB HBM3, 81559 MiB, 580.159.04" in err
     assert parts[0].startswith("forktool-gate-part b: not checked: the full build was made with GNU 12.2.0")
     assert parts[1] == "forktool-gate-part z: fail: unknown gate 'z'"
     from forktool.commands.gates_cmds import gate_parts, judge
@@ -3017,3 +3025,18 @@ def test_gate_g_calibration_binds_only_where_the_window_kept_a_tail():
     for r in ({**run, "window": None, "fully_resident": True}, {**run, "window": {"resident": 1048576, "tail": 0}},
               {**run, "rc": 1}, {**run, "device_mib_peak": None}):
         assert not calibration_binds(r)
+
+
+def test_gates_gpu_reads_the_cards_from_nvidia_smi(tmp_path: Path):
+    from gates.gpu import device_cards
+
+    fake_tool(tmp_path / "nvidia-smi", 'case "$*" in *--query-gpu=name,memory.total,driver_version*) '
+              'echo "NVIDIA H200, 143771 MiB, 580.159.04"; echo "NVIDIA H200, 143771 MiB, 580.159.04";; '
+              '*) exit 9;; esac', script=True)
+    env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}")
+    assert device_cards(env) == ["NVIDIA H200, 143771 MiB, 580.159.04"] * 2
+    # a failing nvidia-smi, or none on the path: no card named
+    fake_tool(tmp_path / "nvidia-smi", "exit 3", script=True)
+    assert device_cards(env) == []
+    (tmp_path / "nvidia-smi").unlink()
+    assert device_cards(dict(os.environ, PATH=str(tmp_path))) == []
