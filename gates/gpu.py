@@ -1220,6 +1220,12 @@ def gate_g(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
                 measured(budget_rows(ctx, budgets, f"upstream {cache} ctx sized to the prompt", r, sized))
     goals = budget_goals(allrows)
     meta.setdefault("contexts", {}).update({str(k): v for k, v in refs.items()})
+    # where each point's rows came from, kept per point: a CSV assembled over several calls (other budgets, other
+    # cards, other builds) says for every point which call measured it
+    call = {"measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "device": getattr(a, "device", []),
+            "compilers": getattr(a, "compilers", {}), "upstream": upstream_note(a) or "an upstream build"}
+    for ctx, b in sorted(points):
+        meta.setdefault("points", {})[f"{ctx} {b}"] = call | {"calibration": refs.get(ctx)}
     meta |= {"decode_n": n, "goals": goals, "complete": True}
     meta_path.write_text(json.dumps(meta, indent=2))
     # the gate passes when every upstream run booted (the card holds each of them) and every budget has a window run
@@ -1579,7 +1585,7 @@ def main(argv: list[str] | None = None) -> int:
     differ = compilers_differ(a.compilers, "full", "upstream") if not note else None
     if differ:
         log(f"note: {differ}; gate b's verdict is not checked, and every other ratio to upstream carries this note")
-    cards = device_cards()
+    cards = a.device = device_cards()
     log("device: " + ("; ".join(cards) or "nvidia-smi named no card"))
     model = ensure_model(a.work / "synthetic-8l-2048.gguf", MODEL_ARGS)
     results: dict = {}

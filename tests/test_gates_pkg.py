@@ -3000,6 +3000,12 @@ def test_gate_g_calibrates_on_a_window_its_target_bound(tmp_path: Path, monkeypa
                                                                   "g-calibrate-1048576-10400"]
     ref = res["contexts"][1048576]
     assert (ref["overhead_mib"], ref["calibration_target_mib"], ref["calibration_not_binding"]) == (440, 10400, [18900])
+    # each point says which call measured it: the card, the compilers, what "upstream" ran, the calibration
+    meta = json.loads((out / "budget_curve.json").read_text())
+    assert set(meta["points"]) == {"1048576 11000", "1048576 19500"}
+    point = meta["points"]["1048576 11000"]
+    assert point["calibration"]["overhead_mib"] == 440 and point["device"] == [] and point["measured"].endswith("Z")
+    assert point["upstream"].startswith("--upstream-bin is --full-bin")
     rows = [r for r in csv.DictReader(open(out / "budget_curve.csv", newline="")) if r["config"].startswith("window")
             and r["budget_mib"] == "11000"]
     assert len(rows) == 4 and all(r["fits_budget"] == "True" and int(r["device_mib_peak"]) <= 11000 for r in rows)
