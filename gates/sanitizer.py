@@ -128,13 +128,14 @@ def main(argv: list[str] | None = None) -> int:
     if a.debug:
         env[DEBUG_ENV] = a.debug
     flags = f"{DEBUG_ENV}={a.debug} " if a.debug else ""
+    cards = device_cards()
     lines = [f"# compute-sanitizer over a window run with the mapped tail (python -m gates.sanitizer): ctx {a.ctx}, "
              f"forced window {a.window}, -ub {a.ubatch}, {a.words}-word prompt, {a.n_predict} tokens generated, "
              f"limit {a.limit} s per tool"
              + (f", {DEBUG_ENV}={a.debug}" if a.debug else "")
              + (", the two-layer model with 4 KiB K/V rows (a device part)" if a.wide else "")
              + (f"; only kernels whose name contains '{a.kernels}' are checked" if a.kernels else ""),
-             "# device: " + ("; ".join(device_cards()) or "nvidia-smi named no card")]
+             "# device: " + ("; ".join(cards) or "nvidia-smi named no card")]
     results: dict[str, dict] = {}
     for tool in [t for t in a.tools.split(",") if t]:
         only = ["--kernel-name", f"kns={a.kernels}"] if a.kernels else []
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text("\n".join(lines) + "\n")
     ok = bool(results) and all(r["verdict"] == "pass" for r in results.values())
-    print(json.dumps({"pass": ok, "tools": results, "out": str(a.out), "device": device_cards()}, indent=1))
+    print(json.dumps({"pass": ok, "tools": results, "out": str(a.out), "device": cards}, indent=1))
     return 0 if ok else 1
 
 
