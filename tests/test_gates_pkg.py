@@ -262,6 +262,36 @@ def test_gate_b_compare_is_an_equivalence_test_on_the_paired_round_ratios():
     assert r["verdict"] == "not checked" and "2 round(s) give no interval" in r["why"]
 
 
+def test_gate_b_asks_whether_the_window_code_changed_resident_and_whether_the_series_is_slower():
+    """Window mode against head mode of the same binary, two-sided; the series against upstream, one-sided: a series
+    that prefills 6 % faster than upstream in both modes passes (the build, not the window code) and says so; a
+    window mode 8 % slower than its own head mode fails, whatever upstream does; a series 8 % slower than upstream
+    fails."""
+    from gates.gpu import compare, resident_verdict
+
+    drift = [100.0, 130.0, 95.0, 120.0, 105.0, 98.0, 125.0]
+
+    def rounds(factor: float) -> list[list[float]]:
+        return [[x * factor, x * factor * 1.01] for x in drift]
+
+    faster = resident_verdict({"full": rounds(1.06), "full_head": rounds(1.06), "upstream": rounds(1.0)}, 0.05, 0.9)
+    assert (faster["verdict"], faster["pass"]) == ("pass", True) and "why" not in faster
+    assert "lies above 1 + 0.050" in faster["faster"] and faster["window_vs_head"]["verdict"] == "pass"
+    assert faster["sided"] == "lower" and faster["window_vs_head"]["sided"] == "both"
+    # the same figures under the two-sided test alone would fail: equal within 5 % they are not
+    assert compare({"full": rounds(1.06), "upstream": rounds(1.0)}, "full", "upstream")["verdict"] == "fail"
+    slow_window = resident_verdict({"full": rounds(0.98), "full_head": rounds(1.06), "upstream": rounds(1.0)},
+                                   0.05, 0.9)
+    assert (slow_window["verdict"], slow_window["pass"]) == ("fail", False)
+    assert slow_window["why"].startswith("window against head mode: ") and "lies outside 1 +- 0.050" in slow_window["why"]
+    slow_series = resident_verdict({"full": rounds(0.92), "full_head": rounds(0.92), "upstream": rounds(1.0)},
+                                   0.05, 0.9)
+    assert slow_series["verdict"] == "fail" and slow_series["why"].startswith("against upstream: ")
+    assert "slowdown" in slow_series["why"]
+    with pytest.raises(ValueError, match="sided"):
+        compare({"full": rounds(1.0), "upstream": rounds(1.0)}, "full", "upstream", sided="upper")
+
+
 def test_gate_b_is_not_checked_where_prefill_is_too_noisy_to_judge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """llama-bench's prefill swinging by 40 % from one process to the next (the H200's pp 2048 did): the paired
     ratios straddle the margin, so gate b does not pass, says which half it could not judge and why; decode, steady,
