@@ -818,7 +818,7 @@ def gate_d(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
         wr.writeheader()
         wr.writerows(rows)
     meta = {"prompt_tokens": n_prompt, "ctx": ctx, "kv_bytes_per_cell": KV_BYTES_PER_CELL, "link": link,
-            "decode_n": a.curve_n, "before": a.before_label}
+            "decode_n": a.curve_n, "before": a.before_label, "device": getattr(a, "device", None) or []}
     (outdir / "rolling_kv_curve.json").write_text(json.dumps(meta, indent=2))
     nkvo = next(r for r in rows if r["config"] == "upstream --no-kv-offload")
     at = {r["tail_share"]: r for r in rows if r["config"] == "window"}

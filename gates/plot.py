@@ -13,6 +13,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def card_names(devices: list[str]) -> str:
+    """The cards a result recorded (gates.common.device_cards' strings: name, memory, driver) as a title names
+    them, e.g. 'H200' or 'H100 80GB HBM3 and H200'; 'card not recorded' where none was."""
+    names = sorted({d.split(",")[0].strip().removeprefix("NVIDIA ").strip() for d in devices if d.strip()})
+    return " and ".join(names) if names else "card not recorded"
+
+
 def num(v: str) -> float | None:
     try:
         return float(v)
@@ -69,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         ax.set_yscale("log")
         ax.grid(True, alpha=0.3)
     fig.legend(*ax2.get_legend_handles_labels(), loc="lower center", ncol=3, fontsize=8)  # under both plots
-    fig.suptitle(f"H200, synthetic 8-layer llama, f16 K/V, flash attention, ctx {meta.get('ctx', '?')}, "
+    fig.suptitle(f"{card_names(meta.get('device') or [])}, synthetic 8-layer llama, f16 K/V, flash attention, "
+                 f"ctx {meta.get('ctx', '?')}, "
                  f"prompt {int(n_prompt) if n_prompt else '?'} tokens")
     fig.tight_layout(rect=(0, 0.12, 1, 1))
     fig.savefig(a.output, dpi=120)

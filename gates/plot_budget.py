@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 from pathlib import Path
 
 import matplotlib
@@ -11,7 +12,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from gates.plot import num  # noqa: E402
+from gates.plot import card_names, num  # noqa: E402
 
 STYLE = {"f16": "o", "q8_0": "s", "q4_0": "^"}
 
@@ -26,6 +27,14 @@ def main(argv: list[str] | None = None) -> int:
     ctxs = sorted({int(r["ctx"]) for r in rows})
     if not ctxs:
         raise SystemExit(f"{a.csv}: no rows")
+    # the card of each point, from the side file's per-point provenance (gate g writes it): a curve assembled from
+    # calls on different cards says so in each row's title
+    side = a.csv.with_suffix(".json")
+    points = (json.loads(side.read_text()).get("points") or {}) if side.is_file() else {}
+
+    def cards(ctx: int) -> str:
+        return card_names([d for k, v in points.items() if k.split()[0] == str(ctx) for d in v.get("device") or []])
+
     fig, axes = plt.subplots(len(ctxs), 2, figsize=(13, 4.8 * len(ctxs)), squeeze=False)
     for (ax_pp, ax_tg), ctx in zip(axes, ctxs, strict=True):
         at = [r for r in rows if int(r["ctx"]) == ctx]
@@ -51,9 +60,10 @@ def main(argv: list[str] | None = None) -> int:
             ax.set_ylabel(label)
             ax.set_yscale("log")
             ax.grid(True, alpha=0.3)
-            ax.set_title(f"ctx {ctx:,}: {label}")
+            ax.set_title(f"ctx {ctx:,} ({cards(ctx)}): {label}")
         ax_tg.legend(fontsize=7, loc="lower right")
-    fig.suptitle("H200, synthetic 8-layer llama, same prompt: each configuration at the budgets it fits")
+    fig.suptitle(f"{card_names([d for v in points.values() for d in v.get('device') or []])}, synthetic 8-layer "
+                 f"llama, same prompt: each configuration at the budgets it fits")
     fig.tight_layout()
     fig.savefig(a.output, dpi=110)
     return 0

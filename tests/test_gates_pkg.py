@@ -451,10 +451,13 @@ def test_gate_d_fails_when_the_curve_misses_0089_s_targets(tmp_path: Path, monke
     # the 0073 round's figures: every target met
     monkeypatch.setenv("PP", "31000.00")
     monkeypatch.setenv("TG", "82.00")
+    a.device = ["NVIDIA H200, 143771 MiB, 580.159.04"]  # main() reads the cards once
     res = gpu.gate_d(a, tmp_path / "m.gguf", tmp_path, tmp_path)
     checks = {c["target"]: c for c in res["targets"]["checks"]}
     assert res["pass"] is True and all(c["met"] for c in checks.values())
     assert checks["decode_vs_nkvo"]["value"] == pytest.approx(82 / 12, abs=1e-3)
+    # the curve's side file names the card, so the plot's title does not have to guess it
+    assert json.loads((tmp_path / "rolling_kv_curve.json").read_text())["device"] == a.device
     # decode past the span read in place, prefill without the copy: the run exits 0, but the gate fails
     monkeypatch.setenv("PP", "8560.00")
     monkeypatch.setenv("TG", "21.70")
@@ -698,6 +701,42 @@ def test_plot_writes_a_png(tmp_path: Path):
                                                          "link": {"pinned_gbps": 55.0}}))
     assert main([str(csv_path), "-o", str(tmp_path / "c.png")]) == 0
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_titles_name_the_cards_the_results_recorded():
+    from gates.plot import card_names
+
+    h200, h100 = "NVIDIA H200, 143771 MiB, 580.159.04", "NVIDIA H100 80GB HBM3, 81559 MiB, 580.159.04"
+    assert card_names([h200, h200]) == "H200"
+    assert card_names([h200, h100]) == "H100 80GB HBM3 and H200"
+    assert card_names([]) == card_names([" "]) == "card not recorded"
+
+
+def test_plot_budget_names_each_context_s_cards_from_the_points(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    pytest.importorskip("matplotlib")
+    import matplotlib.axes
+    import matplotlib.figure
+
+    from gates.plot_budget import main
+
+    titles: list[str] = []
+    set_title, suptitle = matplotlib.axes.Axes.set_title, matplotlib.figure.Figure.suptitle
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_title", lambda ax, t, *k, **kw: (titles.append(t),
+                                                                                     set_title(ax, t, *k, **kw))[1])
+    monkeypatch.setattr(matplotlib.figure.Figure, "suptitle", lambda f, t, *k, **kw: (titles.append(t),
+                                                                                      suptitle(f, t, *k, **kw))[1])
+    csv_path = tmp_path / "budget_curve.csv"
+    csv_path.write_text("ctx,budget_mib,config,fits_budget,prefill_tps,decode_tps\n"
+                        "131072,2100,window f16,True,40000,150\n131072,2400,window f16,True,60000,900\n"
+                        "1048576,2300,window f16,True,50000,800\n1048576,2900,window f16,True,55000,850\n")
+    csv_path.with_suffix(".json").write_text(json.dumps({"points": {
+        "131072 2100": {"device": ["NVIDIA H200, 143771 MiB, 580.159.04"]},
+        "1048576 2300": {"device": ["NVIDIA H100 80GB HBM3, 81559 MiB, 580.159.04"]}}}))
+    assert main([str(csv_path), "-o", str(tmp_path / "b.png")]) == 0
+    assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "ctx 131,072 (H200): decode tokens/s" in titles
+    assert "ctx 1,048,576 (H100 80GB HBM3): prefill tokens/s" in titles
+    assert any(t.startswith("H100 80GB HBM3 and H200, ") for t in titles)
 
 
 def test_gpu_before_copy_runs_the_full_build_on_the_copying_path(tmp_path: Path):
