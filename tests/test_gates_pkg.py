@@ -3115,3 +3115,18 @@ def test_gates_gpu_reads_the_cards_from_nvidia_smi(tmp_path: Path):
     assert device_cards(env) == []
     (tmp_path / "nvidia-smi").unlink()
     assert device_cards(dict(os.environ, PATH=str(tmp_path))) == []
+
+
+def test_the_shipped_budget_curve_names_the_call_card_and_raw_result_of_every_point():
+    """docs/gpu/budget_curve.csv is assembled from several calls: each of its (ctx, budget) points must say, in the
+    JSON beside it, which card measured it and where that call's raw result lies (a file in docs/gpu), so a figure
+    quoted from the curve can be traced to its call."""
+    root = Path(__file__).resolve().parents[1] / "docs" / "gpu"
+    with open(root / "budget_curve.csv", newline="") as f:
+        keys = {f"{r['ctx']} {r['budget_mib']}" for r in csv.DictReader(f)}
+    points = json.loads((root / "budget_curve.json").read_text())["points"]
+    assert keys and keys == set(points), sorted(keys ^ set(points))
+    for key, p in points.items():
+        assert p.get("device") and all(d.startswith("NVIDIA ") for d in p["device"]), key
+        assert p.get("raw", "").startswith("docs/gpu/") and (root.parent.parent / p["raw"]).is_file(), key
+        assert p.get("compilers") and p.get("upstream"), key
