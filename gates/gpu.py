@@ -410,6 +410,17 @@ def resident_verdict(samples: dict[str, list[list[float]]], margin: float, confi
     return out
 
 
+def more_rounds(done: int, verdicts: dict[str, str], extend: int, max_rounds: int) -> int:
+    """Gate b's next round count after a look at `done` rounds: where a half is still 'not checked' (too noisy to
+    tell: a card whose prefill runs at two speeds from one process to the next), `extend` rounds more, up to
+    `max_rounds`; 0 (stop) once every half is decided, at the cap, or where extending is off. The looks are few
+    (30, 45, 60 by default) and each one's verdicts are recorded (`looks`), since every look is another chance
+    for noise to pass."""
+    if extend <= 0 or done >= max_rounds or all(v != "not checked" for v in verdicts.values()):
+        return 0
+    return min(max_rounds, done + extend)
+
+
 def gate_b(a: argparse.Namespace, model: Path, work: Path) -> dict:
     """Resident unchanged: llama-bench, warm-up, interleaved rounds, tests on the rounds' paired ratios
     (resident_verdict: the window mode equal to head mode of the same binary within 1 +- --bench-margin, and the
@@ -419,6 +430,10 @@ def gate_b(a: argparse.Namespace, model: Path, work: Path) -> dict:
     # upstream's llama-bench has no --kv-residency-mode (0070 adds it): it runs without
     builds = {"upstream": (a.upstream_bin, []), "full": (a.full_bin, ["--kv-residency-mode", "window"]),
               "full_head": (a.full_bin, ["--kv-residency-mode", "head"])}
+    known = getattr(a, "compilers", None) or {}  # main() read them once for every gate
+    compilers = {n: known[n] if n in known else build_compiler(need_tool(b, "llama-completion"), dict(os.environ))
+                 for n, b in (("full", a.full_bin), ("upstream", a.upstream_bin))}
+    differ = compilers_differ(compilers, "full", "upstream") if upstream_note(a) is None else None
     for name, (b, flags) in builds.items():  # warm-up: page cache, GPU clocks, JIT caches; discarded
         bench(b, model, f"b-warmup-{name}", work, a, flags)
     samples: dict[str, dict[str, list[list[float]]]] = {n: {"pp": [], "tg": []} for n in builds}
@@ -426,17 +441,28 @@ def gate_b(a: argparse.Namespace, model: Path, work: Path) -> dict:
     # so how far apart a round's processes ran says how well its paired ratio cancels that
     starts: dict[str, list[list[float]]] = {n: [] for n in builds}
     t0 = time.monotonic()
-    for i in range(a.bench_rounds):
-        order = rotated(list(builds), i)  # each build leads in turn
-        for name in order:
-            b, flags = builds[name]
-            t = time.monotonic() - t0
-            s = bench(b, model, f"b-{name}-{i}", work, a, flags)
-            starts[name].append([round(t, 2), round(time.monotonic() - t0, 2)])
-            for k in ("pp", "tg"):
-                samples[name][k].append(s[k])
-    res: dict = {"rounds": a.bench_rounds, "reps_per_round": a.bench_reps, "pp": a.bench_pp, "tg": a.bench_tg,
-                 "args": a.bench_args, "process_seconds": starts,
+    done, target, looks = 0, a.bench_rounds, []
+    while target:
+        for i in range(done, target):
+            order = rotated(list(builds), i)  # each build leads in turn
+            for name in order:
+                b, flags = builds[name]
+                t = time.monotonic() - t0
+                s = bench(b, model, f"b-{name}-{i}", work, a, flags)
+                starts[name].append([round(t, 2), round(time.monotonic() - t0, 2)])
+                for k in ("pp", "tg"):
+                    samples[name][k].append(s[k])
+        done = target
+        verdicts = {k: resident_verdict({n: samples[n][k] for n in builds}, a.bench_margin,
+                                        a.bench_confidence)["verdict"] for k in ("pp", "tg")}
+        looks.append({"rounds": done, **verdicts})
+        # builds of different compilers are not checked whatever the rounds say: no more rounds for them
+        target = more_rounds(done, verdicts, 0 if differ else a.bench_extend, a.bench_max_rounds)
+        if target:
+            log(f"gate b: after {done} rounds {', '.join(k for k, v in verdicts.items() if v == 'not checked')} "
+                f"not checked: {target - done} rounds more (up to --bench-max-rounds {a.bench_max_rounds})")
+    res: dict = {"rounds": done, "reps_per_round": a.bench_reps, "pp": a.bench_pp, "tg": a.bench_tg,
+                 "args": a.bench_args, "process_seconds": starts, "looks": looks,
                  "cpus": a.bench_cpus if a.bench_cpus and shutil.which("taskset") else None}
     ok, unchecked = True, []
     for k in ("pp", "tg"):
@@ -456,12 +482,8 @@ def gate_b(a: argparse.Namespace, model: Path, work: Path) -> dict:
     res["fully_resident_single_pass"] = single
     res["window_line"] = r["window_lines"][:1]
     res["pass"] = ok and single
-    known = getattr(a, "compilers", None) or {}  # main() read them once for every gate
-    compilers = {n: known[n] if n in known else build_compiler(need_tool(b, "llama-completion"), dict(os.environ))
-                 for n, b in (("full", a.full_bin), ("upstream", a.upstream_bin))}
     res["compilers"] = compilers
-    differ = compilers_differ(compilers, "full", "upstream")
-    if differ and upstream_note(a) is None:
+    if differ:
         # the ratios above are reported, but they would judge the compilers as much as the code: nothing is checked
         log(f"gate b: not checked: {differ}")
         res["pass"] = False
@@ -1505,6 +1527,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # processes of a round must run close together (30 rounds of 3 repetitions checked gate b twice where 15 of 10
     # and 9 of 10 could not)
     ap.add_argument("--bench-rounds", type=int, default=30)
+    ap.add_argument("--bench-max-rounds", type=int, default=60,
+                    help="gate b: where a half is still not checked after --bench-rounds, more rounds up to this many")
+    ap.add_argument("--bench-extend", type=int, default=15,
+                    help="gate b: rounds added at each look past --bench-rounds (0: no more rounds)")
     ap.add_argument("--bench-reps", type=int, default=3)
     ap.add_argument("--bench-pp", type=int, default=2048)
     ap.add_argument("--bench-tg", type=int, default=128)

@@ -307,10 +307,31 @@ def test_gate_b_is_not_checked_where_prefill_is_too_noisy_to_judge(tmp_path: Pat
             'echo "[{\\"n_prompt\\": 2048, \\"n_gen\\": 0, \\"samples_ts\\": [$pp]},'
             ' {\\"n_prompt\\": 0, \\"n_gen\\": 128, \\"samples_ts\\": [1700.0]}]"']), script=True)
     a = gpu.parse_args(["--full-bin", str(full), "--pre-bin", str(full), "--upstream-bin", str(upstream),
-                        "--bench-rounds", "5", "--bench-cpus", ""])
+                        "--bench-rounds", "5", "--bench-cpus", "", "--bench-max-rounds", "5"])
     res = gpu.gate_b(a, tmp_path / "m.gguf", tmp_path)
     assert res["pp"]["verdict"] == "not checked" and res["tg"]["verdict"] == "pass"
     assert (res["pass"], res["verdict"], res["not_checked"]) == (False, "not checked", ["pp"])
+    assert res["rounds"] == 5 and res["looks"] == [{"rounds": 5, "pp": "not checked", "tg": "pass"}]
+    # with more rounds allowed, the gate runs them where a half is not checked, looking again after each batch
+    (tmp_path / "n").unlink()
+    a = gpu.parse_args(["--full-bin", str(full), "--pre-bin", str(full), "--upstream-bin", str(upstream),
+                        "--bench-rounds", "5", "--bench-cpus", "", "--bench-extend", "4", "--bench-max-rounds", "13"])
+    res = gpu.gate_b(a, tmp_path / "m.gguf", tmp_path)
+    assert [look["rounds"] for look in res["looks"]] == [5, 9, 13][:len(res["looks"])]
+    assert res["looks"][0]["pp"] == "not checked" and all(look["tg"] == "pass" for look in res["looks"])
+    assert all(look["pp"] == "not checked" for look in res["looks"][:-1])  # it stops at the first decided look
+    assert res["rounds"] == res["looks"][-1]["rounds"] and len(res["pp"]["samples"]["full"]) == res["rounds"]
+    assert int((tmp_path / "n").read_text()) == 3 * (1 + res["rounds"])  # llama-bench: the warm-ups and the rounds
+
+
+def test_gate_b_more_rounds_only_while_a_half_is_not_checked_and_up_to_the_cap():
+    from gates.gpu import more_rounds
+
+    assert more_rounds(30, {"pp": "not checked", "tg": "pass"}, 15, 60) == 45
+    assert more_rounds(45, {"pp": "not checked", "tg": "pass"}, 15, 50) == 50
+    assert more_rounds(60, {"pp": "not checked", "tg": "pass"}, 15, 60) == 0  # the cap
+    assert more_rounds(30, {"pp": "fail", "tg": "pass"}, 15, 60) == 0  # decided: a fail is not run again
+    assert more_rounds(30, {"pp": "not checked", "tg": "pass"}, 0, 60) == 0  # extending off
 
 
 def test_gate_b_passes_its_bench_args_to_every_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
