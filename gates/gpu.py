@@ -1288,6 +1288,8 @@ def gate_g(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
     # cards, other builds) says for every point which call measured it
     call = {"measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "device": getattr(a, "device", []),
             "compilers": getattr(a, "compilers", {}), "upstream": upstream_note(a) or "an upstream build"}
+    if a.record_raw:  # where the caller will keep this call's result (gpu_gates.json) beside the curve
+        call["raw"] = a.record_raw
     for ctx, b in sorted(points):
         meta.setdefault("points", {})[f"{ctx} {b}"] = call | {"calibration": refs.get(ctx)}
     meta |= {"decode_n": n, "goals": goals, "complete": True}
@@ -1604,6 +1606,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "target raised by the rest less MIB, kept when that run's peak fits; then a window that kept "
                          "part of the prompt in its tail runs once more at the target that would hold the prompt and "
                          "gate h's decoded tokens whole, kept when its peak fits (-1: neither)")
+    ap.add_argument("--record-raw", default="", metavar="PATH",
+                    help="gate g: where this call's gpu_gates.json will be kept (e.g. docs/gpu/gpu_gates_round36_g.json),"
+                         " recorded as the raw result of every point it measures")
     ap.add_argument("--budget-margin", type=int, default=48,
                     help="gate g: MiB kept below a budget beyond the measured overhead (it moved by up to 24 MiB)")
     ap.add_argument("--budgets-128k", type=int, nargs="+", default=[1900, 2100, 2400, 2800, 3300, 3900],

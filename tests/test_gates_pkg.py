@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import shutil
 import stat
 import subprocess
 import sys
@@ -3095,11 +3096,21 @@ def test_gate_g_calibrates_on_a_window_its_target_bound(tmp_path: Path, monkeypa
     assert set(meta["points"]) == {"1048576 11000", "1048576 19500"}
     point = meta["points"]["1048576 11000"]
     assert point["calibration"]["overhead_mib"] == 440 and point["device"] == [] and point["measured"].endswith("Z")
-    assert point["upstream"].startswith("--upstream-bin is --full-bin")
+    assert point["upstream"].startswith("--upstream-bin is --full-bin") and "raw" not in point
     rows = [r for r in csv.DictReader(open(out / "budget_curve.csv", newline="")) if r["config"].startswith("window")
             and r["budget_mib"] == "11000"]
     assert len(rows) == 4 and all(r["fits_budget"] == "True" and int(r["device_mib_peak"]) <= 11000 for r in rows)
     assert not any("lowered" in r["note"] for r in rows)
+
+    # --record-raw names where the call's result will be kept, for every point the call measured and no other
+    a_raw = gpu.parse_args(["--full-bin", str(tmp_path), "--pre-bin", str(tmp_path), "--upstream-bin", str(tmp_path),
+                            "--budget-ctxs", "1048576", "--budgets-1m", "11000", "--curve-words", "50",
+                            "--record-raw", "docs/gpu/gpu_gates_round36_g.json"])
+    shutil.copytree(out, tmp_path / "out-raw")
+    gpu.gate_g(a_raw, tmp_path / "m.gguf", tmp_path, tmp_path / "out-raw")
+    meta = json.loads((tmp_path / "out-raw" / "budget_curve.json").read_text())
+    assert meta["points"]["1048576 11000"]["raw"] == "docs/gpu/gpu_gates_round36_g.json"
+    assert "raw" not in meta["points"]["1048576 19500"]  # measured by the call before
 
     # the thirty-fourth round's way, the first calibration taken as it came (overhead 196): every window at 11,000
     # MiB goes over, and gate g lowers each to a target that fits
