@@ -355,29 +355,23 @@ def compare(samples: dict[str, list[list[float]]], name: str, ref: str, margin: 
         lo, hi, cover = interval
         out["interval"] = [round(lo, 4), round(hi, 4)]
         out["interval_confidence"] = round(cover, 4)
-        if sided == "lower":
-            if lo >= lo_ok:
-                verdict = "pass"
-                if lo > hi_ok:
-                    out["faster"] = f"the median ratio's interval [{lo:.3f}, {hi:.3f}] lies above 1 + {margin:.3f}"
-            elif hi < lo_ok:
-                verdict = "fail"
-                out["why"] = (f"the median ratio's interval [{lo:.3f}, {hi:.3f}] lies below 1 - {margin:.3f}: "
-                              f"the measurements show a slowdown")
-            else:
-                verdict = "not checked"
-                out["why"] = (f"the median ratio's interval [{lo:.3f}, {hi:.3f}] reaches below 1 - {margin:.3f}: "
-                              f"too noisy to tell (more rounds, or a steadier way to run it: gates.bench_noise)")
-        elif lo >= lo_ok and hi <= hi_ok:
+        # the region a pass must lie in: 1 +- margin, or (one-sided) at or above 1 - margin
+        hi_pass = float("inf") if sided == "lower" else hi_ok
+        where, outside, differs = ((f"below 1 - {margin:.3f}", f"below 1 - {margin:.3f}", "a slowdown")
+                                   if sided == "lower" else
+                                   (f"past 1 +- {margin:.3f}", f"outside 1 +- {margin:.3f}", "a difference"))
+        span = f"the median ratio's interval [{lo:.3f}, {hi:.3f}]"
+        if lo >= lo_ok and hi <= hi_pass:
             verdict = "pass"
-        elif hi < lo_ok or lo > hi_ok:
+            if lo > hi_ok:
+                out["faster"] = f"{span} lies above 1 + {margin:.3f}"
+        elif hi < lo_ok or lo > hi_pass:
             verdict = "fail"
-            out["why"] = (f"the median ratio's interval [{lo:.3f}, {hi:.3f}] lies outside 1 +- {margin:.3f}: "
-                          f"the measurements show a difference")
+            out["why"] = f"{span} lies {outside}: the measurements show {differs}"
         else:
             verdict = "not checked"
-            out["why"] = (f"the median ratio's interval [{lo:.3f}, {hi:.3f}] reaches past 1 +- {margin:.3f}: too "
-                          f"noisy to tell (more rounds, or a steadier way to run it: gates.bench_noise)")
+            out["why"] = (f"{span} reaches {where}: too noisy to tell (more rounds, or a steadier way to run it: "
+                          f"gates.bench_noise)")
     out["verdict"] = verdict
     out["pass"] = verdict == "pass"
     return out
