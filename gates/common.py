@@ -262,6 +262,13 @@ def ensure_model(path: Path, args: list[str]) -> Path:
     return path
 
 
+def card_names(devices: list[str]) -> str:
+    """The cards a result recorded (device_cards' strings: name, memory, driver) as a title names them, e.g. 'H200'
+    or 'H100 80GB HBM3 and H200'; 'card not recorded' where none was."""
+    names = sorted({d.split(",")[0].strip().removeprefix("NVIDIA ").strip() for d in devices if d.strip()})
+    return " and ".join(names) if names else "card not recorded"
+
+
 def device_cards(env: dict | None = None) -> list[str]:
     """The cards this machine shows (nvidia-smi: name, total memory, driver), one string each, recorded beside every
     gate's result so that each figure says which card gave it; empty where nvidia-smi is missing or fails."""

@@ -12,12 +12,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-
-def card_names(devices: list[str]) -> str:
-    """The cards a result recorded (gates.common.device_cards' strings: name, memory, driver) as a title names
-    them, e.g. 'H200' or 'H100 80GB HBM3 and H200'; 'card not recorded' where none was."""
-    names = sorted({d.split(",")[0].strip().removeprefix("NVIDIA ").strip() for d in devices if d.strip()})
-    return " and ".join(names) if names else "card not recorded"
+from gates.common import card_names  # noqa: E402
 
 
 def num(v: str) -> float | None:

@@ -12,7 +12,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from gates.plot import card_names, num  # noqa: E402
+from gates.common import card_names  # noqa: E402
+from gates.plot import num  # noqa: E402
 
 STYLE = {"f16": "o", "q8_0": "s", "q4_0": "^"}
 

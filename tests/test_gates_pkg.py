@@ -726,7 +726,7 @@ def test_plot_writes_a_png(tmp_path: Path):
 
 
 def test_plot_titles_name_the_cards_the_results_recorded():
-    from gates.plot import card_names
+    from gates.common import card_names
 
     h200, h100 = "NVIDIA H200, 143771 MiB, 580.159.04", "NVIDIA H100 80GB HBM3, 81559 MiB, 580.159.04"
     assert card_names([h200, h200]) == "H200"
