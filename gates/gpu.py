@@ -435,7 +435,7 @@ def gate_b(a: argparse.Namespace, model: Path, work: Path) -> dict:
     # so how far apart a round's processes ran says how well its paired ratio cancels that
     starts: dict[str, list[list[float]]] = {n: [] for n in builds}
     t0 = time.monotonic()
-    done, target, looks = 0, a.bench_rounds, []
+    done, target, looks, judged = 0, a.bench_rounds, [], {}
     while target:
         for i in range(done, target):
             order = rotated(list(builds), i)  # each build leads in turn
@@ -447,8 +447,9 @@ def gate_b(a: argparse.Namespace, model: Path, work: Path) -> dict:
                 for k in ("pp", "tg"):
                     samples[name][k].append(s[k])
         done = target
-        verdicts = {k: resident_verdict({n: samples[n][k] for n in builds}, a.bench_margin,
-                                        a.bench_confidence)["verdict"] for k in ("pp", "tg")}
+        judged = {k: resident_verdict({n: samples[n][k] for n in builds}, a.bench_margin, a.bench_confidence)
+                  for k in ("pp", "tg")}
+        verdicts = {k: r["verdict"] for k, r in judged.items()}
         looks.append({"rounds": done, **verdicts})
         # builds of different compilers are not checked whatever the rounds say: no more rounds for them
         target = more_rounds(done, verdicts, 0 if differ else a.bench_extend, a.bench_max_rounds)
@@ -460,7 +461,7 @@ def gate_b(a: argparse.Namespace, model: Path, work: Path) -> dict:
                  "cpus": a.bench_cpus if a.bench_cpus and shutil.which("taskset") else None}
     ok, unchecked = True, []
     for k in ("pp", "tg"):
-        res[k] = resident_verdict({n: samples[n][k] for n in builds}, a.bench_margin, a.bench_confidence)
+        res[k] = judged[k]  # the last look's
         res[k]["samples"] = {n: samples[n][k] for n in builds}
         ok = ok and res[k]["pass"]
         if res[k]["verdict"] == "not checked":
@@ -1615,6 +1616,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.before_label = f"the build in {a.before_bin}" if a.before_bin else None
     if a.before_copy and a.compare_debug:
         ap.error("--before-copy and --compare-debug both name the 'before' build: give one")
+    if a.bench_rounds < 1:
+        ap.error(f"--bench-rounds {a.bench_rounds}: gate b needs at least one round (5 give an interval, 30 by default)")
     if a.before_copy and a.before_bin is None:
         a.before_bin, a.before_env = a.full_bin, dict(COPY_TAIL_ENV)
         a.before_label = "this build on the copying tail path (OPENCOTI_KV_DEBUG=copy-tail)"

@@ -326,7 +326,10 @@ def test_gate_b_is_not_checked_where_prefill_is_too_noisy_to_judge(tmp_path: Pat
 
 
 def test_gate_b_more_rounds_only_while_a_half_is_not_checked_and_up_to_the_cap():
-    from gates.gpu import more_rounds
+    from gates.gpu import more_rounds, parse_args
+
+    with pytest.raises(SystemExit):  # no round at all would judge nothing: refused before anything runs
+        parse_args(["--full-bin", "f", "--pre-bin", "p", "--upstream-bin", "u", "--bench-rounds", "0"])
 
     assert more_rounds(30, {"pp": "not checked", "tg": "pass"}, 15, 60) == 45
     assert more_rounds(45, {"pp": "not checked", "tg": "pass"}, 15, 50) == 50
