@@ -295,7 +295,12 @@ def bench(bin_dir: Path, model: Path, tag: str, work: Path, a: argparse.Namespac
     r = run(tag, argv, work, timeout=600)
     if r["rc"] != 0:
         raise RuntimeError(f"{tag}: llama-bench exit {r['rc']}")
-    text = r["text"]
+    return bench_samples(r["text"])
+
+
+def bench_samples(text: str) -> dict[str, list[float]]:
+    """The samples (tokens/s) of `llama-bench -o json`'s output (its log lines around the JSON ignored): 'pp' for the
+    prompt test, 'tg' for the generation test."""
     data = json.loads(text[text.index("["):text.rindex("]") + 1])
     out: dict[str, list[float]] = {}
     for t in data:
