@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import hashlib
 import json
 import os
 import re
@@ -33,7 +32,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gates.common import RE_LOADED, GateError, ensure_model, log, need_tool, own_libraries_env, rotated
+from gates.common import RE_LOADED, GateError, ensure_model, log, need_tool, own_libraries_env, rotated, sha256
 from gates.gpu import MODEL_ARGS, bench_samples, compare, run
 
 # ggml's line for each backend it loaded: "load_backend: loaded CUDA backend from /path/libggml-cuda.so"
@@ -56,14 +55,6 @@ def matching(bin_dir: Path, patterns: list[str]) -> list[str]:
     """The names of bin_dir's files and symlinks that match any of patterns, sorted."""
     return sorted(p.name for p in bin_dir.iterdir()
                   if (p.is_file() or p.is_symlink()) and any(fnmatch.fnmatchcase(p.name, pat) for pat in patterns))
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def make_mix(base: Path, donor: Path, patterns: list[str], dest: Path) -> list[str]:
@@ -126,16 +117,21 @@ def loaded_check(bin_dir: Path, libs: dict[str, str], log_text: str, group: list
 def group_verdict(to_a: dict[str, dict], to_b: dict[str, dict], a_vs_b: dict) -> str:
     """What a group's two mixes say: to_a / to_b hold compare()'s results for 'a+b.G' and 'b+a.G' against builds A
     and B. The group carries the difference where A's programs with it run as B does and B's with A's run as A does;
-    it does not where each mix runs as its programs' build does; anything else is not told."""
+    it does not where each mix runs as its programs' build does. Each mix must also differ from the other build (a
+    mix within the margin of both, where A and B lie less than two margins apart, tells nothing); anything else is
+    not told."""
     if a_vs_b["verdict"] == "pass":
         return f"no difference to place: B runs as A within the margin ({a_vs_b['interval']})"
     if a_vs_b["verdict"] != "fail":
         return (f"not told: whether B differs from A is not checked ({a_vs_b.get('interval', 'no interval')}): "
                 f"more rounds")
     ab, ba = "a+b", "b+a"
-    if to_b[ab]["verdict"] == "pass" and to_a[ba]["verdict"] == "pass":
+    def runs_as(mix: str, like: dict[str, dict], unlike: dict[str, dict]) -> bool:
+        return like[mix]["verdict"] == "pass" and unlike[mix]["verdict"] == "fail"
+
+    if runs_as(ab, to_b, to_a) and runs_as(ba, to_a, to_b):
         return "carries the difference: A's programs with B's group run as B, B's with A's run as A"
-    if to_a[ab]["verdict"] == "pass" and to_b[ba]["verdict"] == "pass":
+    if runs_as(ab, to_a, to_b) and runs_as(ba, to_b, to_a):
         return "does not carry it: each mix runs as the build its programs came from"
     return "not told: the mixes match neither pattern within the margin (more rounds, or the difference is shared)"
 
