@@ -1,7 +1,8 @@
 """Whether two source trees give a CUDA translation unit the same machine code: each tree's unit compiled to a cubin
 at one fixed path (so nothing derived from the path differs), disassembled by nvdisasm, and compared function by
-function after the two things that move with unrelated code are normalised: branch labels (numbered across the
-file) and offsets into constant bank 4 (the module's own constants, laid out across the file).
+function after what moves with unrelated code is normalised: branch labels (numbered across the file), offsets
+into constant bank 4 (the module's own constants, laid out across the file) and the hashes of the unit's text that
+names of internal linkage carry.
 
 Gate b measures the resident path's speed; this says, without a GPU, which of the kernels it runs the series left as
 upstream compiles them. The flags are the ones a configured build directory records (its ggml-cuda `flags.make`:
@@ -29,6 +30,9 @@ RE_SECTION = re.compile(r"^\s*\.section\s+\.text\.([^,\s]+)")
 RE_INSN = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;")
 RE_LABEL = re.compile(r"`\(\.L_x_\d+\)")
 RE_CBANK4 = re.compile(r"c\[0x4\]\[0x[0-9a-f]+\]")
+# a name of internal linkage, mangled with hashes of the translation unit's text (a header that changed anywhere moves
+# them): "42_INTERNAL_e6f3940f_6_cpy_cu_c54f71df_13786" and the digits that follow it (the next name's length)
+RE_INTERNAL = re.compile(r"\d+_INTERNAL_[0-9a-f]{8}_\d+_\w+?_[0-9a-f]{8}_\d+")
 
 
 class SassError(Exception):
@@ -36,18 +40,19 @@ class SassError(Exception):
 
 
 def functions(sass: str) -> dict[str, list[str]]:
-    """{mangled name: its instructions, normalised} from nvdisasm's output: whitespace folded, branch labels and
-    constant bank 4 offsets replaced by placeholders."""
+    """{mangled name: its instructions, normalised} from nvdisasm's output: whitespace folded, branch labels,
+    constant bank 4 offsets and the unit's hashes in names of internal linkage replaced by placeholders."""
     out: dict[str, list[str]] = defaultdict(list)
     name = None
     for line in sass.splitlines():
         m = RE_SECTION.match(line)
         if m:
-            name = m.group(1)
+            name = RE_INTERNAL.sub("N_INTERNAL", m.group(1))
             continue
         m = RE_INSN.match(line)
         if m and name is not None:
             insn = RE_CBANK4.sub("c[0x4][K]", RE_LABEL.sub("`(L)", " ".join(m.group(1).split())))
+            insn = RE_INTERNAL.sub("N_INTERNAL", insn)
             out[name].append(insn)
     return dict(out)
 

@@ -33,6 +33,15 @@ def test_functions_normalise_labels_and_constant_bank_4():
     assert a["_Z3mulPf"] == ["FMUL R0, R0, R1", "EXIT"]  # whitespace folded
 
 
+def test_functions_normalise_the_units_hashes_in_internal_names():
+    text = ("\t.section\t.text._Z10cpy_scalarIXadL_ZN42_INTERNAL_e6f3940f_6_cpy_cu_{h}_{n}12cpy_1_scalarIfEEvPKcPc,"
+            '"ax",@progbits\n        /*0000*/    CALL.REL `(_ZN42_INTERNAL_e6f3940f_6_cpy_cu_{h}_{n}4stepEv) ;\n')
+    a = sass_diff.functions(text.format(h="c54f71df", n="13786"))
+    b = sass_diff.functions(text.format(h="dcc84dfd", n="13798"))
+    assert a == b and list(a) == ["_Z10cpy_scalarIXadL_ZNN_INTERNALcpy_1_scalarIfEEvPKcPc"]
+    assert a[list(a)[0]] == ["CALL.REL `(_ZNN_INTERNALstepEv)"]
+
+
 def test_compare_names_what_changed():
     a = sass_diff.functions(SASS.format(off="90", label="1", reg="1"))
     b = sass_diff.functions(SASS.format(off="90", label="1", reg="2"))
