@@ -1034,7 +1034,7 @@ def sync_state_cases() -> Iterator[Case]:
     """Every key of a real stopped sync's state spoiled; --abort (restores and deletes) is the command at risk."""
     shown = "sync/state.json"
     # optional keys: a state written before them (e.g. a stop recorded on a CI branch) is still valid without them
-    optional = {"offset", "remembered", "kind", "remembered_files", "review_merged", "path", "api"}
+    optional = {"offset", "remembered", "kind", "remembered_files", "review_merged", "path", "api", "checked"}
     for case in doc_cases("sync-state", SYNC_STATE, _sync_state, True, [["sync", "--abort"]], optional,
                           fname=shown):
         if case.name.startswith("done.0.drift.0.offset=negative"):  # drift runs both ways: a valid value
