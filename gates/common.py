@@ -117,26 +117,24 @@ def own_libraries_env(argv: list[str], env: dict) -> dict:
     return dict(env, LD_LIBRARY_PATH=":".join([own, *rest]))
 
 
-def foreign_libraries(program: Path, env: dict) -> list[str]:
-    """The build libraries (BUILD_LIBRARIES) that program would load from outside its own directory under env, or
-    not find at all, as 'name => path' lines: the dynamic loader's own answer (LD_TRACE_LOADED_OBJECTS, what ldd
-    uses; the program itself does not run)."""
-    own = program.resolve().parent
+def linked_libraries(program: Path, env: dict) -> dict[str, str]:
+    """{library name: the path it resolves to, or 'not found'} for program under env: the dynamic loader's own answer
+    (LD_TRACE_LOADED_OBJECTS, what ldd uses; the program itself does not run)."""
     p = subprocess.run([str(program)], env=dict(env, LD_TRACE_LOADED_OBJECTS="1"), stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, timeout=60)
     text = p.stdout.decode("utf-8", "replace")
     if p.returncode != 0:
         raise GateError(f"{program}: the dynamic loader could not list its libraries (exit {p.returncode}): "
                         f"{text.strip()[:300]}")
-    bad = []
-    for line in text.splitlines():
-        m = RE_LOADED.match(line)
-        if not m or not m.group(1).startswith(BUILD_LIBRARIES):
-            continue
-        where = m.group(2).strip()
-        if where == "not found" or Path(where).resolve().parent != own:
-            bad.append(f"{m.group(1)} => {where}")
-    return bad
+    return {m.group(1): m.group(2).strip() for m in map(RE_LOADED.match, text.splitlines()) if m}
+
+
+def foreign_libraries(program: Path, env: dict) -> list[str]:
+    """The build libraries (BUILD_LIBRARIES) that program would load from outside its own directory under env, or
+    not find at all, as 'name => path' lines (linked_libraries)."""
+    own = program.resolve().parent
+    return [f"{name} => {where}" for name, where in linked_libraries(program, env).items()
+            if name.startswith(BUILD_LIBRARIES) and (where == "not found" or Path(where).resolve().parent != own)]
 
 
 def check_own_libraries(programs: dict[str, Path], env: dict) -> dict[str, str]:

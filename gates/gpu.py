@@ -288,14 +288,19 @@ def gate_a(a: argparse.Namespace, model: Path, work: Path) -> dict:
 # (b) ---------------------------------------------------------------------------------------------------------
 def bench(bin_dir: Path, model: Path, tag: str, work: Path, a: argparse.Namespace, flags: list[str]) -> dict[str, list[float]]:
     """One llama-bench invocation: pp and tg samples (tokens/s), -r repetitions each."""
-    argv = [str(bin_dir / "llama-bench"), "-m", str(model), "-ngl", "99", "-fa", "1", "-p", str(a.bench_pp),
-            "-n", str(a.bench_tg), "-r", str(a.bench_reps), "-o", "json", *a.bench_args.split(), *flags]
-    if a.bench_cpus and shutil.which("taskset"):
-        argv = ["taskset", "-c", a.bench_cpus, *argv]
+    argv = bench_argv(bin_dir, model, a.bench_pp, a.bench_tg, a.bench_reps, a.bench_args.split() + flags, a.bench_cpus)
     r = run(tag, argv, work, timeout=600)
     if r["rc"] != 0:
         raise RuntimeError(f"{tag}: llama-bench exit {r['rc']}")
     return bench_samples(r["text"])
+
+
+def bench_argv(bin_dir: Path, model: Path, pp: int, tg: int, reps: int, args: list[str], cpus: str) -> list[str]:
+    """The llama-bench command gate b runs (all layers on the GPU, flash attention, JSON), pinned to cpus with taskset
+    where cpus is given and taskset is there."""
+    argv = [str(bin_dir / "llama-bench"), "-m", str(model), "-ngl", "99", "-fa", "1", "-p", str(pp), "-n", str(tg),
+            "-r", str(reps), "-o", "json", *args]
+    return ["taskset", "-c", cpus, *argv] if cpus and shutil.which("taskset") else argv
 
 
 def bench_samples(text: str) -> dict[str, list[float]]:

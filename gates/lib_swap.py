@@ -28,12 +28,11 @@ import os
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
-from gates.common import RE_LOADED, GateError, ensure_model, log, need_tool, own_libraries_env, rotated, sha256
-from gates.gpu import MODEL_ARGS, bench_samples, compare, run
+from gates.common import GateError, ensure_model, linked_libraries, log, need_tool, own_libraries_env, rotated, sha256
+from gates.gpu import MODEL_ARGS, bench_argv, bench_samples, compare, run
 
 # ggml's line for each backend it loaded: "load_backend: loaded CUDA backend from /path/libggml-cuda.so"
 RE_BACKEND = re.compile(r"load_backend: loaded (\S+) backend from (\S+)")
@@ -79,23 +78,6 @@ def make_mix(base: Path, donor: Path, patterns: list[str], dest: Path) -> list[s
         if (dest / n).exists() and sha256(dest / n) != sha256(donor / n):
             raise GateError(f"{dest / n}: its bytes differ from {donor / n} after the copy")
     return theirs
-
-
-def linked(program: Path, env: dict) -> dict[str, str]:
-    """{library name: the path the dynamic loader resolves it to} for program, run as the gates run it (ldd's list,
-    LD_TRACE_LOADED_OBJECTS: the program itself does not run)."""
-    e = dict(own_libraries_env([str(program)], env), LD_TRACE_LOADED_OBJECTS="1")
-    p = subprocess.run([str(program)], env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
-    text = p.stdout.decode("utf-8", "replace")
-    if p.returncode != 0:
-        raise GateError(f"{program}: the dynamic loader could not list its libraries (exit {p.returncode}): "
-                        f"{text.strip()[:300]}")
-    out = {}
-    for line in text.splitlines():
-        m = RE_LOADED.match(line)
-        if m:
-            out[m.group(1)] = m.group(2).strip()
-    return out
 
 
 def loaded_check(bin_dir: Path, libs: dict[str, str], log_text: str, group: list[str]) -> dict:
@@ -188,18 +170,16 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(a.rounds):
         for name in rotated(names, i):
             bin_dir, flags, group = builds[name]
-            argv = [str(bin_dir / "llama-bench"), "-m", str(model), "-ngl", "99", "-fa", "1", "-p", str(a.pp),
-                    "-n", str(a.tg), "-r", str(a.reps), "-o", "json", *a.args.split(), *flags]
-            if a.cpus:
-                argv = ["taskset", "-c", a.cpus, *argv]
+            argv = bench_argv(bin_dir, model, a.pp, a.tg, a.reps, a.args.split() + flags, a.cpus)
             r = run(f"{name}-{i}", argv, logs, timeout=600)
             if r["rc"] != 0:
                 print(f"gates.lib_swap: {name}, round {i}: llama-bench exit {r['rc']} ({logs / f'{name}-{i}.log'})",
                       file=sys.stderr)
                 return 1
             if name not in checks:  # what it loaded, before its figures count
-                checks[name] = loaded_check(bin_dir, linked(bin_dir / "llama-bench", dict(os.environ)), r["text"],
-                                            group)
+                program = bin_dir / "llama-bench"  # run as the gates run it: its own directory leads
+                libs = linked_libraries(program, own_libraries_env([str(program)], dict(os.environ)))
+                checks[name] = loaded_check(bin_dir, libs, r["text"], group)
                 if checks[name]["foreign"]:
                     print(f"gates.lib_swap: {name} loads files of another directory: "
                           f"{'; '.join(checks[name]['foreign'])}: its figures would measure another build",
