@@ -1521,8 +1521,8 @@ def builds_used(a: argparse.Namespace) -> dict[str, Path]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m gates.gpu", description=__doc__)
     ap.add_argument("--full-bin", type=Path, required=True, help="CUDA build of the whole series")
-    ap.add_argument("--pre-bin", type=Path, required=True,
-                    help="CUDA build of the series without 0089 (gate a's alone)")
+    ap.add_argument("--pre-bin", type=Path,
+                    help="CUDA build of the series without 0089 (gate a's alone: required where --only holds a)")
     ap.add_argument("--upstream-bin", type=Path, required=True, help="CUDA build of unpatched upstream")
     ap.add_argument("--before-bin", type=Path, help="optional: another full-series build to compare (before a change)")
     ap.add_argument("--work", type=Path, default=Path("build/gpu-gates"))
@@ -1628,6 +1628,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--before-copy and --compare-debug both name the 'before' build: give one")
     if a.bench_rounds < 1:
         ap.error(f"--bench-rounds {a.bench_rounds}: gate b needs at least one round (5 give an interval, 30 by default)")
+    if "a" in a.only.split(",") and a.pre_bin is None:
+        ap.error("--pre-bin is required for gate a (--only holds a): the series without 0089, whose boot gate a repeats")
     if a.before_copy and a.before_bin is None:
         a.before_bin, a.before_env = a.full_bin, dict(COPY_TAIL_ENV)
         a.before_label = "this build on the copying tail path (OPENCOTI_KV_DEBUG=copy-tail)"

@@ -803,6 +803,13 @@ def test_gpu_needs_the_build_without_0089_only_for_gate_a(tmp_path: Path, capsys
     assert builds_used(parse_args([*args, "--only", "b,h"])) == {"full": full, "upstream": up}
     assert builds_used(parse_args([*args, "--only", "g,a"])) == {"full": full, "pre0089": missing, "upstream": up}
     assert list(builds_used(parse_args([*args, "--before-copy"]))) == ["full", "pre0089", "upstream", "before"]
+    # --pre-bin is asked for only where gate a runs: without it the other gates run, gate a is refused at once
+    bare = ["--full-bin", str(full), "--upstream-bin", str(up)]
+    assert builds_used(parse_args([*bare, "--only", "g,h"])) == {"full": full, "upstream": up}
+    for only in (["--only", "g,a"], []):  # the default --only holds a
+        with pytest.raises(SystemExit):
+            parse_args([*bare, *only])
+    assert "--pre-bin is required for gate a" in capsys.readouterr().err
     # where gate a runs, the missing build stops it before any gate, naming the program and where it was looked for
     for d in (full, up):
         d.mkdir()
