@@ -1423,7 +1423,7 @@ def run_facts(r: dict) -> dict:
             "compute_mib": (r.get("compute_buffers_mib") or {}).get("CUDA0")}
 
 
-def gate_h(a: argparse.Namespace, model: Path, work: Path) -> dict:
+def gate_h(a: argparse.Namespace, model: Path, work: Path, outdir: Path | None = None) -> dict:
     """Budget-curve points repeated (gates.gpu.repeat_points): the goals a single run missed (prefill or decode), each
     fully resident quantized window against upstream resident of its type, and the 1M budgets where the window missed
     0.9 of upstream f16 sized to the prompt. At each point, in --repeat-reps interleaved rounds (each configuration
@@ -1433,8 +1433,19 @@ def gate_h(a: argparse.Namespace, model: Path, work: Path) -> dict:
     (the window runs' flag). Where the target is the best window's (a missed goal, a prompt-sized miss), every window
     configuration that fit the point on the curve runs, each at its own --vram-target, and the best is chosen on the
     medians (the configuration whose worst ratio over the point's metrics is highest), not on the curve's single run.
-    Medians, ratios of medians to the reference, each point's target met or not."""
+    Medians, ratios of medians to the reference, each point's target met or not. With outdir, OUTDIR/h_repeats.json
+    holds the points finished so far after each one ("complete": false until the last), so a run cut short (a call's
+    time limit) keeps what it measured."""
     points = repeat_points(read_budget_csv(a.repeat_csv), near=a.repeat_near)
+    partial = outdir / "h_repeats.json" if outdir else None
+
+    def keep(done: list[dict]) -> None:
+        if partial:
+            partial.write_text(json.dumps({"complete": len(done) == len(points), "points_done": len(done),
+                                           "points_total": len(points), "reps": a.repeat_reps, "decode_n": a.repeat_n,
+                                           "points": done}, indent=2))
+
+    keep([])
     prompt = work / "prompt-d.txt"
     prompt.write_text(make_text(a.curve_words, 5))
     n = a.repeat_n
@@ -1486,6 +1497,7 @@ def gate_h(a: argparse.Namespace, model: Path, work: Path) -> dict:
             f"configuration(s); the curve's pick: {pt['window']}) against {pt['reference']}: "
             f"{json.dumps(med)} ratios {json.dumps(ratio)}: {'met' if row['met'] else 'MISSED'}")
         out.append(row)
+        keep(out)
     return {"pass": bool(points) and all(rc == 0 for p in out for rcs in p["rc"].values() for rc in rcs),
             "reps": a.repeat_reps, "decode_n": n, "points": out}
 
@@ -1691,7 +1703,7 @@ def main(argv: list[str] | None = None) -> int:
             elif g == "g":
                 res = gate_g(a, model, a.work, a.out)
             elif g == "h":
-                res = gate_h(a, model, a.work)
+                res = gate_h(a, model, a.work, a.out)
             else:
                 res = {"pass": False, "error": f"unknown gate {g!r}"}
         except Exception as e:  # keep going: one broken gate must not hide the others' results

@@ -1307,6 +1307,43 @@ def test_gate_h_repeats_each_missed_point_with_every_configuration(tmp_path: Pat
     assert sum("-ctk q8_0" in ln and "window" not in ln for ln in lines) == 3  # upstream q8_0, the reference
 
 
+def test_gate_h_keeps_each_finished_point_when_it_is_cut_short(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import gates.gpu as gpu
+
+    bin_dir, _ = fake_completion_rates(tmp_path, "pp=60000.00; tg=700.00")
+    rows = []
+    for b in (2800, 3300):  # two missed goals: two points, 3 configurations x 2 rounds each
+        rows += gpu.budget_rows(131072, [b], "upstream q4_0", {"rc": 0, "prefill_tps": 60000.0, "decode_tps": 700.0,
+                                                               "device_mib_peak": 2600}, 131072)
+        rows += gpu.budget_rows(131072, [b], "window q4_0", {"rc": 0, "prefill_tps": 50000.0, "decode_tps": 500.0,
+                                                             "device_mib_peak": 2700, "prompt_tokens": 35131},
+                                131072, target=2336)
+    csv_path = tmp_path / "curve.csv"
+    gpu.write_budget_csv(csv_path, rows, [131072])
+    a = gpu.parse_args(["--full-bin", str(bin_dir), "--upstream-bin", str(bin_dir), "--only", "h",
+                        "--repeat-csv", str(csv_path), "--repeat-reps", "2", "--curve-words", "50"])
+    out = tmp_path / "out"
+    out.mkdir()
+    real_run, calls = gpu.run, []
+
+    def cut_after_the_first_point(tag: str, *args, **kw):
+        calls.append(tag)
+        if len(calls) > 1 + 4 * 2:  # the warm-up and the first point's 4 configurations x 2 rounds
+            raise KeyboardInterrupt  # a call's time limit
+        return real_run(tag, *args, **kw)
+
+    monkeypatch.setattr(gpu, "run", cut_after_the_first_point)
+    with pytest.raises(KeyboardInterrupt):
+        gpu.gate_h(a, tmp_path / "m.gguf", tmp_path, out)
+    kept = json.loads((out / "h_repeats.json").read_text())
+    assert not kept["complete"] and (kept["points_done"], kept["points_total"]) == (1, 2)
+    assert [p["budget_mib"] for p in kept["points"]] == [2800] and kept["points"][0]["medians"]["reference"]
+    monkeypatch.setattr(gpu, "run", real_run)
+    res = gpu.gate_h(a, tmp_path / "m.gguf", tmp_path, out)
+    whole = json.loads((out / "h_repeats.json").read_text())
+    assert whole["complete"] and whole["points"] == json.loads(json.dumps(res["points"]))
+
+
 def test_model_bench_runs_resident_and_each_window_and_wants_a_tail(tmp_path: Path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
