@@ -1312,7 +1312,7 @@ def test_gate_h_keeps_each_finished_point_when_it_is_cut_short(tmp_path: Path, m
 
     bin_dir, _ = fake_completion_rates(tmp_path, "pp=60000.00; tg=700.00")
     rows = []
-    for b in (2800, 3300):  # two missed goals: two points, 3 configurations x 2 rounds each
+    for b in (2800, 3300):  # two missed goals: two points, each 4 configurations x 2 rounds
         rows += gpu.budget_rows(131072, [b], "upstream q4_0", {"rc": 0, "prefill_tps": 60000.0, "decode_tps": 700.0,
                                                                "device_mib_peak": 2600}, 131072)
         rows += gpu.budget_rows(131072, [b], "window q4_0", {"rc": 0, "prefill_tps": 50000.0, "decode_tps": 500.0,
