@@ -71,6 +71,18 @@ def report_part(name: str, verdict: str, why: str = "") -> None:
     log(f"forktool-gate-part {name}: {verdict}" + (f": {why}" if why else ""))
 
 
+def write_whole(path: Path, text: str) -> None:
+    """Write a result file a call keeps rewriting as it measures (the curve, its JSON, gate h's points, the gates'
+    JSON): into a sibling first, then renamed over it, so a call killed mid-write (its time limit) leaves the last
+    whole file, never a truncated one that the next call would read its earlier rows from."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, newline="")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import os
 import re
@@ -43,6 +44,7 @@ from gates.common import (
     parse_stats,
     report_part,
     rotated,
+    write_whole,
 )
 
 RE_PROMPT = re.compile(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens .*?([\d.]+) tokens per second")
@@ -846,7 +848,7 @@ def gate_d(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
         wr.writerows(rows)
     meta = {"prompt_tokens": n_prompt, "ctx": ctx, "kv_bytes_per_cell": KV_BYTES_PER_CELL, "link": link,
             "decode_n": a.curve_n, "before": a.before_label, "device": getattr(a, "device", None) or []}
-    (outdir / "rolling_kv_curve.json").write_text(json.dumps(meta, indent=2))
+    write_whole(outdir / "rolling_kv_curve.json", json.dumps(meta, indent=2))
     nkvo = next(r for r in rows if r["config"] == "upstream --no-kv-offload")
     at = {r["tail_share"]: r for r in rows if r["config"] == "window"}
     last = max(at)
@@ -1080,10 +1082,11 @@ def write_budget_csv(path: Path, rows: list[dict], measured: Collection[int | tu
                                      "kv_ctx": int(r["kv_ctx"]) if r["kv_ctx"] else r["kv_ctx"],
                                      "fits_budget": r["fits_budget"] == "True"})
     allrows = sorted(kept + rows, key=lambda r: (r["ctx"], r["budget_mib"], r["config"]))
-    with open(path, "w", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=BUDGET_FIELDS)
-        wr.writeheader()
-        wr.writerows(allrows)
+    text = io.StringIO()
+    wr = csv.DictWriter(text, fieldnames=BUDGET_FIELDS)
+    wr.writeheader()
+    wr.writerows(allrows)
+    write_whole(path, text.getvalue())  # the rows of other points an earlier call wrote survive a cut here too
     return allrows
 
 
@@ -1213,7 +1216,7 @@ def gate_g(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
     csv_path, meta_path = outdir / "budget_curve.csv", outdir / "budget_curve.json"
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     meta["complete"] = False  # until the last row: a run cut short (a call's time limit) keeps what it measured
-    meta_path.write_text(json.dumps(meta, indent=2))
+    write_whole(meta_path, json.dumps(meta, indent=2))
 
     allrows: list[dict] = []  # this call's rows with the other contexts' rows the CSV already held, as written
 
@@ -1298,7 +1301,7 @@ def gate_g(a: argparse.Namespace, model: Path, work: Path, outdir: Path) -> dict
     for ctx, b in sorted(points):
         meta.setdefault("points", {})[f"{ctx} {b}"] = call | {"calibration": refs.get(ctx)}
     meta |= {"decode_n": n, "goals": goals, "complete": True}
-    meta_path.write_text(json.dumps(meta, indent=2))
+    write_whole(meta_path, json.dumps(meta, indent=2))
     # the gate passes when every upstream run booted (the card holds each of them) and every budget has a window run
     # that booted and fit it (a curve point without one measured nothing of the window); the goal is reported, not
     # gated
@@ -1441,9 +1444,9 @@ def gate_h(a: argparse.Namespace, model: Path, work: Path, outdir: Path | None =
 
     def keep(done: list[dict]) -> None:
         if partial:
-            partial.write_text(json.dumps({"complete": len(done) == len(points), "points_done": len(done),
-                                           "points_total": len(points), "reps": a.repeat_reps, "decode_n": a.repeat_n,
-                                           "points": done}, indent=2))
+            write_whole(partial, json.dumps({"complete": len(done) == len(points), "points_done": len(done),
+                                             "points_total": len(points), "reps": a.repeat_reps,
+                                             "decode_n": a.repeat_n, "points": done}, indent=2))
 
     keep([])
     prompt = work / "prompt-d.txt"
@@ -1721,7 +1724,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"== gate {g}: {res['seconds']:.0f} s, {verdict}")
         why = "" if verdict == "pass" else (res.get("why_not_checked") or res.get("error") or part_why(res))
         report_part(g, "fail" if verdict == "FAIL" else verdict, why)
-        (a.out / "gpu_gates.json").write_text(json.dumps(results, indent=2))
+        write_whole(a.out / "gpu_gates.json", json.dumps(results, indent=2))
     print(json.dumps(results, indent=2))
     return 0 if all(v.get("pass") for v in results.values()) else 1
 

@@ -894,6 +894,32 @@ def test_write_budget_csv_keeps_the_rows_of_contexts_measured_in_an_earlier_call
         (131072, 2000, 2.0), (1048576, 3100, 9.0), (1048576, 5000, 7.0)]
 
 
+def test_a_curve_write_cut_short_leaves_the_last_whole_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    # a call killed by its time limit while it rewrote the curve left it truncated, and the next call keeps the rows
+    # of the points it does not measure from that file: the write goes to a sibling renamed over it
+    import gates.common as common
+    from gates.gpu import BUDGET_FIELDS, write_budget_csv
+
+    path = tmp_path / "budget_curve.csv"
+    row = _up("window f16", 2000, 131072, True, 1.0, 2.0) | {k: "" for k in BUDGET_FIELDS if k not in
+                                                             ("ctx", "budget_mib", "config", "fits_budget",
+                                                              "prefill_tps", "decode_tps", "kv_ctx")}
+    write_budget_csv(path, [row], [131072])
+    before = path.read_bytes()
+
+    def killed(src, dst):
+        assert Path(src).read_text().count("\n") == 3  # the new file was whole beside the old one
+        raise KeyboardInterrupt  # the time limit, between the write and the rename
+
+    monkeypatch.setattr(common.os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        write_budget_csv(path, [dict(row, ctx=1048576, kv_ctx=1048576, budget_mib=3000)], [1048576])
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["budget_curve.csv"]
+    monkeypatch.undo()
+    common.write_whole(path, "whole\n")
+    assert path.read_text() == "whole\n" and sorted(p.name for p in tmp_path.iterdir()) == ["budget_curve.csv"]
+
+
 def test_gate_g_measures_every_configuration_at_every_budget(tmp_path: Path):
     from gates.gpu import gate_g, parse_args
 
